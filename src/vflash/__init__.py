@@ -1,0 +1,7 @@
+"""vflash: exact FlashAttention in Python and Triton, with the proof beside it."""
+
+from vflash.api import attention
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from vflash.cli import main
+
+sys.exit(main())

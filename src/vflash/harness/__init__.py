@@ -1,0 +1,1 @@
+"""Correctness matrix, benchmarks and plots built on the public API."""

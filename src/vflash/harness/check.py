@@ -1,0 +1,90 @@
+"""`vflash check`: the correctness matrix against the fp32/fp64 oracle."""
+
+import itertools
+import time
+from typing import Callable, Iterable, List, Optional, TextIO
+
+import torch
+
+from vflash.harness.cases import Case, run_case
+
+CAUSAL_MODES = (False, True, "top_left")
+
+
+def cpu_matrix() -> List[Case]:
+    """Small shapes that the Triton interpreter runs in a few minutes."""
+    cases = []
+    for dtype, causal, (nq, nk) in itertools.product(
+            ("fp16", "bf16", "fp32"), CAUSAL_MODES, ((63, 63), (65, 129), (129, 64))):
+        cases.append(Case(Nq=nq, Nk=nk, D=64, dtype=dtype, causal=causal))
+    for d in (16, 40, 80, 128, 256):
+        cases.append(Case(Nq=65, Nk=65, D=d, causal=True))
+    cases += [
+        Case(Hq=8, Hkv=1, Nq=33, Nk=70, causal=True, tag="MQA"),
+        Case(Hq=4, Hkv=2, Nq=64, Nk=64, dtype="bf16", tag="GQA"),
+        Case(Nq=70, Nk=70, layout="bnhd"),
+        Case(Nq=70, Nk=90, causal=True, layout="sliced"),
+        Case(Nq=100, Nk=100, window=(16, 8)),
+        Case(Nq=64, Nk=100, causal=True, window=(20, -1)),
+        Case(Nq=80, Nk=80, softcap=5.0, amplify=3.0),
+        Case(Nq=96, Nk=40, causal=True, tag="fully masked rows"),
+        Case(Nq=513, Nk=513, amplify=4.0, causal=True, tag="stability"),
+    ]
+    return cases
+
+
+def gpu_matrix() -> List[Case]:
+    """The article's matrix and every feature, at realistic sizes."""
+    cases = []
+    for dtype, causal, n, d in itertools.product(
+            ("fp16", "bf16"), (False, True), (1, 63, 64, 65, 127, 128, 129, 257, 513, 1000),
+            (64, 128)):
+        cases.append(Case(B=2, Hq=4, Hkv=4, Nq=n, Nk=n, D=d, dtype=dtype, causal=causal))
+    for dtype, causal, (nq, nk) in itertools.product(
+            ("fp16", "bf16", "fp32"), CAUSAL_MODES, ((1, 513), (100, 1037), (1037, 100), (384, 385))):
+        cases.append(Case(B=2, Hq=4, Hkv=2, Nq=nq, Nk=nk, D=128, dtype=dtype, causal=causal))
+    for d, causal in itertools.product((8, 16, 40, 64, 80, 96, 112, 128, 192, 256), (False, True)):
+        cases.append(Case(B=2, Hq=4, Hkv=2, Nq=300, Nk=300, D=d, causal=causal))
+    for group in (1, 2, 8, 32):
+        cases.append(Case(B=2, Hq=32, Hkv=32 // group, Nq=257, Nk=513, D=128, dtype="bf16", causal=True))
+    for layout in ("bnhd", "sliced"):
+        for causal in (False, True):
+            cases.append(Case(B=2, Hq=8, Hkv=2, Nq=777, Nk=777, D=128, layout=layout, causal=causal))
+    for window, causal in itertools.product(((128, 0), (64, 64), (0, 0), (255, -1), (-1, 31)), (False, True)):
+        cases.append(Case(B=2, Hq=4, Hkv=2, Nq=1000, Nk=1100, D=64, window=window, causal=causal))
+    cases += [
+        Case(B=2, Hq=4, Hkv=4, Nq=600, Nk=600, D=128, softcap=30.0, amplify=4.0, causal=True),
+        Case(B=2, Hq=4, Hkv=4, Nq=600, Nk=600, D=128, dtype="bf16", softcap=50.0, scale=0.3),
+        Case(B=2, Hq=4, Hkv=4, Nq=1024, Nk=300, D=64, causal=True, tag="fully masked rows"),
+        Case(B=1, Hq=4, Hkv=4, Nq=513, Nk=513, D=64, amplify=4.0, tag="stability"),
+        Case(B=1, Hq=4, Hkv=4, Nq=513, Nk=513, D=128, dtype="bf16", amplify=4.0, causal=True, tag="stability"),
+    ]
+    for n, causal in itertools.product((2048, 4096, 8192), (False, True)):
+        cases.append(Case(B=1, Hq=4, Hkv=4, Nq=n, Nk=n, D=128, causal=causal, tag="long"))
+    return cases
+
+
+def run_matrix(cases: Iterable[Case], device, stream: Optional[TextIO] = None,
+               attention: Optional[Callable] = None) -> int:
+    """Print one line per case and a summary; return the number of failures."""
+    passed = failed = 0
+    for case in cases:
+        t0 = time.perf_counter()
+        try:
+            verdicts = run_case(case, device, attention)
+            ok = all(v.passed for v in verdicts)
+            detail = "  ".join(
+                f"{v.what}: max {v.max_err:.3e} mean {v.mean_err:.3e} tol {v.tol:.3e}"
+                + (f" ({v.note})" if v.note else "") for v in verdicts)
+        except Exception as exc:  # a crash is a failed case, reported by name
+            ok, detail = False, f"raised {type(exc).__name__}: {exc}"
+        passed += ok
+        failed += not ok
+        line = f"{'PASS' if ok else 'FAIL'}  {case.name:<60} {detail}  [{time.perf_counter() - t0:.1f}s]"
+        print(line, file=stream, flush=True)
+    print(f"{passed} passed, {failed} failed", file=stream, flush=True)
+    return failed
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

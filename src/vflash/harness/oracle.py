@@ -1,0 +1,50 @@
+"""The correctness rule (DESIGN.md): a kernel output passes when
+
+    max|out - ref| <= 2 * max|out_same_dtype - ref| + floor
+
+where ref is explicit attention in fp64 from the same inputs and
+out_same_dtype is explicit PyTorch attention run in the output's dtype (the
+inputs' dtype for `out`; fp32 for `lse`, which is always fp32). The
+floor is a quarter of the output dtype's ulp at 1.0, times the reference's
+magnitude when that exceeds 1: it only matters where PyTorch itself is exact
+(one visible key, say). Everything must be finite, and -inf LSE entries (rows
+that see no key) must sit exactly where the reference has them.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+FLOORS = {torch.float16: 2.0**-12, torch.bfloat16: 2.0**-9, torch.float32: 1e-5}
+
+
+@dataclass
+class Verdict:
+    what: str
+    max_err: float
+    mean_err: float
+    tol: float
+    passed: bool
+    note: str = ""
+
+
+def compare(what: str, got: torch.Tensor, ref: torch.Tensor, same_dtype: torch.Tensor,
+            floor_dtype: torch.dtype, factor: float = 2.0) -> Verdict:
+    """Judge `got` against `ref` with the same-dtype yardstick `same_dtype`."""
+    ref = ref.double()
+    got_d = got.double()
+    same_d = same_dtype.double()
+    ref_inf = torch.isinf(ref)
+    if ref_inf.any() and not torch.equal(torch.isinf(got_d) & (got_d < 0), ref_inf & (ref < 0)):
+        return Verdict(what, float("nan"), float("nan"), 0.0, False, "-inf entries differ from the reference")
+    fin = ~ref_inf
+    if not torch.isfinite(got_d[fin]).all():
+        return Verdict(what, float("nan"), float("nan"), 0.0, False, "non-finite values")
+    if fin.sum() == 0:
+        return Verdict(what, 0.0, 0.0, 0.0, True)
+    err = (got_d[fin] - ref[fin]).abs()
+    same_err = (same_d[fin] - ref[fin]).abs().nan_to_num(nan=0.0, posinf=0.0).max().item()
+    magnitude = max(1.0, ref[fin].abs().max().item())
+    tol = factor * same_err + FLOORS[floor_dtype] * magnitude
+    max_err = err.max().item()
+    return Verdict(what, max_err, err.mean().item(), tol, max_err <= tol)

@@ -1,0 +1,1 @@
+"""@triton.jit kernels and their launch configurations only."""

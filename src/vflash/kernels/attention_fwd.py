@@ -1,0 +1,201 @@
+"""Fused attention forward: one Triton kernel family for every feature of
+`vflash.attention`.
+
+One program computes one [BLOCK_M, D] tile of the output for one (batch, query
+head). It streams the K/V tiles that the tile's rows can see, keeps the running
+max `m`, sum `l` and accumulator `acc` in fp32 registers (online softmax, in the
+log2 domain: `log2(e)` is folded into the scale so the inner loop uses exp2), and
+writes the output tile and, on request, its natural-log LSE once.
+
+Masking is one mechanism: query row i sees key j when
+
+    i + off - left <= j <= i + off + right        (left/right < 0: unbounded)
+
+Causal attention is `right = 0`; its alignment (top-left / bottom-right) is
+`off`. The launcher folds causal, window and Nq != Nk into (off, left, right).
+For each query tile the key range is split into three stretches:
+
+    [lo, full_lo)       masked: tiles crossing the left edge of the band
+    [full_lo, full_hi)  no mask: every (row, key) pair visible, no bounds checks
+    [full_hi, hi)       masked: the diagonal / right edge and the ragged Nk tail
+
+Tiles outside [lo, hi) are never loaded or computed.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constexpr,
+               CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
+    # [len(offs_n), HEAD_DIM_PAD]; bounds checks only where the tile can run past
+    # the sequence end (CHECK_N) or the padded head dim (CHECK_D).
+    ptrs = base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d
+    if CHECK_N:
+        if CHECK_D:
+            return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            return tl.load(ptrs, mask=offs_n[:, None] < n, other=0.0)
+    else:
+        if CHECK_D:
+            return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def _attend_tiles(
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, start, stop,
+    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # acc [BLOCK_M, HEAD_DIM_PAD] fp32, l_i/m_i [BLOCK_M] fp32, q [BLOCK_M, HEAD_DIM_PAD]
+    LOG2E: tl.constexpr = 1.4426950408889634
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0  # [BLOCK_N]
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM,
+                       MASKED, HEAD_DIM != HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM_PAD]
+        if UPCAST_DOT:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
+        else:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
+        if SOFTCAP:
+            # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
+            # instead of overflowing; softcap_out carries cap * log2(e).
+            x = qk * softcap_in
+            qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
+        else:
+            qk = qk * qk_scale
+        if MASKED:
+            visible = offs_n[None, :] < n_k
+            if HAS_LEFT:
+                visible = visible & (offs_n[None, :] >= offs_m[:, None] + off - left)
+            if HAS_RIGHT:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+        if MASKED:
+            # A row that has seen no visible key yet keeps m = -inf; subtracting 0
+            # instead makes its p and alpha exactly 0 rather than NaN.
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = tl.exp2(qk - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.exp2(m_i - m_ref)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM,
+                       MASKED, HEAD_DIM != HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM_PAD]
+        p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
+        if UPCAST_DOT:
+            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    n_heads_q, kv_group, n_q, n_k,
+    off, left, right,
+    qk_scale, softcap_in, softcap_out,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # grid = (cdiv(n_q, BLOCK_M), B * Hq). LSE is contiguous [B, Hq, n_q] fp32.
+    pid_m = tl.program_id(0)
+    if REVERSE_M:
+        # Causal tiles lower in the sequence do more work: start them first so the
+        # last wave is made of short tiles.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // n_heads_q).to(tl.int64)
+    off_h = (pid_bh % n_heads_q).to(tl.int64)
+    off_hk = off_h // kv_group
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_hk * stride_kh
+    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    o_base = O + off_b * stride_ob + off_h * stride_oh
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
+    q_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=q_mask, other=0.0)  # [BLOCK_M, HEAD_DIM_PAD]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    # Key range seen by any row of this tile, and the tile-aligned part of it in
+    # which every (row, key) pair is visible. Rows past n_q only widen the range.
+    last_m = start_m + BLOCK_M - 1
+    lo = 0
+    full_lo = 0
+    hi = n_k
+    full_hi = (n_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = (tl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, tl.maximum(last_m + off + right + 1, 0))
+        full_hi = tl.minimum(full_hi, (tl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+
+    if HAS_LEFT:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+
+    # Rows that saw no key have l = 0 and acc = 0: they return 0 and LSE = -inf.
+    empty = l_i == 0.0
+    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
+    out = acc * inv_l[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(O.dtype.element_ty), mask=q_mask)
+    if STORE_LSE:
+        LN2: tl.constexpr = 0.6931471805599453
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+        lse_ptrs = LSE + pid_bh.to(tl.int64) * n_q + offs_m
+        tl.store(lse_ptrs, lse, mask=offs_m < n_q)
+
+
+# Launch configurations for the GPU, chosen per head dim (see ops/attention.py).
+# Keys: (block_m, block_n, num_warps, num_stages).
+GPU_CONFIGS = {
+    # HEAD_DIM_PAD: config
+    16: (128, 128, 8, 3),
+    32: (128, 128, 8, 3),
+    64: (128, 128, 8, 3),
+    128: (128, 64, 8, 3),
+    256: (64, 64, 4, 2),
+}
+# Under the interpreter the tile size only changes how many numpy ops run.
+INTERPRETER_CONFIG = (32, 32, 4, 1)

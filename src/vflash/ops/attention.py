@@ -1,0 +1,103 @@
+"""Launcher for the fused attention forward kernel.
+
+Inputs are already validated (vflash._validate); this module turns the public
+options into the kernel's single masking rule (off, left, right), picks a tile
+configuration and launches.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from vflash._backend import interpreting
+from vflash.kernels.attention_fwd import GPU_CONFIGS, INTERPRETER_CONFIG, attention_fwd_kernel
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
+    """Fold causal mode, window and Nq != Nk into (off, left, right).
+
+    Query i sees key j when i + off - left <= j <= i + off + right; a negative
+    left/right is unbounded. off = Nk - Nq (bottom-right alignment) unless the
+    causal mode is "top_left". Causal attention caps right at 0.
+    """
+    off = 0 if causal == "top_left" else n_k - n_q
+    left, right = window
+    if causal is not None:
+        right = 0 if right < 0 else min(right, 0)
+    return off, left, right
+
+
+def default_config(head_dim_pad: int, dtype: torch.dtype) -> TileConfig:
+    if interpreting():
+        return TileConfig(*INTERPRETER_CONFIG)
+    block_m, block_n, warps, stages = GPU_CONFIGS[head_dim_pad]
+    if dtype == torch.float32:
+        # fp32 tiles take twice the registers and shared memory of fp16 ones.
+        block_m, block_n = min(block_m, 64), min(block_n, 64)
+        warps, stages = 4, min(stages, 2)
+    return TileConfig(block_m, block_n, warps, stages)
+
+
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+    causal: Optional[str], scale: float, window: Tuple[int, int], softcap: Optional[float],
+    return_lse: bool, config: Optional[TileConfig] = None,
+    out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 (or None).
+
+    `out` (any strides) and `lse` (contiguous) may be passed preallocated, e.g.
+    poisoned with NaN by tests that check every element is written.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if out is None:
+        out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if Nk == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+
+    off, left, right = mask_band(Nq, Nk, causal, window)
+    head_dim_pad = max(16, triton.next_power_of_2(D))
+    cfg = config or default_config(head_dim_pad, q.dtype)
+    interp = interpreting()
+    if softcap is not None:
+        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
+    else:
+        softcap_in, softcap_out = 1.0, 1.0
+    grid = (triton.cdiv(Nq, cfg.block_m), B * Hq)
+    attention_fwd_kernel[grid](
+        q, k, v, out, lse if lse is not None else out,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        Hq, Hq // Hkv, Nq, Nk,
+        off, left, right,
+        scale * _LOG2E, softcap_in, softcap_out,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+        STORE_LSE=lse is not None, REVERSE_M=right >= 0,
+        # The interpreter's bf16 dot is wrong (numpy has no bf16); upcast there only.
+        UPCAST_DOT=interp and q.dtype == torch.bfloat16,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse

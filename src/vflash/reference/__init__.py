@@ -1,0 +1,15 @@
+"""References that vflash's kernels are checked against. They share no code with
+the kernels and never import them.
+
+- `attention_explicit`: materialises scores (QK^T -> softmax -> PV). In fp32 or
+  fp64 it is the oracle; in the inputs' dtype it is the "same-dtype PyTorch"
+  error yardstick.
+- `attention_tiled`: online softmax over Q/K/V tiles in PyTorch, any block sizes.
+- `scalar`: the lesson's pure-Python online softmax, full vs online.
+"""
+
+from vflash.reference.explicit import attention_explicit, visible_mask
+from vflash.reference.scalar import full_attention, online_attention
+from vflash.reference.tiled import attention_tiled
+
+__all__ = ["attention_explicit", "attention_tiled", "visible_mask", "full_attention", "online_attention"]
