@@ -1,0 +1,188 @@
+"""vflash.attention against the fp64 oracle, through the Triton interpreter on
+the CPU (or the device named by VFLASH_TEST_DEVICE). Each case claims:
+max|out - ref| <= 2 * max|out_same_dtype_torch - ref| + floor, for out and lse,
+with every value finite and -inf LSE exactly on the rows that see no key."""
+
+import itertools
+
+import pytest
+import torch
+
+import vflash
+from vflash.harness.cases import Case, make_inputs, run_case
+from vflash.ops.attention import TileConfig, attention_forward, mask_band
+from vflash.reference import attention_explicit
+
+
+def assert_case(case, device, attention=None):
+    verdicts = run_case(case, device, attention)
+    for v in verdicts:
+        assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
+
+
+EDGE_PAIRS = [(1, 1), (63, 64), (64, 65), (65, 63), (127, 129), (129, 127), (128, 128), (1, 129), (129, 1)]
+
+
+@pytest.mark.parametrize("nq,nk", EDGE_PAIRS)
+@pytest.mark.parametrize("causal", [False, True, "top_left", "bottom_right"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_dtypes_causal_modes_tile_edges(dtype, causal, nq, nk, device):
+    assert_case(Case(Nq=nq, Nk=nk, D=64, dtype=dtype, causal=causal), device)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 4), (16, 2), (8, 1)], ids=["MHA", "GQA2", "GQA8", "MQA"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_gqa_mqa(dtype, causal, hq, hkv, device):
+    assert_case(Case(B=2, Hq=hq, Hkv=hkv, Nq=40, Nk=70, D=32, dtype=dtype, causal=causal), device)
+
+
+@pytest.mark.parametrize("d", [8, 16, 24, 40, 64, 80, 96, 112, 128, 192, 256])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_head_dims(dtype, d, device):
+    assert_case(Case(Nq=65, Nk=97, D=d, dtype=dtype, causal=True), device)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "sliced"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_views(layout, causal, device):
+    assert_case(Case(B=2, Hq=4, Hkv=2, Nq=70, Nk=90, D=40, layout=layout, causal=causal), device)
+
+
+def test_bnhd_view_is_not_copied_and_head_dim_stride_is_honoured(device):
+    # [B, N, H, D] memory seen as [B, H, N, D]; and a view whose last dim is not
+    # unit-stride. Both run as they are and match the contiguous result.
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 50, 4, 32, generator=g).to(device, torch.float16)
+    q = base.transpose(1, 2)
+    assert not q.is_contiguous()
+    kt = torch.randn(2, 4, 32, 50, generator=g).to(device, torch.float16)
+    k = kt.transpose(2, 3)  # stride of the head dim is 50
+    assert k.stride(3) == 50
+    v = torch.randn(2, 4, 50, 32, generator=g).to(device, torch.float16)
+    out = vflash.attention(q, k, v, causal=True)
+    ref = vflash.attention(q.contiguous(), k.contiguous(), v, causal=True)
+    assert torch.equal(out, ref)
+
+
+WINDOWS = [(0, 0), (3, 0), (16, 8), (0, 20), (40, -1), (-1, 5), (200, 200)]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+@pytest.mark.parametrize("nq,nk", [(100, 100), (50, 130), (130, 50)])
+def test_sliding_window(window, causal, nq, nk, device):
+    assert_case(Case(Nq=nq, Nk=nk, D=32, window=window, causal=causal), device)
+
+
+@pytest.mark.parametrize("softcap,amplify", [(1.0, 1.0), (5.0, 3.0), (50.0, 4.0)])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_softcap(softcap, amplify, dtype, device):
+    assert_case(Case(Nq=80, Nk=80, D=64, dtype=dtype, softcap=softcap, amplify=amplify, causal=True), device)
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.125, 2.0])
+def test_explicit_scale(scale, device):
+    assert_case(Case(Nq=50, Nk=60, D=64, scale=scale), device)
+
+
+def test_scale_none_is_inverse_sqrt_head_dim(device):
+    q, k, v = make_inputs(Case(Nq=20, Nk=20, D=64), device)
+    assert torch.equal(vflash.attention(q, k, v), vflash.attention(q, k, v, scale=0.125))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_amplified_logits_stay_finite(dtype, device):
+    # Q and K x4 at N = 513: logits in the hundreds; the running max must keep exp finite.
+    assert_case(Case(Nq=513, Nk=513, D=64, dtype=dtype, amplify=4.0, causal=True), device)
+
+
+def test_fully_masked_rows_give_zero_and_minus_inf(device):
+    # Bottom-right causal with Nq > Nk: the first Nq - Nk rows see no key.
+    q, k, v = make_inputs(Case(Nq=96, Nk=40, D=64), device)
+    out, lse = vflash.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out[:, :, :56].float().cpu(), torch.zeros(1, 2, 56, 64))
+    assert torch.isneginf(lse[:, :, :56]).all()
+    assert torch.isfinite(lse[:, :, 56:]).all() and torch.isfinite(out).all()
+    # A window that excludes every key for some rows does the same.
+    out, lse = vflash.attention(q[:, :, :40], k, v, window=(-1, -1), causal="top_left", return_lse=True)
+    assert torch.isfinite(lse).all()
+    out, lse = vflash.attention(q, k, v, window=(0, 0), return_lse=True)  # off = -56
+    assert torch.isneginf(lse[:, :, :56]).all() and torch.isfinite(lse[:, :, 56:]).all()
+    assert torch.isfinite(out).all()
+    assert_case(Case(Nq=96, Nk=40, D=64, window=(0, 0), tag="band left of keys"), device)
+
+
+def test_lse_matches_reference_and_is_natural_log(device):
+    q, k, v = make_inputs(Case(Nq=30, Nk=50, D=32, dtype="fp32"), device)
+    _, lse = vflash.attention(q, k, v, return_lse=True)
+    s = (q.double() @ k.double().transpose(-1, -2)) / 32 ** 0.5
+    assert torch.allclose(lse.double().cpu(), torch.logsumexp(s, -1).cpu(), atol=1e-5, rtol=0)
+
+
+def test_lse_merges_split_kv_exactly(device):
+    # Two halves of the keys, merged through their LSEs, give the whole.
+    q, k, v = make_inputs(Case(Nq=40, Nk=100, D=32, dtype="fp32"), device)
+    o1, l1 = vflash.attention(q, k[:, :, :45], v[:, :, :45], return_lse=True)
+    o2, l2 = vflash.attention(q, k[:, :, 45:], v[:, :, 45:], return_lse=True)
+    o, l = vflash.attention(q, k, v, return_lse=True)
+    lm = torch.logaddexp(l1, l2)
+    merged = o1 * torch.exp(l1 - lm).unsqueeze(-1) + o2 * torch.exp(l2 - lm).unsqueeze(-1)
+    assert torch.allclose(merged, o, atol=1e-5) and torch.allclose(lm, l, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (16, 64), (64, 16), (64, 64)])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(causal="top_left", window=(9, 0)),
+                                  dict(window=(20, 13)), dict(window=(-1, 0))],
+                         ids=["causal", "top_left+window", "window", "right0"])
+def test_tile_sizes_and_poisoned_outputs(block_m, block_n, opts, device):
+    # Every tile split (masked / unmasked stretches) for several tile shapes; outputs
+    # are filled with NaN first, so an element the kernel forgets stays NaN.
+    case = Case(B=2, Hq=4, Hkv=2, Nq=77, Nk=131, D=32)
+    q, k, v = make_inputs(case, device)
+    out = torch.full((2, 4, 77, 32), float("nan"), dtype=q.dtype, device=device)
+    lse = torch.full((2, 4, 77), float("nan"), dtype=torch.float32, device=device)
+    from vflash._validate import check_window, resolve_causal
+    attention_forward(q, k, v, causal=resolve_causal(opts.get("causal", False)), scale=32 ** -0.5,
+                      window=check_window(opts.get("window")), softcap=None, return_lse=True,
+                      config=TileConfig(block_m, block_n, 4, 1), out=out, lse=lse)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    ref_o, ref_l = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
+    same_o, _ = attention_explicit(q, k, v, compute_dtype=None, **opts)
+    tol = 2 * (same_o.double() - ref_o).abs().max().item() + 2 ** -12
+    assert (out.double() - ref_o).abs().max().item() <= tol
+    fin = torch.isfinite(ref_l)
+    assert torch.equal(torch.isneginf(lse), ~fin)
+    assert (lse.double()[fin] - ref_l[fin]).abs().max().item() < 1e-4
+
+
+def test_mask_band_folds_causal_into_window():
+    assert mask_band(4, 10, "bottom_right", (-1, -1)) == (6, -1, 0)
+    assert mask_band(4, 10, "top_left", (-1, -1)) == (0, -1, 0)
+    assert mask_band(4, 10, None, (3, 2)) == (6, 3, 2)
+    assert mask_band(4, 10, "bottom_right", (3, 2)) == (6, 3, 0)
+
+
+def test_empty_sequences(device):
+    q = torch.randn(1, 2, 5, 16, device=device, dtype=torch.float16)
+    k0 = torch.randn(1, 2, 0, 16, device=device, dtype=torch.float16)
+    out, lse = vflash.attention(q, k0, k0, return_lse=True)
+    assert torch.equal(out.cpu(), torch.zeros(1, 2, 5, 16, dtype=torch.float16))
+    assert torch.isneginf(lse).all()
+    out, lse = vflash.attention(q[:, :, :0], q, q, return_lse=True)
+    assert out.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
+
+
+def test_return_types(device):
+    q, k, v = make_inputs(Case(Nq=8, Nk=8, D=16), device)
+    out = vflash.attention(q, k, v)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+    out2, lse = vflash.attention(q, k, v, return_lse=True)
+    assert torch.equal(out, out2) and lse.shape == (1, 2, 8) and lse.dtype == torch.float32
+    assert out.is_contiguous()
+
+
+def test_interpreter_is_on_without_cuda():
+    from vflash._backend import interpreting
+    if not torch.cuda.is_available():
+        assert interpreting()

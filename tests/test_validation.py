@@ -1,0 +1,94 @@
+"""Bad input raises a clear ValueError/TypeError before anything is launched."""
+
+import math
+
+import pytest
+import torch
+
+import vflash
+
+
+def qkv(B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, dtype=torch.float16):
+    return (torch.randn(B, Hq, Nq, D, dtype=dtype), torch.randn(B, Hkv, Nk, D, dtype=dtype),
+            torch.randn(B, Hkv, Nk, D, dtype=dtype))
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    # Any launch here would be a validation hole: make it fail loudly.
+    import vflash.api
+    def boom(*a, **k):
+        raise AssertionError("kernel launched despite invalid input")
+    monkeypatch.setattr(vflash.api, "attention_forward", boom)
+
+
+CASES = [
+    # (description, build args -> (args, kwargs), error type, words the message must contain)
+    ("q not a tensor", lambda q, k, v: (([1.0], k, v), {}), TypeError, ["q", "torch.Tensor"]),
+    ("v not a tensor", lambda q, k, v: ((q, k, None), {}), TypeError, ["v", "torch.Tensor"]),
+    ("rank 3", lambda q, k, v: ((q[0], k, v), {}), ValueError, ["q", "4-D", "transpose"]),
+    ("int dtype", lambda q, k, v: ((q.int(), k, v), {}), TypeError, ["q", "dtype", "float16"]),
+    ("fp64", lambda q, k, v: ((q.double(), k.double(), v.double()), {}), TypeError, ["float64"]),
+    ("mixed dtypes", lambda q, k, v: ((q, k.bfloat16(), v), {}), TypeError, ["share one dtype", "bfloat16"]),
+    ("k/v shape", lambda q, k, v: ((q, k, v[:, :, :4]), {}), ValueError, ["k and v", "same shape"]),
+    ("batch", lambda q, k, v: ((q, torch.cat([k, k]), torch.cat([v, v])), {}), ValueError, ["batch", "1", "2"]),
+    ("heads", lambda q, k, v: ((torch.cat([q, q[:, :1]], 1), k, v), {}), ValueError, ["multiple", "3", "2"]),
+    ("head dim mismatch", lambda q, k, v: ((q, k[..., :8], v[..., :8]), {}), ValueError, ["head dims", "16", "8"]),
+    ("head dim not multiple of 8", lambda q, k, v: ((q[..., :12], k[..., :12], v[..., :12]), {}), ValueError,
+     ["multiple of 8", "12"]),
+    ("head dim too big", lambda q, k, v: ((torch.randn(1, 2, 4, 264).half(),) + (torch.randn(1, 2, 4, 264).half(),) * 2, {}),
+     ValueError, ["264"]),
+    ("causal int", lambda q, k, v: ((q, k, v), dict(causal=1)), TypeError, ["causal", "int"]),
+    ("causal word", lambda q, k, v: ((q, k, v), dict(causal="upper")), ValueError, ["causal", "upper", "top_left"]),
+    ("window scalar", lambda q, k, v: ((q, k, v), dict(window=4)), TypeError, ["window", "pair"]),
+    ("window triple", lambda q, k, v: ((q, k, v), dict(window=(1, 2, 3))), TypeError, ["window", "pair"]),
+    ("window float", lambda q, k, v: ((q, k, v), dict(window=(1.5, 2))), TypeError, ["window left", "int"]),
+    ("window < -1", lambda q, k, v: ((q, k, v), dict(window=(4, -2))), ValueError, ["window right", "-2"]),
+    ("softcap 0", lambda q, k, v: ((q, k, v), dict(softcap=0.0)), ValueError, ["softcap", "> 0"]),
+    ("softcap negative", lambda q, k, v: ((q, k, v), dict(softcap=-3)), ValueError, ["softcap"]),
+    ("softcap str", lambda q, k, v: ((q, k, v), dict(softcap="5")), TypeError, ["softcap"]),
+    ("scale nan", lambda q, k, v: ((q, k, v), dict(scale=math.nan)), ValueError, ["scale", "finite"]),
+    ("scale inf", lambda q, k, v: ((q, k, v), dict(scale=math.inf)), ValueError, ["scale"]),
+    ("scale 0", lambda q, k, v: ((q, k, v), dict(scale=0.0)), ValueError, ["scale", "> 0"]),
+    ("scale negative", lambda q, k, v: ((q, k, v), dict(scale=-0.1)), ValueError, ["scale"]),
+    ("scale bool", lambda q, k, v: ((q, k, v), dict(scale=True)), TypeError, ["scale"]),
+    ("return_lse int", lambda q, k, v: ((q, k, v), dict(return_lse=1)), TypeError, ["return_lse", "bool"]),
+]
+
+
+@pytest.mark.parametrize("desc,build,err,words", CASES, ids=[c[0] for c in CASES])
+def test_validation_errors(desc, build, err, words):
+    args, kwargs = build(*qkv())
+    with pytest.raises(err) as info:
+        vflash.attention(*args, **kwargs)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{desc}: {w!r} not in {msg!r}"
+
+
+def test_requires_grad_is_refused_while_recording():
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match="no backward"):
+        vflash.attention(q, k, v)
+
+
+def test_device_mismatch():
+    q, k, v = qkv()
+    meta = torch.empty(k.shape, dtype=k.dtype, device="meta")
+    with pytest.raises(ValueError, match="one device"):
+        vflash.attention(q, meta, v)
+
+
+def test_cpu_tensors_without_interpreter_say_how(monkeypatch):
+    import vflash._validate as val
+    monkeypatch.setattr(val, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        vflash.attention(*qkv())
+
+
+def test_messages_do_not_print_tensor_contents():
+    q, k, v = qkv()
+    with pytest.raises(TypeError) as info:
+        vflash.attention(q, k.bfloat16(), v)
+    assert "tensor([" not in str(info.value)
