@@ -23,4 +23,7 @@ import triton  # noqa: E402  (after the environment is settled)
 
 def interpreting() -> bool:
     """True when Triton kernels run through the CPU interpreter."""
-    return bool(triton.knobs.runtime.interpret)
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -46,13 +46,6 @@ def check_qkv(q, k, v) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
-    if q.device.type == "cpu" and not interpreting():
-        raise ValueError(
-            "q is a CPU tensor but Triton kernels were compiled for the GPU; move the tensors to "
-            "CUDA, or set TRITON_INTERPRET=1 in the environment before importing vflash to run on "
-            "the CPU through the Triton interpreter")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"tensors on {q.device.type} are not supported; use CUDA or CPU tensors")
     B, Hq, Nq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape [B, Hkv, Nk, D], got k {tuple(k.shape)} "
@@ -73,6 +66,13 @@ def check_qkv(q, k, v) -> None:
         if extent > _INT32_MAX:
             raise ValueError(f"{name}'s sequence span ({extent} elements within one head) exceeds "
                              f"2**31 - 1; split the sequence or make the tensor contiguous")
+    if q.device.type == "cpu" and not interpreting():
+        raise ValueError(
+            "q is a CPU tensor but Triton kernels were compiled for the GPU; move the tensors to "
+            "CUDA, or set TRITON_INTERPRET=1 in the environment before importing vflash to run on "
+            "the CPU through the Triton interpreter")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensors on {q.device.type} are not supported; use CUDA or CPU tensors")
 
 
 def resolve_causal(causal) -> Optional[str]:

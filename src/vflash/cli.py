@@ -86,6 +86,19 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_bench(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("vflash bench needs a CUDA GPU; none is available here", file=sys.stderr)
+        return 2
+    from vflash.harness.bench import run_bench
+
+    run_bench(args.sweep, args.dtype.split(","), args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="vflash", description="Exact FlashAttention in Triton, verifiable.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +107,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="auto: CUDA when present, else CPU through the Triton interpreter")
     p.add_argument("--log", metavar="FILE", help="also write the full record, with the environment, here")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("bench", help="time vflash against SDPA flash and cuDNN on the GPU")
+    p.add_argument("--sweep", default="fa", choices=["fa", "article"],
+                   help="fa: 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64")
+    p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16")
+    p.add_argument("--out", default="bench.csv", metavar="CSV")
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("demo", help="online softmax vs full softmax in pure Python")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("env", help="versions, device and whether the interpreter is on")
