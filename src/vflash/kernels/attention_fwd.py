@@ -187,14 +187,14 @@ def attention_fwd_kernel(
         tl.store(lse_ptrs, lse, mask=offs_m < n_q)
 
 
-# Launch configurations for the GPU, chosen per head dim (see ops/attention.py).
-# Keys: (block_m, block_n, num_warps, num_stages).
+# Launch configurations for the GPU per padded head dim:
+# (block_m, block_n, num_warps, num_stages). Chosen on an H200 (fp16, 16k-token
+# sweep) with benchmarks/tune.py; see benchmarks/NOTES.md for the measurements.
 GPU_CONFIGS = {
-    # HEAD_DIM_PAD: config
-    16: (128, 128, 8, 3),
-    32: (128, 128, 8, 3),
-    64: (128, 128, 8, 3),
-    128: (128, 64, 8, 3),
+    16: (128, 64, 8, 3),
+    32: (128, 64, 8, 3),
+    64: (128, 64, 8, 3),
+    128: (128, 128, 8, 3),
     256: (64, 64, 4, 2),
 }
 # Under the interpreter the tile size only changes how many numpy ops run.
