@@ -55,6 +55,18 @@ def main(paths):
           "SDPA cuDNN are PyTorch's `scaled_dot_product_attention` restricted to one backend, "
           "measured in the same run. Ratios are vflash's speed over the baseline's (above 1 = faster). "
           "Peak memory is the incremental peak of one call.\n")
+    print("## Summary\n")
+    for p in paths:
+        vf = [r for r in rows if r["_path"] == p and r["method"] == "vflash" and r.get("vs_sdpa_flash")]
+        for dtype in sorted({r["dtype"] for r in vf}):
+            sel = [r for r in vf if r["dtype"] == dtype]
+            for lo_n, label in ((0, "all N"), (2048, "N >= 2048")):
+                part = [r for r in sel if int(r["Nq"]) >= lo_n]
+                fl = [float(r["vs_sdpa_flash"]) for r in part]
+                cu = [float(r["vs_sdpa_cudnn"]) for r in part if r.get("vs_sdpa_cudnn")]
+                print(f"- `{p}`, {dtype}, {label} ({len(part)} rows): vflash / SDPA flash "
+                      f"{min(fl):.2f}x to {max(fl):.2f}x; vflash / SDPA cuDNN {min(cu):.2f}x to {max(cu):.2f}x")
+    print()
     for p in paths:
         env = os.path.join(os.path.dirname(p), "env.txt")
         print(f"## `{p}`\n")
