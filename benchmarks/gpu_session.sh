@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# One device call: environment, tile tuning, the fa sweep benchmark, the GPU test suite.
-# Usage on the GPU machine: bash benchmarks/gpu_session.sh [tune] [bench] [tests]
+# One device call that produces a full results folder, packed as one archive
+# (the device tool returns at most 8 files). Each step has its own time limit so
+# a slow step cannot take the archive down with it.
+# Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
+#   steps: check tests memory fa_bf16 article fa_fp16 tune
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
-mkdir -p "$OUT"
-python3 -m vflash env | tee "$OUT/env.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/env.txt"
+R=$OUT/results
+mkdir -p "$R"
+python3 -m vflash env --json > "$R/env.json"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
 for step in "$@"; do
+  echo "== $step $(date -u +%H:%M:%S)"
   case $step in
-    tune) python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.txt" ;;
-    bench) python3 -m vflash bench --sweep fa --dtype fp16 --out "$OUT/fa_fp16.csv" 2>&1 | tee "$OUT/bench.txt" ;;
-    bench16bf) python3 -m vflash bench --sweep fa --dtype fp16,bf16 --out "$OUT/fa.csv" 2>&1 | tee "$OUT/bench.txt" ;;
-    tests) VFLASH_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -x -p no:cacheprovider \
-             tests/test_gpu.py tests/test_attention.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
-    check) python3 -m vflash check --log "$OUT/check_gpu.log" | tail -5 ;;
+    check) timeout 240 python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
+    tests) VFLASH_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider \
+             tests/test_gpu.py tests/test_attention.py > "$R/pytest_gpu.txt" 2>&1; tail -2 "$R/pytest_gpu.txt" ;;
+    memory) timeout 120 python3 -m vflash memory --out "$R/memory.csv" ;;
+    fa_bf16) timeout 150 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
+               --out "$R/fa_bf16.csv" | tail -4 ;;
+    article) timeout 150 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
+    fa_fp16) timeout 240 python3 -m vflash bench --sweep fa --dtype fp16 \
+               --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
+    tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
   esac
 done
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
+tar -C "$OUT" -czf "$OUT/results.tar.gz" results && rm -rf "$R"
+echo "== packed $(date -u +%H:%M:%S)"

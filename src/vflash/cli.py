@@ -1,7 +1,11 @@
-"""`vflash` command line: check, demo, env."""
+"""`vflash` command line: check, bench, plot, memory, demo, env.
+
+Also runs as `python -m vflash`.
+"""
 
 import argparse
 import json
+import os
 import platform
 import sys
 from typing import List, Optional
@@ -23,7 +27,35 @@ def _env() -> dict:
         p = torch.cuda.get_device_properties(0)
         info.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", cuda=torch.version.cuda,
                     sm_count=p.multi_processor_count)
+    else:
+        info.update(device="cpu", cpu=platform.processor() or platform.machine())
     return info
+
+
+def _device(name: str):
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda, but no CUDA device is available here")
+    return torch.device(name)
+
+
+def _pair(text: str):
+    parts = text.split(",")
+    try:
+        left, right = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT integers (-1 = unbounded), got {text!r}")
+    return (left, right)
+
+
+def _causal(text: str):
+    table = {"false": False, "no": False, "true": True, "yes": True,
+             "top_left": "top_left", "bottom_right": "bottom_right"}
+    if text.lower() not in table:
+        raise argparse.ArgumentTypeError(f"expected false, true, top_left or bottom_right, got {text!r}")
+    return table[text.lower()]
 
 
 def cmd_env(args) -> int:
@@ -47,38 +79,52 @@ def cmd_demo(args) -> int:
         diff = max(abs(a - b) for a, b in zip(full, online))
         worst = max(worst, diff)
         print(f"online block={block}:", [round(x, 6) for x in online], f"max abs diff = {diff:.2e}")
+    print("online softmax equals the full softmax to machine precision" if worst < 1e-12
+          else "MISMATCH: online and full softmax differ")
     return 0 if worst < 1e-12 else 1
 
 
+def _custom_case(args):
+    from vflash.harness.bench import Shape
+    from vflash.harness.cases import Case
+
+    try:
+        s = Shape.parse(args.shape, causal=False)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}")
+    return Case(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, dtype=args.dtype, causal=args.causal,
+                window=args.window, softcap=args.softcap, scale=args.scale, layout=args.layout)
+
+
 def cmd_check(args) -> int:
-    import torch
+    from vflash.harness.check import cpu_matrix, gpu_matrix, run_matrix
 
-    from vflash.harness.check import cpu_matrix, default_device, gpu_matrix, run_matrix
-
-    device = default_device() if args.device == "auto" else torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available", file=sys.stderr)
-        return 2
-    cases = gpu_matrix() if device.type == "cuda" else cpu_matrix()
+    device = _device(args.device)
+    if args.shape:
+        cases, what = [_custom_case(args)], "your shape"
+    elif device.type == "cuda":
+        cases, what = gpu_matrix(), "full GPU matrix"
+    else:
+        cases, what = cpu_matrix(), "reduced CPU matrix through the Triton interpreter (a few minutes at most)"
     info = _env()
-    header = (f"vflash check on {device} ({info.get('gpu', 'CPU')}), {len(cases)} cases"
-              + (" - reduced CPU matrix through the Triton interpreter" if device.type == "cpu" else ""))
-    print(header, flush=True)
+    header = f"vflash check on {device} ({info.get('gpu', 'CPU')}): {len(cases)} cases, {what}"
     log = open(args.log, "w") if args.log else None
+
+    class Tee:
+        def write(self, s):
+            sys.stdout.write(s)
+            if log:
+                log.write(s)
+
+        def flush(self):
+            sys.stdout.flush()
+            if log:
+                log.flush()
+
     try:
         if log:
             print(json.dumps(info), file=log)
-            print(header, file=log)
-
-        class Tee:
-            def write(self, s):
-                sys.stdout.write(s)
-                if log:
-                    log.write(s)
-
-            def flush(self):
-                sys.stdout.flush()
-
+        print(header, file=Tee(), flush=True)
         failed = run_matrix(cases, device, stream=Tee())
     finally:
         if log:
@@ -89,36 +135,131 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("vflash bench needs a CUDA GPU; none is available here", file=sys.stderr)
-        return 2
-    from vflash.harness.bench import run_bench
+    from vflash.harness.bench import METHODS, Shape, run_bench, sweep_shapes
 
-    run_bench(args.sweep, args.dtype.split(","), args.out)
+    if args.smoke:
+        from vflash._backend import interpreting
+        if not interpreting():
+            raise SystemExit("error: --smoke runs tiny shapes through the Triton interpreter; "
+                             "set TRITON_INTERPRET=1 before running it on a machine with a GPU")
+        device, sweep = torch.device("cpu"), "smoke"
+    else:
+        if not torch.cuda.is_available():
+            print("vflash bench measures GPU kernels and no CUDA device is available here; "
+                  "`vflash bench --smoke` exercises the harness on the CPU", file=sys.stderr)
+            return 2
+        device, sweep = torch.device("cuda"), args.sweep
+    if args.shape:
+        try:
+            shapes, sweep = [Shape.parse(args.shape, args.causal)], "custom"
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}")
+    else:
+        shapes = sweep_shapes(sweep)
+    methods = args.methods.split(",") if args.methods else None
+    for m in methods or []:
+        if m not in METHODS:
+            raise SystemExit(f"error: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    dtypes = args.dtype.split(",")
+    for d in dtypes:
+        if d not in ("fp16", "bf16", "fp32"):
+            raise SystemExit(f"error: unknown dtype {d!r}; choose fp16, bf16 or fp32")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    run_bench(shapes, sweep, dtypes, args.out, methods, device, printer=lambda s: print(s, flush=True))
     print(f"wrote {args.out}")
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def cmd_plot(args) -> int:
+    from vflash.harness.plot import plot_csv
+
+    if not os.path.exists(args.csv):
+        raise SystemExit(f"error: no such file: {args.csv}")
+    try:
+        for path in plot_csv(args.csv, args.out):
+            print(f"wrote {path}")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}")
+    return 0
+
+
+def cmd_memory(args) -> int:
+    from vflash.harness.memlab import CPU_SIZES, GPU_SIZES, run_memory_lab
+
+    device = _device(args.device)
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
+        GPU_SIZES if device.type == "cuda" else CPU_SIZES)
+    print(f"peak memory on {device}, B=1 H=28 D=128 bf16 causal"
+          + (" (CPU: tensor allocations tracked by dispatch; small sizes)" if device.type == "cpu" else ""))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    run_memory_lab(device, sizes, args.out, printer=lambda s: print(s, flush=True))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflash", description="Exact FlashAttention in Triton, verifiable.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("check", help="run the correctness matrix against the fp32/fp64 oracle")
+
+    p = sub.add_parser("check", help="correctness matrix against the fp64 oracle",
+                       description="Run vflash against the fp64 oracle: one line per case, then "
+                                   "'N passed, M failed'; exit code 1 on any failure.")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA when present, else CPU through the Triton interpreter")
+                   help="auto: CUDA when present, else the CPU through the Triton interpreter")
     p.add_argument("--log", metavar="FILE", help="also write the full record, with the environment, here")
+    p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="check this one shape instead of the matrix")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="with --shape")
+    p.add_argument("--causal", default=False, type=_causal, help="with --shape: false|true|top_left|bottom_right")
+    p.add_argument("--window", type=_pair, metavar="LEFT,RIGHT", help="with --shape: sliding window")
+    p.add_argument("--softcap", type=float, help="with --shape")
+    p.add_argument("--scale", type=float, help="with --shape (default 1/sqrt(D))")
+    p.add_argument("--layout", default="bhnd", choices=["bhnd", "bnhd", "sliced"],
+                   help="with --shape: contiguous, [B,N,H,D] transposed view, or a strided slice")
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("bench", help="time vflash against SDPA flash and cuDNN on the GPU")
+
+    p = sub.add_parser("bench", help="latency, TFLOP/s and peak memory against SDPA flash/cuDNN (GPU)",
+                       description="Benchmark vflash and the baselines in one run and write a long-format "
+                                   "CSV plus an environment record (<out>.env.json). Needs a GPU, except "
+                                   "--smoke.")
     p.add_argument("--sweep", default="fa", choices=["fa", "article"],
-                   help="fa: 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64")
-    p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16")
+                   help="fa: 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64, N 128..8192")
+    p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="benchmark one shape instead of a sweep")
+    p.add_argument("--causal", action="store_true", help="with --shape: causal (bottom-right)")
+    p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16,fp32")
+    p.add_argument("--methods", help="comma-separated subset of: explicit_fp32, explicit, tiled, vflash, "
+                                     "sdpa_flash, sdpa_cudnn, flex, fa4 (default: all that can run)")
     p.add_argument("--out", default="bench.csv", metavar="CSV")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes through the interpreter: tests the harness")
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("demo", help="online softmax vs full softmax in pure Python")
+
+    p = sub.add_parser("plot", help="PNGs from a bench or memory CSV",
+                       description="Latency, TFLOP/s, peak memory and speed-up plots from a `vflash bench` "
+                                   "CSV, or the peak-memory plot from a `vflash memory` CSV.")
+    p.add_argument("csv", metavar="RESULTS.csv")
+    p.add_argument("--out", default="plots", metavar="DIR")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("memory", help="peak memory: materialised attention vs vflash vs SDPA",
+                       description="The lesson's lab: B=1, H=28, D=128, bf16, causal, S=1024..32768 on a GPU "
+                                   "(the materialised path's OOM is recorded), small S on the CPU.")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--sizes", metavar="S1,S2,...", help="sequence lengths (default by device)")
+    p.add_argument("--out", default="memory.csv", metavar="CSV")
+    p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("demo", help="online softmax vs full softmax in pure Python",
+                       description="The lesson's proof: streaming keys in blocks of 1, 2 and 6 gives the "
+                                   "one-shot softmax to machine precision.")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("env", help="versions, device and whether the interpreter is on")
+
+    p = sub.add_parser("env", help="versions, device, compute capability, interpreter on/off")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

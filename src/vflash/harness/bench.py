@@ -1,28 +1,49 @@
-"""`vflash bench`: latency, TFLOP/s and incremental peak memory of vflash against
-SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends, measured in the same run.
+"""`vflash bench`: latency, TFLOP/s and incremental peak memory of vflash and the
+engines people would otherwise use, measured in the same run.
+
+Methods (a method that cannot run here is left out or gets a status row):
+  explicit_fp32  materialised scores/probabilities in fp32 (the oracle's recipe)
+  explicit       materialised attention in the inputs' dtype (eager PyTorch)
+  tiled          tiled PyTorch online softmax; stopped above N = 2048 (skipped_slow)
+  vflash         vflash.attention
+  sdpa_flash     SDPA restricted to FLASH_ATTENTION (fails rather than falling back)
+  sdpa_cudnn     SDPA restricted to CUDNN_ATTENTION
+  flex           torch.compile(flex_attention), when it compiles
+  fa4            FlashAttention-4 (flash_attn.cute), when importable
 
 TFLOP/s counts useful FLOPs: 4 * D per visible (query, key) pair, with the exact
-pair count for causal masks and Nq != Nk.
+pair count for causal masks and Nq != Nk (bottom-right alignment).
 """
 
 import csv
 import datetime
 import itertools
-import math
+import json
+import os
+import platform
 import subprocess
-import sys
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 import vflash
 from vflash.harness.cases import DTYPES
+from vflash.harness.memory import peak_mib
+from vflash.reference import attention_explicit, attention_tiled
 
 CSV_COLUMNS = [
     "date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "status",
-    "ms_median", "ms_p20", "ms_p80", "tflops", "peak_mib", "out_lse_mib", "vs_sdpa_flash", "vs_sdpa_cudnn",
+    "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "peak_mib", "out_lse_mib",
+    "vs_sdpa_flash", "vs_sdpa_cudnn",
 ]
+METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
+TILED_MAX_N = 2048
+
+
+class Unavailable(Exception):
+    """The method cannot run on this shape or machine; the reason becomes the status."""
 
 
 @dataclass(frozen=True)
@@ -35,12 +56,22 @@ class Shape:
     D: int
     causal: bool
 
+    @staticmethod
+    def parse(text: str, causal: bool) -> "Shape":
+        parts = text.split(",")
+        if len(parts) != 6 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"--shape wants six positive integers B,Hq,Hkv,Nq,Nk,D, got {text!r}")
+        B, Hq, Hkv, Nq, Nk, D = (int(p) for p in parts)
+        if min(B, Hq, Hkv, Nq, Nk, D) < 1 or Hq % Hkv:
+            raise ValueError(f"--shape {text!r}: all sizes must be >= 1 and Hq a multiple of Hkv")
+        return Shape(B, Hq, Hkv, Nq, Nk, D, causal)
+
 
 def visible_pairs(n_q: int, n_k: int, causal: bool) -> int:
-    """Exact count of (query, key) pairs a bottom-right causal mask keeps."""
+    """Exact count of (query, key) pairs kept; causal is bottom-right aligned."""
     if not causal:
         return n_q * n_k
-    # Row i sees keys 0 .. i + n_k - n_q (clamped to [0, n_k]).
+    # Row i sees keys 0 .. i + n_k - n_q, clamped to [0, n_k].
     return sum(min(n_k, max(0, i + n_k - n_q + 1)) for i in range(n_q))
 
 
@@ -52,128 +83,252 @@ def sweep_shapes(name: str) -> List[Shape]:
     if name == "fa":  # FlashAttention papers: 16k tokens, hidden 2048
         return [Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, c)
                 for d, c, n in itertools.product((64, 128), (False, True), (512, 1024, 2048, 4096, 8192, 16384))]
-    if name == "article":
+    if name == "article":  # the seed article: B = 1, H = 16, D = 64
         return [Shape(1, 16, 16, n, n, 64, c)
                 for c, n in itertools.product((False, True), (128, 256, 512, 1024, 2048, 4096, 8192))]
-    raise ValueError(f"unknown sweep {name!r}; choose 'fa' or 'article'")
+    if name == "smoke":  # tiny, for the interpreter: exercises the harness, not the GPU
+        return [Shape(1, 2, 1, n, n, 16, c) for c, n in itertools.product((False, True), (16, 40))]
+    raise ValueError(f"unknown sweep {name!r}; choose 'fa', 'article' or 'smoke'")
 
 
-def _sdpa(backend_name: str) -> Callable:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = getattr(SDPBackend, backend_name)
+# Each method: prepare(q, k, v, causal) -> zero-argument call. Work a real user
+# does once per shape (masks, layout copies, compilation) happens in prepare.
 
-    def run(q, k, v, causal):
-        # Restricted to one backend: an unsupported shape fails rather than falling back.
-        with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-    return run
+def _explicit(dtype: Optional[torch.dtype]):
+    def prepare(q, k, v, causal):
+        return lambda: attention_explicit(q, k, v, causal=causal, compute_dtype=dtype, return_lse=False)[0]
+    return prepare
 
 
-def methods() -> Dict[str, Callable]:
-    return {
-        "vflash": lambda q, k, v, causal: vflash.attention(q, k, v, causal=causal),
-        "sdpa_flash": _sdpa("FLASH_ATTENTION"),
-        "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
-    }
+def _tiled(q, k, v, causal):
+    if max(q.shape[2], k.shape[2]) > TILED_MAX_N:
+        raise Unavailable("skipped_slow")
+    return lambda: attention_tiled(q, k, v, causal=causal, block_m=64, block_n=64)[0]
+
+
+def _vflash(q, k, v, causal):
+    return lambda: vflash.attention(q, k, v, causal=causal)
+
+
+def _sdpa(backend_name: str):
+    def prepare(q, k, v, causal):
+        if q.device.type != "cuda":
+            raise Unavailable("unavailable: needs CUDA")
+        if causal and q.shape[2] != k.shape[2]:
+            raise Unavailable("unavailable: SDPA's is_causal is top-left aligned when Nq != Nk")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = getattr(SDPBackend, backend_name)
+        gqa = q.shape[1] != k.shape[1]
+
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        return call
+    return prepare
+
+
+_FLEX = {}
+
+
+def _flex(q, k, v, causal):
+    if q.device.type != "cuda":
+        raise Unavailable("unavailable: needs CUDA")
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as exc:
+        raise Unavailable(f"unavailable: {exc}")
+    if "fn" not in _FLEX:
+        import torch._dynamo
+        for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape, many shapes
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 256)
+        _FLEX["fn"] = torch.compile(flex_attention)
+    n_q, n_k = q.shape[2], k.shape[2]
+    block_mask = None
+    if causal:
+        shift = n_k - n_q
+        block_mask = create_block_mask(lambda b, h, qi, ki: qi + shift >= ki, None, None, n_q, n_k,
+                                       device=q.device)
+    gqa = q.shape[1] != k.shape[1]
+    return lambda: _FLEX["fn"](q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+def _fa4(q, k, v, causal):
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError:
+        raise Unavailable("unavailable: flash_attn.cute not importable")
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4 takes [B, N, H, D]
+    return lambda: flash_attn_func(qt, kt, vt, causal=causal)
+
+
+PREPARE: Dict[str, Callable] = {
+    "explicit_fp32": _explicit(torch.float32), "explicit": _explicit(None), "tiled": _tiled,
+    "vflash": _vflash, "sdpa_flash": _sdpa("FLASH_ATTENTION"), "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "flex": _flex, "fa4": _fa4,
+}
+
+
+def fa4_importable() -> bool:
+    try:
+        import flash_attn.cute  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def default_methods(device: torch.device) -> List[str]:
+    if device.type != "cuda":
+        return ["explicit_fp32", "explicit", "tiled", "vflash"]
+    return [m for m in METHODS if m != "fa4" or fa4_importable()]
 
 
 def gemm_warmup(seconds: float = 1.0) -> None:
     """Lift the GPU out of its idle clocks before the first timing."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    end = datetime.datetime.now() + datetime.timedelta(seconds=seconds)
-    while datetime.datetime.now() < end:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
         for _ in range(10):
             a @ a
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], object]) -> Tuple[float, float, float]:
-    import triton.testing
-    med, p20, p80 = triton.testing.do_bench(fn, warmup=50, rep=200, quantiles=[0.5, 0.2, 0.8])
-    return med, p20, p80
+def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 200.0,
+              warmup_ms: float = 25.0) -> Tuple[float, float, float, int]:
+    """(median, p20, p80) milliseconds and the repetition count.
 
-
-def peak_mib(fn: Callable[[], object]) -> float:
+    CUDA: events around each call, after warm-up, with the L2 cache flushed in
+    between (a 256 MiB write), as triton.testing.do_bench does. CPU: wall clock.
+    """
+    if device.type != "cuda":
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        return times[1], times[0], times[2], 3
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    call()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        call()
+    end.record()
+    end.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        call()
+    reps = int(min(1000, max(5, rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        call()
+        ends[i].record()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak / 2**20
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+    def q(f):
+        return times[min(reps - 1, int(round(f * (reps - 1))))]
+    return q(0.5), q(0.2), q(0.8), reps
 
 
-def environment() -> Dict[str, str]:
+def environment(device: torch.device) -> Dict[str, str]:
     import triton
-    p = torch.cuda.get_device_properties(0)
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    return {
+    from vflash._backend import interpreting
+    env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": p.name, "compute_capability": f"{p.major}.{p.minor}", "sm_count": str(p.multi_processor_count),
-        "driver": driver, "cuda": str(torch.version.cuda), "torch": torch.__version__,
-        "triton": triton.__version__, "vflash": vflash.__version__, "python": sys.version.split()[0],
+        "device": device.type, "torch": torch.__version__, "triton": triton.__version__,
+        "vflash": vflash.__version__, "python": platform.python_version(),
+        "triton_interpreter": str(interpreting()),
     }
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            driver = "unknown"
+        env.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=str(p.multi_processor_count),
+                   driver=driver, cuda=str(torch.version.cuda))
+    else:
+        env.update(gpu="none (CPU, Triton interpreter)", cpu=platform.processor() or platform.machine())
+    return env
 
 
-def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, str], chosen: Iterable[str]) -> List[dict]:
+def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, str], methods: Sequence[str],
+                device: torch.device) -> List[dict]:
     dt = DTYPES[dtype]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=dt, generator=g)
-    k = torch.randn(s.B, s.Hkv, s.Nk, s.D, device="cuda", dtype=dt, generator=g)
-    v = torch.randn(s.B, s.Hkv, s.Nk, s.D, device="cuda", dtype=dt, generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(s.B, s.Hq, s.Nq, s.D, device=device, dtype=dt, generator=g)
+    k = torch.randn(s.B, s.Hkv, s.Nk, s.D, device=device, dtype=dt, generator=g)
+    v = torch.randn(s.B, s.Hkv, s.Nk, s.D, device=device, dtype=dt, generator=g)
     flops = attention_flops(s)
     out_lse_mib = (q.numel() * q.element_size() + s.B * s.Hq * s.Nq * 4) / 2**20
     rows = []
-    table = methods()
-    for name in chosen:
-        fn = table[name]
+    for name in methods:
         row = dict(date=env["date"], gpu=env["gpu"], sweep=sweep, method=name, dtype=dtype, B=s.B, Hq=s.Hq,
                    Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, causal=s.causal, out_lse_mib=round(out_lse_mib, 3))
         try:
-            call = lambda: fn(q, k, v, s.causal)  # noqa: E731
-            call()  # compile / warm this method at this shape
-            med, p20, p80 = time_ms(call)
-            row.update(status="ok", ms_median=med, ms_p20=p20, ms_p80=p80,
-                       tflops=flops / (med * 1e-3) / 1e12, peak_mib=round(peak_mib(call), 3))
+            call = PREPARE[name](q, k, v, s.causal)
+            with torch.no_grad():
+                med, p20, p80, reps = time_call(call, device)
+                peak = peak_mib(call, device)
+            row.update(status="ok", ms_median=med, ms_p20=p20, ms_p80=p80, reps=reps,
+                       tflops=flops / (med * 1e-3) / 1e12, peak_mib=round(peak, 6))
+        except Unavailable as why:
+            row.update(status=str(why))
         except torch.cuda.OutOfMemoryError:
             row.update(status="oom")
-        except RuntimeError as exc:
-            row.update(status=f"error: {str(exc).splitlines()[0][:80]}")
-        torch.cuda.empty_cache()
+        except Exception as exc:  # a baseline that fails on a shape is a row, not a crash
+            first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
+            row.update(status=f"error: {type(exc).__name__}: {first}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         rows.append(row)
     by = {r["method"]: r for r in rows}
     for r in rows:
         for base, col in (("sdpa_flash", "vs_sdpa_flash"), ("sdpa_cudnn", "vs_sdpa_cudnn")):
-            if r.get("status") == "ok" and by.get(base, {}).get("status") == "ok":
+            if r["status"] == "ok" and by.get(base, {}).get("status") == "ok":
                 r[col] = round(by[base]["ms_median"] / r["ms_median"], 4)
     return rows
 
 
-def run_bench(sweep: str, dtypes: List[str], out_csv: str, chosen: Optional[List[str]] = None) -> List[dict]:
-    if not torch.cuda.is_available():
-        raise RuntimeError("vflash bench needs a CUDA GPU")
-    chosen = chosen or list(methods())
-    env = environment()
-    gemm_warmup()
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total)
+    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+
+def env_path(out_csv: str) -> str:
+    root, _ = os.path.splitext(out_csv)
+    return root + ".env.json"
+
+
+def run_bench(shapes: Sequence[Shape], sweep: str, dtypes: Sequence[str], out_csv: str,
+              methods: Optional[Sequence[str]], device: torch.device, printer=print) -> List[dict]:
+    methods = list(methods or default_methods(device))
+    env = environment(device)
+    with open(env_path(out_csv), "w") as f:
+        json.dump(env, f, indent=2)
+    if device.type == "cuda":
+        gemm_warmup()
     rows = []
-    shapes = sweep_shapes(sweep)
+    total = len(shapes) * len(dtypes)
     with open(out_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for i, (dtype, s) in enumerate(itertools.product(dtypes, shapes)):
-            shape_rows = bench_shape(s, dtype, sweep, env, chosen)
+            shape_rows = bench_shape(s, dtype, sweep, env, methods, device)
             for r in shape_rows:
                 w.writerow(r)
             f.flush()
             rows += shape_rows
-            cols = "  ".join(f"{r['method']} {r.get('tflops', math.nan):6.1f}" for r in shape_rows)
-            print(f"[{i + 1}/{len(shapes) * len(dtypes)}] {dtype} B{s.B} H{s.Hq} N{s.Nq} D{s.D} "
-                  f"causal={s.causal}: {cols} TFLOP/s", flush=True)
+            cols = "  ".join(f"{r['method']} {r['tflops']:.1f}" if r["status"] == "ok"
+                             else f"{r['method']} {r['status'].split(':')[0]}" for r in shape_rows)
+            printer(f"{_bar(i + 1, total)} {dtype} B{s.B} H{s.Hq}/{s.Hkv} N{s.Nq}x{s.Nk} D{s.D} "
+                    f"causal={s.causal}: {cols} (TFLOP/s)")
     return rows
+

@@ -54,6 +54,9 @@ class Case:
     def with_(self, **kw) -> "Case":
         return replace(self, **kw)
 
+    def run(self, device, attention=None) -> List[Verdict]:
+        return run_case(self, device, attention)
+
 
 def _make(shape_bhnd, layout: str, dtype, device, gen) -> torch.Tensor:
     B, H, N, D = shape_bhnd
@@ -99,3 +102,74 @@ def run_case(case: Case, device, attention=None) -> List[Verdict]:
                         f"got out {tuple(out.shape)} {out.dtype}, lse {lse.dtype}")]
     return [compare("out", out.cpu(), ref_out.cpu(), same_out.cpu(), dt),
             compare("lse", lse.cpu(), ref_lse.cpu(), f32_lse.cpu(), torch.float32)]
+
+def _ulp_floor(dtype: torch.dtype) -> float:
+    return {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23}[dtype]
+
+
+@dataclass(frozen=True)
+class TiledCheck:
+    """The tiled PyTorch reference (fp32) against the fp64 oracle: validates the
+    online-softmax recurrence itself, with tail tiles and masks."""
+    Nq: int
+    Nk: int
+    D: int = 64
+    causal: Union[bool, str] = False
+    window: Optional[Tuple[int, int]] = None
+    block_m: int = 64
+    block_n: int = 64
+
+    @property
+    def name(self) -> str:
+        extra = f" window={self.window[0]},{self.window[1]}" if self.window else ""
+        return (f"tiled-vs-explicit fp32 N{self.Nq}x{self.Nk} D{self.D} causal={self.causal}{extra} "
+                f"blocks {self.block_m}x{self.block_n}")
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        from vflash.reference import attention_tiled
+        case = Case(B=1, Hq=2, Hkv=1, Nq=self.Nq, Nk=self.Nk, D=self.D, dtype="fp32", causal=self.causal,
+                    window=self.window, tag=self.name)
+        q, k, v = make_inputs(case, device)
+        opts = dict(causal=self.causal, window=self.window)
+        out, lse = attention_tiled(q, k, v, block_m=self.block_m, block_n=self.block_n, **opts)
+        ref_out, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
+        f32_out, f32_lse = attention_explicit(q, k, v, compute_dtype=torch.float32, **opts)
+        return [compare("out", out.cpu(), ref_out.cpu(), f32_out.cpu(), torch.float32),
+                compare("lse", lse.cpu(), ref_lse.cpu(), f32_lse.cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class BaselineCheck:
+    """A baseline vflash is measured against (explicit attention in the inputs'
+    dtype, or SDPA restricted to its flash backend) against the fp64 oracle,
+    held to 4 ulps of the dtype at the output's magnitude: the baselines in
+    the benchmark must compute the same function."""
+    method: str  # "explicit" | "sdpa_flash"
+    N: int
+    D: int
+    causal: bool
+    dtype: str = "fp16"
+
+    @property
+    def name(self) -> str:
+        return f"baseline {self.method} {self.dtype} N{self.N} D{self.D} causal={self.causal}"
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        case = Case(B=2, Hq=4, Hkv=4, Nq=self.N, Nk=self.N, D=self.D, dtype=self.dtype, causal=self.causal,
+                    tag=self.name)
+        q, k, v = make_inputs(case, device)
+        with torch.no_grad():
+            if self.method == "explicit":
+                out, _ = attention_explicit(q, k, v, causal=self.causal, compute_dtype=None)
+            elif self.method == "sdpa_flash":
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            else:
+                raise ValueError(f"unknown baseline {self.method!r}")
+            ref, _ = attention_explicit(q, k, v, causal=self.causal, compute_dtype=torch.float64)
+        dt = DTYPES[self.dtype]
+        err = (out.double() - ref).abs()
+        tol = 4 * _ulp_floor(dt) * max(1.0, ref.abs().max().item())
+        ok = bool(torch.isfinite(out).all()) and err.max().item() <= tol
+        return [Verdict("out", err.max().item(), err.mean().item(), tol, ok)]

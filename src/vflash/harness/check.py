@@ -6,14 +6,26 @@ from typing import Callable, Iterable, List, Optional, TextIO
 
 import torch
 
-from vflash.harness.cases import Case, run_case
+from vflash.harness.cases import BaselineCheck, Case, TiledCheck
 
 CAUSAL_MODES = (False, True, "top_left")
 
 
-def cpu_matrix() -> List[Case]:
+def reference_checks() -> list:
+    """The tiled PyTorch recurrence against the oracle: tails, masks, block shapes."""
+    return [TiledCheck(127, 127), TiledCheck(128, 128, causal=True), TiledCheck(129, 129, causal=True),
+            TiledCheck(100, 257, causal=True, block_m=32, block_n=48),
+            TiledCheck(257, 100, causal="top_left", block_m=48, block_n=32),
+            TiledCheck(65, 65, D=128, block_m=1, block_n=7), TiledCheck(200, 200, window=(31, 9)),
+            TiledCheck(513, 513, causal=True, window=(100, -1), block_m=128, block_n=64)]
+
+
+def cpu_matrix() -> list:
     """Small shapes that the Triton interpreter runs in a few minutes."""
-    cases = []
+    cases = reference_checks()
+    cases += [BaselineCheck("explicit", 128, 64, c, dt) for c in (False, True) for dt in ("fp16", "bf16")]
+    for dtype, causal, n, d in itertools.product(("fp16", "bf16"), (False, True), (127, 128, 129), (64, 128)):
+        cases.append(Case(Nq=n, Nk=n, D=d, dtype=dtype, causal=causal))
     for dtype, causal, (nq, nk) in itertools.product(
             ("fp16", "bf16", "fp32"), CAUSAL_MODES, ((63, 63), (65, 129), (129, 64))):
         cases.append(Case(Nq=nq, Nk=nk, D=64, dtype=dtype, causal=causal))
@@ -33,9 +45,11 @@ def cpu_matrix() -> List[Case]:
     return cases
 
 
-def gpu_matrix() -> List[Case]:
+def gpu_matrix() -> list:
     """The article's matrix and every feature, at realistic sizes."""
-    cases = []
+    cases = reference_checks()
+    cases += [BaselineCheck(m, 1024, d, c) for m in ("explicit", "sdpa_flash") for d in (64, 128)
+              for c in (False, True)]
     for dtype, causal, n, d in itertools.product(
             ("fp16", "bf16"), (False, True), (1, 63, 64, 65, 127, 128, 129, 257, 513, 1000),
             (64, 128)):
@@ -64,14 +78,14 @@ def gpu_matrix() -> List[Case]:
     return cases
 
 
-def run_matrix(cases: Iterable[Case], device, stream: Optional[TextIO] = None,
+def run_matrix(cases: Iterable, device, stream: Optional[TextIO] = None,
                attention: Optional[Callable] = None) -> int:
     """Print one line per case and a summary; return the number of failures."""
     passed = failed = 0
     for case in cases:
         t0 = time.perf_counter()
         try:
-            verdicts = run_case(case, device, attention)
+            verdicts = case.run(device, attention)
             ok = all(v.passed for v in verdicts)
             detail = "  ".join(
                 f"{v.what}: max {v.max_err:.3e} mean {v.mean_err:.3e} tol {v.tol:.3e}"

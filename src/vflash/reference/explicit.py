@@ -41,9 +41,9 @@ def attention_explicit(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     causal: Union[bool, str] = False, scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None, softcap: Optional[float] = None,
-    compute_dtype: Optional[torch.dtype] = torch.float32,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Returns (out [B, Hq, Nq, D], lse [B, Hq, Nq]) in `compute_dtype`.
+    compute_dtype: Optional[torch.dtype] = torch.float32, return_lse: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Returns (out [B, Hq, Nq, D], lse [B, Hq, Nq] or None) in `compute_dtype`.
 
     compute_dtype=torch.float32 / float64: the oracle. compute_dtype=None: every
     step in the inputs' dtype, as eager PyTorch would run it.
@@ -55,10 +55,13 @@ def attention_explicit(
     scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # [B, Hq, Nq, Nk]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    keep = visible_mask(q.shape[2], k.shape[2], causal, window, device=q.device)
-    scores = scores.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no visible key
+    masked = (causal is not False) or window is not None
+    if masked:
+        keep = visible_mask(q.shape[2], k.shape[2], causal, window, device=q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1) if return_lse else None  # -inf for rows with no visible key
     probs = torch.softmax(scores, dim=-1)
-    probs = probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # NaN rows -> 0
+    if masked:
+        probs = probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # NaN rows -> 0
     out = torch.matmul(probs, vc)
     return out, lse
