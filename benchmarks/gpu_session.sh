@@ -14,17 +14,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 for step in "$@"; do
   echo "== $step $(date -u +%H:%M:%S)"
   case $step in
-    check) timeout 240 python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
+    check) timeout 200 python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
     tests) VFLASH_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider \
              tests/test_gpu.py tests/test_attention.py > "$R/pytest_gpu.txt" 2>&1; tail -2 "$R/pytest_gpu.txt" ;;
-    memory) timeout 120 python3 -m vflash memory --out "$R/memory.csv" ;;
-    fa_bf16) timeout 150 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
+    fa_bf16) timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_bf16.csv" | tail -4 ;;
-    article) timeout 150 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
-    fa_fp16) timeout 240 python3 -m vflash bench --sweep fa --dtype fp16 \
+    article) timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
+    fa_fp16) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
   esac
+  # Pack after every step: if the call is cut short, what finished still comes back.
+  tar -C "$OUT" -czf "$OUT/results.tar.gz.tmp" results && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
 done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
 tar -C "$OUT" -czf "$OUT/results.tar.gz" results && rm -rf "$R"
