@@ -3,7 +3,7 @@
 # (the device tool returns at most 8 files). Each step has its own time limit so
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
-#   steps: check tests memory fa_bf16 article fa_fp16 tune
+#   steps: check tests memory fa_bf16 article fa_fp16 host tune
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -23,6 +23,7 @@ for step in "$@"; do
     article) timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
     fa_fp16) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
+    host) timeout 60 python3 benchmarks/host_overhead.py > "$R/host_overhead.txt" 2>&1; cat "$R/host_overhead.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
   esac
   # Pack after every step: if the call is cut short, what finished still comes back.

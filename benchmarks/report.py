@@ -1,83 +1,164 @@
-"""Generate BENCHMARKS.md from committed result CSVs (never edit it by hand).
+"""Generate BENCHMARKS.md from committed result folders (never edit it by hand).
 
-Usage: python benchmarks/report.py benchmarks/results/<run>/fa.csv [...] > BENCHMARKS.md
+Usage: python benchmarks/report.py benchmarks/results/<run> [...] > BENCHMARKS.md
+
+Each folder may hold `vflash bench` CSVs (with <name>.env.json beside them), a
+`vflash memory` CSV (memory.csv), a `vflash check` log (check_gpu.log) and the
+PNGs that `vflash plot` made under plots/.
 """
 
 import csv
+import glob
+import json
 import os
 import sys
 from collections import defaultdict
 
-
-def load(paths):
-    rows = []
-    for p in paths:
-        with open(p, newline="") as f:
-            for r in csv.DictReader(f):
-                r["_path"] = p
-                rows.append(r)
-    return rows
+ORDER = ["vflash", "sdpa_flash", "sdpa_cudnn", "flex", "fa4", "explicit", "explicit_fp32", "tiled"]
+LABEL = {"vflash": "vflash", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN", "flex": "Flex",
+         "fa4": "FA4", "explicit": "explicit", "explicit_fp32": "explicit fp32", "tiled": "tiled"}
 
 
-def fmt(x, spec):
+def _f(x, spec):
     try:
         return format(float(x), spec)
     except (TypeError, ValueError):
         return "-"
 
 
-def table(rows, dtype):
+def _read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _cell(row):
+    if row is None:
+        return ""
+    if row["status"] == "ok":
+        return _f(row["tflops"], ".0f")
+    return row["status"].split(":")[0]
+
+
+def bench_table(rows):
+    methods = [m for m in ORDER if any(r["method"] == m for r in rows)]
+    others = [m for m in ("sdpa_flash", "sdpa_cudnn", "flex", "fa4") if m in methods]
     by = defaultdict(dict)
     for r in rows:
-        if r["dtype"] == dtype:
-            key = (int(r["D"]), r["causal"], int(r["Nq"]), int(r["B"]), int(r["Hq"]))
-            by[key][r["method"]] = r
-    out = ["| setup | D | causal | N | vflash TFLOP/s | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN "
-           "| vflash peak MiB | out+lse MiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (d, causal, n, b, h) in sorted(by, key=lambda k: (k[0], k[1], k[2])):
-        m = by[(d, causal, n, b, h)]
-        vf, fl, cu = m.get("vflash", {}), m.get("sdpa_flash", {}), m.get("sdpa_cudnn", {})
-        out.append(f"| B={b}, H={h} | {d} | {'yes' if causal == 'True' else 'no'} | {n} "
-                   f"| {fmt(vf.get('tflops'), '.0f')} | {fmt(fl.get('tflops'), '.0f')} "
-                   f"| {fmt(cu.get('tflops'), '.0f')} | {fmt(vf.get('vs_sdpa_flash'), '.2f')}x "
-                   f"| {fmt(vf.get('vs_sdpa_cudnn'), '.2f')}x | {fmt(vf.get('peak_mib'), '.1f')} "
-                   f"| {fmt(vf.get('out_lse_mib'), '.1f')} |")
-    return "\n".join(out)
+        by[(r["dtype"], int(r["D"]), r["causal"], int(r["Nq"]), int(r["Nk"]), int(r["B"]), int(r["Hq"]),
+            int(r["Hkv"]))][r["method"]] = r
+    head = (["dtype", "B, Hq/Hkv", "D", "causal", "N"] + [f"{LABEL[m]} TFLOP/s" for m in methods]
+            + [f"vflash / {LABEL[m]}" for m in others] + ["vflash peak MiB", "out+lse MiB"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in sorted(by, key=lambda k: (k[0], k[1], k[2], k[3])):
+        dtype, d, causal, nq, nk, b, hq, hkv = key
+        m = by[key]
+        vf = m.get("vflash")
+        ratios = []
+        for o in others:
+            ok = vf and vf["status"] == "ok" and m.get(o, {}).get("status") == "ok"
+            ratios.append(f"{float(m[o]['ms_median']) / float(vf['ms_median']):.2f}x" if ok else "-")
+        n = str(nq) if nq == nk else f"{nq}x{nk}"
+        cells = ([dtype, f"{b}, {hq}/{hkv}", str(d), "yes" if causal == "True" else "no", n]
+                 + [_cell(m.get(x)) for x in methods] + ratios
+                 + [_f(vf.get("peak_mib") if vf else None, ".1f"), _f(vf.get("out_lse_mib") if vf else None, ".1f")])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
-def main(paths):
-    rows = load(paths)
+def summary(name, rows):
+    out = []
+    vf = {(r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"]): r for r in rows
+          if r["method"] == "vflash" and r["status"] == "ok"}
+    for other in ("sdpa_flash", "sdpa_cudnn", "flex", "fa4"):
+        for dtype in sorted({r["dtype"] for r in rows}):
+            for lo, label in ((0, "all N"), (2048, "N >= 2048")):
+                ratios = []
+                for r in rows:
+                    key = (r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"])
+                    if (r["method"] == other and r["status"] == "ok" and r["dtype"] == dtype
+                            and int(r["Nq"]) >= lo and key in vf):
+                        ratios.append(float(r["ms_median"]) / float(vf[key]["ms_median"]))
+                if ratios:
+                    wins = sum(x >= 1.0 for x in ratios)
+                    out.append(f"- {name}, {dtype}, {label}: vflash / {LABEL[other]} {min(ratios):.2f}x to "
+                               f"{max(ratios):.2f}x (vflash faster on {wins} of {len(ratios)} rows)")
+    return out
+
+
+def env_text(folder, csv_path=None):
+    cands = ([os.path.splitext(csv_path)[0] + ".env.json"] if csv_path else []) + [
+        os.path.join(folder, "env.json"), os.path.join(folder, "env.txt")]
+    for c in cands:
+        if os.path.exists(c):
+            text = open(c).read().strip()
+            if c.endswith(".json"):
+                env = json.loads(text)
+                return ", ".join(f"{k} {v}" for k, v in env.items())
+            return " ".join(text.split())
+    return "(no environment record)"
+
+
+def memory_table(rows):
+    sizes = sorted({int(r["S"]) for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["method"], int(r["S"])): r for r in rows}
+    lines = ["| S | " + " | ".join(f"{m} peak MiB" for m in methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    for s in sizes:
+        cells = []
+        for m in methods:
+            r = by.get((m, s))
+            cells.append("" if r is None else (_f(r["peak_mib"], ".1f") if r["status"] == "ok" else r["status"].upper()))
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(folders):
     print("# vflash benchmarks\n")
-    print("Generated by `benchmarks/report.py` from the CSVs listed below; do not edit by hand.\n")
-    print("TFLOP/s counts useful FLOPs (4·D per visible query/key pair, exact causal pair count). "
-          "Latency is the median of `triton.testing.do_bench` after a GEMM warm-up; SDPA flash and "
-          "SDPA cuDNN are PyTorch's `scaled_dot_product_attention` restricted to one backend, "
-          "measured in the same run. Ratios are vflash's speed over the baseline's (above 1 = faster). "
-          "Peak memory is the incremental peak of one call.\n")
-    print("## Summary\n")
-    for p in paths:
-        vf = [r for r in rows if r["_path"] == p and r["method"] == "vflash" and r.get("vs_sdpa_flash")]
-        for dtype in sorted({r["dtype"] for r in vf}):
-            sel = [r for r in vf if r["dtype"] == dtype]
-            for lo_n, label in ((0, "all N"), (2048, "N >= 2048")):
-                part = [r for r in sel if int(r["Nq"]) >= lo_n]
-                fl = [float(r["vs_sdpa_flash"]) for r in part]
-                cu = [float(r["vs_sdpa_cudnn"]) for r in part if r.get("vs_sdpa_cudnn")]
-                print(f"- `{p}`, {dtype}, {label} ({len(part)} rows): vflash / SDPA flash "
-                      f"{min(fl):.2f}x to {max(fl):.2f}x; vflash / SDPA cuDNN {min(cu):.2f}x to {max(cu):.2f}x")
-    print()
-    for p in paths:
-        env = os.path.join(os.path.dirname(p), "env.txt")
-        print(f"## `{p}`\n")
-        if os.path.exists(env):
-            print("```\n" + open(env).read().strip() + "\n```\n")
-        prow = [r for r in rows if r["_path"] == p]
-        if prow:
-            print(f"Date: {prow[0]['date']}, GPU: {prow[0]['gpu']}, sweep: {prow[0]['sweep']}.\n")
-        for dtype in sorted({r["dtype"] for r in prow}):
-            print(f"### {dtype}\n")
-            print(table(prow, dtype) + "\n")
+    print("Generated by `benchmarks/report.py` from the committed result folders named below; do not edit "
+          "by hand. TFLOP/s counts useful FLOPs (4·D per visible query/key pair, exact causal pair count). "
+          "Latency is the median over repeated CUDA-event timings after a GEMM warm-up, with the L2 cache "
+          "flushed between repetitions. SDPA flash / SDPA cuDNN are PyTorch's "
+          "`scaled_dot_product_attention` restricted to one backend; Flex is `torch.compile(flex_attention)`. "
+          "All methods of a row were measured in the same run. `vflash / X` is X's time over vflash's "
+          "(above 1: vflash faster). Peak memory is the incremental peak of one call.\n")
+    for folder in folders:
+        csvs = sorted(glob.glob(os.path.join(folder, "*.csv")))
+        bench = [(p, _read(p)) for p in csvs if "method" in (_read(p)[0] if _read(p) else {}) and
+                 "tflops" in _read(p)[0]]
+        mem = [(p, _read(p)) for p in csvs if _read(p) and "S" in _read(p)[0]]
+        print(f"## `{folder}`\n")
+        print(f"Environment: {env_text(folder)}\n")
+        log = os.path.join(folder, "check_gpu.log")
+        if os.path.exists(log):
+            last = open(log).read().strip().splitlines()[-1]
+            print(f"`vflash check` on this machine: **{last}** (log: `{log}`).\n")
+        tests = os.path.join(folder, "pytest_gpu.txt")
+        if os.path.exists(tests):
+            last = open(tests).read().strip().splitlines()[-1]
+            print(f"GPU test suite on this machine: **{last.strip('= ')}** (`{tests}`).\n")
+        lines = []
+        for p, rows in bench:
+            lines += summary(f"`{os.path.basename(p)}`", rows)
+        if lines:
+            print("### Summary\n")
+            print("\n".join(lines) + "\n")
+        for p, rows in bench:
+            print(f"### `{os.path.basename(p)}` (sweep `{rows[0]['sweep']}`)\n")
+            print(f"Measured {rows[0]['date']} on {rows[0]['gpu']}.\n")
+            print(bench_table(rows) + "\n")
+            stem = os.path.splitext(os.path.basename(p))[0]
+            for kind in ("tflops", "ratio", "latency", "memory"):
+                png = os.path.join(folder, "plots", f"{stem}_{kind}.png")
+                if os.path.exists(png):
+                    print(f"![{stem} {kind}]({png})\n")
+        for p, rows in mem:
+            r0 = rows[0]
+            print(f"### Peak memory (`{os.path.basename(p)}`): B={r0['B']}, H={r0['H']}, D={r0['D']}, "
+                  f"{r0['dtype']}, causal\n")
+            print(memory_table(rows) + "\n")
+            png = os.path.join(folder, "plots", f"{os.path.splitext(os.path.basename(p))[0]}_peak_memory.png")
+            if os.path.exists(png):
+                print(f"![peak memory]({png})\n")
 
 
 if __name__ == "__main__":

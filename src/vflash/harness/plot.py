@@ -35,6 +35,14 @@ def _style(method):
     return STYLE.get(method, (method, None, "."))
 
 
+def _line(ax, xs, ys, method):
+    # vflash on top, drawn solid and larger, so a baseline with equal values cannot hide it.
+    label, colour, marker = _style(method)
+    mine = method == "vflash"
+    ax.plot(xs, ys, marker=marker, color=colour, label=label, linestyle="-" if mine else "--",
+            markersize=7 if mine else 5, linewidth=2.0 if mine else 1.3, zorder=3 if mine else 2)
+
+
 def _panels(rows: List[dict]) -> Dict[tuple, List[dict]]:
     panels = defaultdict(list)
     for r in rows:
@@ -81,8 +89,7 @@ def plot_bench(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
         fig, cells = _grid(panels, f"{ylabel} vs N - {gpu}")
         for (dtype, d, causal), ax in cells:
             for method, pts in _series(panels[(dtype, d, causal)], metric).items():
-                label, colour, marker = _style(method)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=colour, label=label)
+                _line(ax, [p[0] for p in pts], [p[1] for p in pts], method)
             oom = sorted({int(r["Nq"]) for r in panels[(dtype, d, causal)] if r["status"] == "oom"})
             if oom:
                 ax.text(0.02, 0.02, f"OOM at N = {', '.join(map(str, oom))}", transform=ax.transAxes, fontsize=8)
@@ -100,16 +107,18 @@ def plot_bench(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
     for (dtype, d, causal), ax in cells:
         lat = _series(panels[(dtype, d, causal)], "ms_median")
         mine = dict(lat.get("vflash", []))
+        top = 1.0
         for method, pts in lat.items():
             if method == "vflash":
                 continue
             ratio = [(n, t / mine[n]) for n, t in pts if n in mine]
             if ratio:
-                label, colour, marker = _style(method)
-                ax.plot([p[0] for p in ratio], [p[1] for p in ratio], marker=marker, color=colour, label=label)
+                top = max(top, max(r for _, r in ratio))
+                _line(ax, [p[0] for p in ratio], [p[1] for p in ratio], method)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if top > 4:  # slow references (explicit, tiled) stretch the range: log scale then
+            ax.set_yscale("log")
         ax.set_title(f"{dtype}, D={d}, {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("time(method) / time(vflash)")
@@ -127,8 +136,7 @@ def plot_memory(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
             by[r["method"]].append((int(r["S"]), float(r["peak_mib"])))
     for method, pts in by.items():
         pts.sort()
-        label, colour, marker = _style(method)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=colour, label=label)
+        _line(ax, [p[0] for p in pts], [p[1] for p in pts], method)
     oom = sorted({(r["method"], int(r["S"])) for r in rows if r["status"] == "oom"})
     if oom:
         ax.text(0.02, 0.95, "OOM: " + ", ".join(f"{m} S={s}" for m, s in oom), transform=ax.transAxes,
