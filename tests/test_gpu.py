@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vflash
-from vflash.harness.cases import Case, make_inputs, run_case
+from vflash.harness.cases import Case, make_inputs
 from vflash.harness.check import gpu_matrix
 
 pytestmark = pytest.mark.gpu
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("case", gpu_matrix(), ids=lambda c: c.name.replace(" ", "_"))
 def test_gpu_matrix(case):
-    for v in run_case(case, torch.device("cuda")):
+    for v in case.run(torch.device("cuda")):
         assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
 
 
