@@ -21,9 +21,18 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import triton  # noqa: E402  (after the environment is settled)
 
 
-def interpreting() -> bool:
-    """True when Triton kernels run through the CPU interpreter."""
+def _read_interpret() -> bool:
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# Read once: vflash's kernels are decorated under this setting at import, and a
+# later change of the environment does not change what they are.
+_INTERPRET = _read_interpret()
+
+
+def interpreting() -> bool:
+    """True when vflash's Triton kernels run through the CPU interpreter."""
+    return _INTERPRET

@@ -29,6 +29,7 @@ def _describe(x) -> str:
 
 def check_qkv(q, k, v) -> None:
     """Validate q [B, Hq, Nq, D], k/v [B, Hkv, Nk, D]."""
+    # Runs on every call: the common case goes through a handful of cheap tests.
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}")
@@ -38,19 +39,21 @@ def check_qkv(q, k, v) -> None:
                 f"a [batch, seq_len, heads, head_dim] tensor can be passed as x.transpose(1, 2)")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
-        if t.is_complex() or t.is_sparse:
-            raise TypeError(f"{name} must be a dense real tensor, got {_describe(t)}")
+        if t.layout is not torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
                         f"cast them with .to(dtype)")
-    if not (q.device == k.device == v.device):
+    device = q.device
+    if not (device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
     B, Hq, Nq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape [B, Hkv, Nk, D], got k {tuple(k.shape)} "
+    k_shape = k.shape
+    if k_shape != v.shape:
+        raise ValueError(f"k and v must have the same shape [B, Hkv, Nk, D], got k {tuple(k_shape)} "
                          f"and v {tuple(v.shape)}")
-    Bk, Hkv, Nk, Dk = k.shape
+    Bk, Hkv, Nk, Dk = k_shape
     if Bk != B:
         raise ValueError(f"batch sizes differ: q has {B}, k and v have {Bk}")
     if Dk != D:
@@ -60,19 +63,21 @@ def check_qkv(q, k, v) -> None:
     if not (MIN_HEAD_DIM <= D <= MAX_HEAD_DIM and D % 8 == 0):
         raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
                          f"got {D}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t, n in (("q", q, Nq), ("k", k, Nk), ("v", v, Nk)):
         # Offsets inside one (batch, head) slice are 32-bit in the kernel.
-        extent = (t.shape[2] - 1) * t.stride(2) + (t.shape[3] - 1) * t.stride(3)
+        _, _, stride_n, stride_d = t.stride()
+        extent = (n - 1) * stride_n + (D - 1) * stride_d
         if extent > _INT32_MAX:
             raise ValueError(f"{name}'s sequence span ({extent} elements within one head) exceeds "
                              f"2**31 - 1; split the sequence or make the tensor contiguous")
-    if q.device.type == "cpu" and not interpreting():
-        raise ValueError(
-            "q is a CPU tensor but Triton kernels were compiled for the GPU; move the tensors to "
-            "CUDA, or set TRITON_INTERPRET=1 in the environment before importing vflash to run on "
-            "the CPU through the Triton interpreter")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"tensors on {q.device.type} are not supported; use CUDA or CPU tensors")
+    if device.type != "cuda":
+        if device.type != "cpu":
+            raise ValueError(f"tensors on {device.type} are not supported; use CUDA or CPU tensors")
+        if not interpreting():
+            raise ValueError(
+                "q is a CPU tensor but Triton kernels were compiled for the GPU; move the tensors to "
+                "CUDA, or set TRITON_INTERPRET=1 in the environment before importing vflash to run on "
+                "the CPU through the Triton interpreter")
 
 
 def resolve_causal(causal) -> Optional[str]:

@@ -5,12 +5,11 @@ options into the kernel's single masking rule (off, left, right), picks a tile
 configuration and launches.
 """
 
-import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
-import triton
 
 from vflash._backend import interpreting
 from vflash.kernels.attention_fwd import GPU_CONFIGS, INTERPRETER_CONFIG, attention_fwd_kernel
@@ -40,6 +39,7 @@ def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]
     return off, left, right
 
 
+@lru_cache(maxsize=None)
 def default_config(head_dim_pad: int, dtype: torch.dtype) -> TileConfig:
     if interpreting():
         return TileConfig(*INTERPRETER_CONFIG)
@@ -77,14 +77,16 @@ def attention_forward(
         return out, lse
 
     off, left, right = mask_band(Nq, Nk, causal, window)
-    head_dim_pad = max(16, triton.next_power_of_2(D))
+    # Plain integer arithmetic: triton.cdiv / next_power_of_2 are jit functions and
+    # cost microseconds per host call.
+    head_dim_pad = max(16, 1 << (D - 1).bit_length())
     cfg = config or default_config(head_dim_pad, q.dtype)
     interp = interpreting()
     if softcap is not None:
         softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
     else:
         softcap_in, softcap_out = 1.0, 1.0
-    grid = (triton.cdiv(Nq, cfg.block_m), B * Hq)
+    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, B * Hq)
     attention_fwd_kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
