@@ -3,7 +3,6 @@ the CPU (or the device named by VFLASH_TEST_DEVICE). Each case claims:
 max|out - ref| <= 2 * max|out_same_dtype_torch - ref| + floor, for out and lse,
 with every value finite and -inf LSE exactly on the rows that see no key."""
 
-import itertools
 
 import pytest
 import torch

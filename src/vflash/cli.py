@@ -46,7 +46,7 @@ def _pair(text: str):
     try:
         left, right = (int(p) for p in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT integers (-1 = unbounded), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT integers (-1 = unbounded), got {text!r}") from None
     return (left, right)
 
 
@@ -91,7 +91,7 @@ def _custom_case(args):
     try:
         s = Shape.parse(args.shape, causal=False)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     return Case(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, dtype=args.dtype, causal=args.causal,
                 window=args.window, softcap=args.softcap, scale=args.scale, layout=args.layout)
 
@@ -153,7 +153,7 @@ def cmd_bench(args) -> int:
         try:
             shapes, sweep = [Shape.parse(args.shape, args.causal)], "custom"
         except ValueError as exc:
-            raise SystemExit(f"error: {exc}")
+            raise SystemExit(f"error: {exc}") from None
     else:
         shapes = sweep_shapes(sweep)
     methods = args.methods.split(",") if args.methods else None
@@ -179,7 +179,7 @@ def cmd_plot(args) -> int:
         for path in plot_csv(args.csv, args.out):
             print(f"wrote {path}")
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     return 0
 
 

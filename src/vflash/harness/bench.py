@@ -136,7 +136,7 @@ def _flex(q, k, v, causal):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError as exc:
-        raise Unavailable(f"unavailable: {exc}")
+        raise Unavailable(f"unavailable: {exc}") from None
     if "fn" not in _FLEX:
         import torch._dynamo
         for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape, many shapes
@@ -157,7 +157,7 @@ def _fa4(q, k, v, causal):
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError:
-        raise Unavailable("unavailable: flash_attn.cute not importable")
+        raise Unavailable("unavailable: flash_attn.cute not importable") from None
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4 takes [B, N, H, D]
     return lambda: flash_attn_func(qt, kt, vt, causal=causal)
 

@@ -2,7 +2,7 @@
 
 import itertools
 import time
-from typing import Callable, Iterable, List, Optional, TextIO
+from typing import Callable, Iterable, Optional, TextIO
 
 import torch
 
@@ -59,6 +59,8 @@ def gpu_matrix() -> list:
         cases.append(Case(B=2, Hq=4, Hkv=2, Nq=nq, Nk=nk, D=128, dtype=dtype, causal=causal))
     for d, causal in itertools.product((8, 16, 40, 64, 80, 96, 112, 128, 192, 256), (False, True)):
         cases.append(Case(B=2, Hq=4, Hkv=2, Nq=300, Nk=300, D=d, causal=causal))
+    for d in (192, 256):  # fp32 tiles at the largest head dims: the tightest shared-memory fit
+        cases.append(Case(B=1, Hq=2, Hkv=2, Nq=200, Nk=333, D=d, dtype="fp32", causal=True))
     for group in (1, 2, 8, 32):
         cases.append(Case(B=2, Hq=32, Hkv=32 // group, Nq=257, Nk=513, D=128, dtype="bf16", causal=True))
     for layout in ("bnhd", "sliced"):

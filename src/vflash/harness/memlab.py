@@ -64,5 +64,4 @@ def run_memory_lab(device: torch.device, sizes: Sequence[int], out_csv: str, pri
                 rows.append(row)
             f.flush()
             printer("   ".join(line))
-            del q, k, v
     return rows

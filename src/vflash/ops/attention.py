@@ -45,8 +45,10 @@ def default_config(head_dim_pad: int, dtype: torch.dtype) -> TileConfig:
         return TileConfig(*INTERPRETER_CONFIG)
     block_m, block_n, warps, stages = GPU_CONFIGS[head_dim_pad]
     if dtype == torch.float32:
-        # fp32 tiles take twice the registers and shared memory of fp16 ones.
-        block_m, block_n = min(block_m, 64), min(block_n, 64)
+        # fp32 tiles take twice the registers and shared memory of fp16 ones:
+        # two stages of 64 x 128 fp32 K and V tiles are already 128 KiB.
+        tile = 64 if head_dim_pad <= 128 else 32
+        block_m, block_n = min(block_m, tile), min(block_n, tile)
         warps, stages = 4, min(stages, 2)
     return TileConfig(block_m, block_n, warps, stages)
 
