@@ -160,6 +160,19 @@ def test_mask_band_folds_causal_into_window():
     assert mask_band(4, 10, "top_left", (-1, -1)) == (0, -1, 0)
     assert mask_band(4, 10, None, (3, 2)) == (6, 3, 2)
     assert mask_band(4, 10, "bottom_right", (3, 2)) == (6, 3, 0)
+    # Sides that hide nothing become unbounded: decode's single query, windows wider than the keys.
+    assert mask_band(1, 10, "bottom_right", (-1, -1)) == (9, -1, -1)
+    assert mask_band(4, 10, None, (9, 3)) == (6, -1, -1)
+    assert mask_band(4, 10, None, (8, 2)) == (6, 8, 2)
+    assert mask_band(4, 10, "top_left", (100, 5)) == (0, -1, 0)
+
+
+@pytest.mark.parametrize("nq,nk,causal,window", [
+    (1, 100, True, None), (4, 10, False, (9, 3)), (4, 10, False, (8, 2)), (10, 4, "top_left", (2, 0)),
+    (7, 7, False, (6, 6)), (7, 7, False, (5, 5))])
+def test_window_folding_keeps_results(nq, nk, causal, window, device):
+    # The folded (unmasked) launch computes what the explicit mask says.
+    assert_case(Case(Nq=nq, Nk=nk, D=16, causal=causal, window=window, tag="fold"), device)
 
 
 def test_empty_sequences(device):

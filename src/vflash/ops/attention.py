@@ -5,6 +5,7 @@ options into the kernel's single masking rule (off, left, right), picks a tile
 configuration and launches.
 """
 
+import contextlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Tuple
@@ -31,11 +32,19 @@ def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]
     Query i sees key j when i + off - left <= j <= i + off + right; a negative
     left/right is unbounded. off = Nk - Nq (bottom-right alignment) unless the
     causal mode is "top_left". Causal attention caps right at 0.
+
+    A side that hides no key from any row becomes unbounded, so the kernel
+    neither masks nor bounds-checks for it (one decode query at the end of its
+    keys is causal in name only).
     """
     off = 0 if causal == "top_left" else n_k - n_q
     left, right = window
     if causal is not None:
         right = 0 if right < 0 else min(right, 0)
+    if left >= n_q - 1 + off:  # row Nq-1, the one with the highest lower bound, still starts at key <= 0
+        left = -1
+    if right >= n_k - 1 - off:  # row 0, the one with the lowest upper bound, already ends at key >= Nk-1
+        right = -1
     return off, left, right
 
 
@@ -83,12 +92,21 @@ def attention_forward(
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
     cfg = config or default_config(head_dim_pad, q.dtype)
+    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, B * Hq)
+    # Triton launches on the current CUDA device: make it the tensors' device.
+    on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
+        _launch(grid, q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
+                scale, softcap, cfg)
+    return out, lse
+
+
+def _launch(grid, q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):
     interp = interpreting()
     if softcap is not None:
         softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
     else:
         softcap_in, softcap_out = 1.0, 1.0
-    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, B * Hq)
     attention_fwd_kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -104,4 +122,3 @@ def attention_forward(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out, lse
