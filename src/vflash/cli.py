@@ -6,30 +6,13 @@ Also runs as `python -m vflash`.
 import argparse
 import json
 import os
-import platform
 import sys
 from typing import List, Optional
 
 
 def _env() -> dict:
-    import torch
-    import triton
-
-    import vflash
-    from vflash._backend import interpreting
-
-    info = {
-        "vflash": vflash.__version__, "python": platform.python_version(), "torch": torch.__version__,
-        "triton": triton.__version__, "cuda_available": torch.cuda.is_available(),
-        "triton_interpreter": interpreting(),
-    }
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", cuda=torch.version.cuda,
-                    sm_count=p.multi_processor_count)
-    else:
-        info.update(device="cpu", cpu=platform.processor() or platform.machine())
-    return info
+    from vflash.harness.env import environment
+    return environment()
 
 
 def _device(name: str):

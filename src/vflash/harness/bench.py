@@ -16,12 +16,9 @@ pair count for causal masks and Nq != Nk (bottom-right alignment).
 """
 
 import csv
-import datetime
 import itertools
 import json
 import os
-import platform
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -30,6 +27,7 @@ import torch
 
 import vflash
 from vflash.harness.cases import DTYPES
+from vflash.harness.env import environment
 from vflash.harness.memory import peak_mib
 from vflash.reference import attention_explicit, attention_tiled
 
@@ -236,30 +234,7 @@ def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 
     return q(0.5), q(0.2), q(0.8), reps
 
 
-def environment(device: torch.device) -> Dict[str, str]:
-    import triton
-    from vflash._backend import interpreting
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device.type, "torch": torch.__version__, "triton": triton.__version__,
-        "vflash": vflash.__version__, "python": platform.python_version(),
-        "triton_interpreter": str(interpreting()),
-    }
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            driver = "unknown"
-        env.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=str(p.multi_processor_count),
-                   driver=driver, cuda=str(torch.version.cuda))
-    else:
-        env.update(gpu="none (CPU, Triton interpreter)", cpu=platform.processor() or platform.machine())
-    return env
-
-
-def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, str], methods: Sequence[str],
+def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], methods: Sequence[str],
                 device: torch.device) -> List[dict]:
     dt = DTYPES[dtype]
     g = torch.Generator(device=device).manual_seed(0)
