@@ -1,0 +1,79 @@
+"""Issue 4 experiment: where the host time of one vflash.attention call goes. GPU only.
+
+Prints per-call host microseconds (CPU timer around many calls; the GPU queue
+absorbs the tiny kernels) for:
+  1. vflash.attention end to end;
+  2. validation + launcher Python with the kernel launch stubbed out;
+  3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments;
+  4. Triton JIT dispatch of a trivial kernel with 5 and with 40 arguments (scaling);
+  5. SDPA flash, the same-run yardstick.
+"""
+
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+import vflash
+import vflash.ops.attention as ops
+
+
+def per_call_us(fn, n=3000):
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+@triton.jit
+def _touch5(X, a, b, c, d):
+    tl.store(X + tl.program_id(0), a + b + c + d)
+
+
+@triton.jit
+def _touch40(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
+             c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, d0, d1, d2, d3, d4, d5, d6, d7, d8):
+    tl.store(X + tl.program_id(0), a0 + d8)
+
+
+def main():
+    q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
+    rows = [("vflash.attention", per_call_us(lambda: vflash.attention(q, q, q)))]
+
+    real = ops.attention_fwd_kernel
+    captured = {}
+
+    class Capture:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                captured.update(grid=grid, args=args, kwargs=kwargs)
+            return launch
+
+    ops.attention_fwd_kernel = Capture()
+    try:
+        rows.append(("validation + launcher (launch stubbed)", per_call_us(lambda: vflash.attention(q, q, q))))
+    finally:
+        ops.attention_fwd_kernel = real
+    grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
+    rows.append(("raw kernel[grid](...) JIT dispatch", per_call_us(lambda: real[grid](*args, **kwargs))))
+
+    x = torch.zeros(1, device="cuda", dtype=torch.int32)
+    rows.append(("trivial kernel, 5 args", per_call_us(lambda: _touch5[(1,)](x, 1, 2, 3, 4))))
+    many = list(range(2, 41))
+    rows.append(("trivial kernel, 40 args", per_call_us(lambda: _touch40[(1,)](x, *many))))
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        rows.append(("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))))
+    for name, us in rows:
+        print(f"{name:>40}: {us:7.1f} us per call (host)")
+
+
+if __name__ == "__main__":
+    main()
