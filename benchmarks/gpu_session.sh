@@ -4,7 +4,7 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests memory fa_bf16 article fa_fp16 host launch variants tune
+#   steps: check tests memory fa_bf16 article fa_fp16 host launch variants tune tune_small
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -29,6 +29,9 @@ for step in "$@"; do
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
+    tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
+                timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1
+                cat "$R/tune_article.txt" "$R/tune_d256.txt" ;;
   esac
   # Pack after every step: if the call is cut short, what finished still comes back.
   tar -C "$OUT" -czf "$OUT/results.tar.gz.tmp" results && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"

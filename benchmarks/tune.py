@@ -1,6 +1,12 @@
 """Time a few tile configurations of the forward kernel per head dim and mask, to
-choose GPU_CONFIGS (kernels/attention_fwd.py). GPU only; prints TFLOP/s."""
+choose GPU_CONFIGS (kernels/attention_fwd.py). GPU only; prints TFLOP/s.
 
+  python3 benchmarks/tune.py            # the 16k-token sweep shapes (N 2048, 16384)
+  python3 benchmarks/tune.py --article  # small grids: B=1, H=16, D=64, N 1024..4096
+  python3 benchmarks/tune.py --d256     # D = 256, fp16, 16k tokens
+"""
+
+import argparse
 import itertools
 import sys
 
@@ -12,24 +18,37 @@ from vflash.ops.attention import TileConfig, attention_forward
 
 CANDIDATES = {
     64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3),
-         (128, 128, 8, 2)],
+         (128, 128, 8, 2), (64, 128, 4, 3), (64, 32, 4, 3)],
     128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
           (128, 32, 8, 3), (128, 64, 8, 4)],
+    256: [(64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2), (64, 128, 8, 2)],
 }
 
 
+def shapes(which: str):
+    if which == "article":
+        return [Shape(1, 16, 16, n, n, 64, c) for c, n in itertools.product((False, True), (1024, 2048, 4096))]
+    if which == "d256":
+        return [Shape(16384 // n, 8, 8, n, n, 256, c) for c, n in itertools.product((False, True), (2048, 8192))]
+    return [Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, c)
+            for d, c, n in itertools.product((64, 128), (False, True), (2048, 16384))]
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--article", action="store_const", dest="which", const="article")
+    group.add_argument("--d256", action="store_const", dest="which", const="d256")
+    which = ap.parse_args().which or "fa"
     gemm_warmup()
-    dtype = torch.float16
-    for d, causal, n in itertools.product((64, 128), (False, True), (2048, 16384)):
-        s = Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
-        q = torch.randn(s.B, s.Hq, n, d, device="cuda", dtype=dtype)
+    for s in shapes(which):
+        q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         res = []
-        for cfg in CANDIDATES[d]:
+        for cfg in CANDIDATES[s.D]:
             c = TileConfig(*cfg)
-            fn = lambda: attention_forward(q, k, v, causal="bottom_right" if causal else None,  # noqa: E731
-                                           scale=d ** -0.5, window=(-1, -1), softcap=None,
+            fn = lambda: attention_forward(q, k, v, causal="bottom_right" if s.causal else None,  # noqa: E731
+                                           scale=s.D ** -0.5, window=(-1, -1), softcap=None,
                                            return_lse=False, config=c)
             try:
                 fn()
@@ -38,7 +57,8 @@ def main() -> None:
             except Exception as exc:  # out of resources, say
                 res.append((0.0, f"{cfg} failed: {type(exc).__name__}"))
         res.sort(key=lambda r: -r[0])
-        print(f"D{d} causal={causal} N{n}: " + "  ".join(f"{cfg}:{tf:.0f}" for tf, cfg in res), flush=True)
+        print(f"B{s.B} H{s.Hq} D{s.D} causal={s.causal} N{s.Nq}: "
+              + "  ".join(f"{cfg}:{tf:.0f}" for tf, cfg in res), flush=True)
     sys.stdout.flush()
 
 
