@@ -4,7 +4,7 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests memory fa_bf16 article fa_fp16 host launch variants tune tune_small
+#   steps: check tests memory fa_bf16 article fa_fp16 launch variants tune tune_small
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -24,7 +24,6 @@ for step in "$@"; do
     article) timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
     fa_fp16) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
-    host) timeout 60 python3 benchmarks/host_overhead.py > "$R/host_overhead.txt" 2>&1; cat "$R/host_overhead.txt" ;;
     launch) timeout 90 python3 benchmarks/experiments/launch_overhead.py > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;

@@ -2,11 +2,11 @@
 
 Prints per-call host microseconds (CPU timer around many calls; the GPU queue
 absorbs the tiny kernels) for:
-  1. vflash.attention end to end;
+  1. vflash.attention end to end, plain and causal with LSE;
   2. validation + launcher Python with the kernel launch stubbed out;
   3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments;
   4. Triton JIT dispatch of a trivial kernel with 5 and with 40 arguments (scaling);
-  5. SDPA flash, the same-run yardstick.
+  5. SDPA with its default dispatch and restricted to flash, the same-run yardsticks.
 """
 
 import time
@@ -44,7 +44,9 @@ def _touch40(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, 
 
 def main():
     q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
-    rows = [("vflash.attention", per_call_us(lambda: vflash.attention(q, q, q)))]
+    rows = [("vflash.attention", per_call_us(lambda: vflash.attention(q, q, q))),
+            ("vflash.attention causal + lse",
+             per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))]
 
     real = ops.attention_fwd_kernel
     captured = {}
@@ -69,6 +71,8 @@ def main():
     rows.append(("trivial kernel, 40 args", per_call_us(lambda: _touch40[(1,)](x, *many))))
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    rows.append(("SDPA (default dispatch)",
+                 per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         rows.append(("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))))
     for name, us in rows:

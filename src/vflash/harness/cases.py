@@ -1,7 +1,7 @@
 """Correctness cases: one shape and option set, its inputs, and its verdicts."""
 
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -50,9 +50,6 @@ class Case:
 
     def seed(self) -> int:
         return zlib.crc32(self.name.encode())
-
-    def with_(self, **kw) -> "Case":
-        return replace(self, **kw)
 
     def run(self, device, attention=None) -> List[Verdict]:
         return run_case(self, device, attention)
