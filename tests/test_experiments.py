@@ -16,4 +16,4 @@ def test_fwd_variants_check_half_passes_under_the_interpreter():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/fwd_variants.py"), "--check-only"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("PASS") == 6 and "FAIL" not in r.stdout and "ERROR" not in r.stdout
+    assert r.stdout.count("PASS") == 12 and "FAIL" not in r.stdout and "ERROR" not in r.stdout

@@ -4,7 +4,8 @@ Prints per-call host microseconds (CPU timer around many calls; the GPU queue
 absorbs the tiny kernels) for:
   1. vflash.attention end to end, plain and causal with LSE;
   2. validation + launcher Python with the kernel launch stubbed out;
-  3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments;
+  3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments, and
+     the CompiledKernel it returns launched directly (no specialization or cache lookup);
   4. Triton JIT dispatch of a trivial kernel with 5 and with 40 arguments (scaling);
   5. SDPA with its default dispatch and restricted to flash, the same-run yardsticks.
 """
@@ -64,6 +65,19 @@ def main():
         ops.attention_fwd_kernel = real
     grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
     rows.append(("raw kernel[grid](...) JIT dispatch", per_call_us(lambda: real[grid](*args, **kwargs))))
+    try:
+        compiled = real[grid](*args, **kwargs)
+        # The compiled launcher takes every parameter in signature order, constexprs included.
+        values = list(args) + [kwargs[name] for name in real.arg_names[len(args):]]
+        launch = compiled[grid]
+        rows.append(("CompiledKernel[grid](...) direct launch", per_call_us(lambda: launch(*values))))
+        out = args[3]
+        out.zero_()
+        launch(*values)
+        torch.cuda.synchronize()
+        print("direct launch wrote the output:", bool(out.abs().sum() > 0))
+    except Exception as exc:
+        print("direct launch failed:", type(exc).__name__, str(exc)[:300])
 
     x = torch.zeros(1, device="cuda", dtype=torch.int32)
     rows.append(("trivial kernel, 5 args", per_call_us(lambda: _touch5[(1,)](x, 1, 2, 3, 4))))
