@@ -130,13 +130,15 @@ def test_lse_merges_split_kv_exactly(device):
     assert torch.allclose(merged, o, atol=1e-5) and torch.allclose(lm, l, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_m,block_n", [(16, 16), (16, 64), (64, 16), (64, 64)])
+@pytest.mark.parametrize("block_m,block_n,split", [(16, 16, False), (16, 64, False), (64, 16, False),
+                                                   (64, 64, False), (32, 16, True), (64, 32, True)])
 @pytest.mark.parametrize("opts", [dict(causal=True), dict(causal="top_left", window=(9, 0)),
-                                  dict(window=(20, 13)), dict(window=(-1, 0))],
-                         ids=["causal", "top_left+window", "window", "right0"])
-def test_tile_sizes_and_poisoned_outputs(block_m, block_n, opts, device):
+                                  dict(window=(20, 13)), dict(window=(-1, 0)), dict()],
+                         ids=["causal", "top_left+window", "window", "right0", "full"])
+def test_tile_sizes_and_poisoned_outputs(block_m, block_n, split, opts, device):
     # Every tile split (masked / unmasked stretches) for several tile shapes; outputs
-    # are filled with NaN first, so an element the kernel forgets stays NaN.
+    # are filled with NaN first, so an element the kernel forgets stays NaN. Split
+    # tiles carry block_m rows as two halves.
     case = Case(B=2, Hq=4, Hkv=2, Nq=77, Nk=131, D=32)
     q, k, v = make_inputs(case, device)
     out = torch.full((2, 4, 77, 32), float("nan"), dtype=q.dtype, device=device)
@@ -144,7 +146,7 @@ def test_tile_sizes_and_poisoned_outputs(block_m, block_n, opts, device):
     from vflash._validate import check_window, resolve_causal
     attention_forward(q, k, v, causal=resolve_causal(opts.get("causal", False)), scale=32 ** -0.5,
                       window=check_window(opts.get("window")), softcap=None, return_lse=True,
-                      config=TileConfig(block_m, block_n, 4, 1), out=out, lse=lse)
+                      config=TileConfig(block_m, block_n, 4, 1, split), out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_o, ref_l = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
     same_o, _ = attention_explicit(q, k, v, compute_dtype=None, **opts)

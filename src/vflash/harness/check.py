@@ -77,6 +77,11 @@ def gpu_matrix() -> list:
     ]
     for n, causal in itertools.product((2048, 4096, 8192), (False, True)):
         cases.append(Case(B=1, Hq=4, Hkv=4, Nq=n, Nk=n, D=128, causal=causal, tag="long"))
+    # Grids large enough for the split (two-half) tiles at D = 96/128 without a right edge.
+    for dtype, d, window in itertools.product(("fp16", "bf16"), (96, 128), (None, (100, -1))):
+        cases.append(Case(B=2, Hq=72, Hkv=8, Nq=300, Nk=333, D=d, dtype=dtype, window=window, tag="split"))
+    cases += [Case(B=2, Hq=72, Hkv=8, Nq=300, Nk=300, D=128, softcap=30.0, tag="split"),
+              Case(B=1, Hq=16, Hkv=16, Nq=4096, Nk=4096, D=128, tag="long split")]
     return cases
 
 

@@ -45,6 +45,58 @@ def _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constex
 
 
 @triton.jit
+def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
+    if UPCAST_DOT:
+        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
+    else:
+        return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _online_update(
+    acc, l_i, m_i, qk, v, offs_m, offs_n,
+    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
+    # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
+    LOG2E: tl.constexpr = 1.4426950408889634
+    if SOFTCAP:
+        # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
+        # instead of overflowing; softcap_out carries cap * log2(e).
+        x = qk * softcap_in
+        qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
+    else:
+        qk = qk * qk_scale
+    if MASKED:
+        visible = offs_n[None, :] < n_k
+        if HAS_LEFT:
+            visible = visible & (offs_n[None, :] >= offs_m[:, None] + off - left)
+        if HAS_RIGHT:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))  # [rows]
+    if MASKED:
+        # A row that has seen no visible key yet keeps m = -inf; subtracting 0
+        # instead makes its p and alpha exactly 0 rather than NaN.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.exp2(qk - m_ref[:, None])  # [rows, BLOCK_N]
+    alpha = tl.exp2(m_i - m_ref)  # [rows]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
+    if UPCAST_DOT:
+        acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=DOT_PRECISION)
+    else:
+        acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -54,51 +106,72 @@ def _attend_tiles(
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # acc [BLOCK_M, HEAD_DIM_PAD] fp32, l_i/m_i [BLOCK_M] fp32, q [BLOCK_M, HEAD_DIM_PAD]
-    LOG2E: tl.constexpr = 1.4426950408889634
+    # Key tiles [start, stop) for one block of rows (q [BLOCK_M, HEAD_DIM_PAD]).
+    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM,
-                       MASKED, HEAD_DIM != HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM_PAD]
-        if UPCAST_DOT:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
-        else:
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
-        if SOFTCAP:
-            # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
-            # instead of overflowing; softcap_out carries cap * log2(e).
-            x = qk * softcap_in
-            qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
-        else:
-            qk = qk * qk_scale
-        if MASKED:
-            visible = offs_n[None, :] < n_k
-            if HAS_LEFT:
-                visible = visible & (offs_n[None, :] >= offs_m[:, None] + off - left)
-            if HAS_RIGHT:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
-            qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf; subtracting 0
-            # instead makes its p and alpha exactly 0 rather than NaN.
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        p = tl.exp2(qk - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.exp2(m_i - m_ref)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM,
-                       MASKED, HEAD_DIM != HEAD_DIM_PAD)  # [BLOCK_N, HEAD_DIM_PAD]
-        p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
-        if UPCAST_DOT:
-            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=DOT_PRECISION)
-        else:
-            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n, n_k, off, left, right, qk_scale,
+                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       UPCAST_DOT, DOT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_tiles_split(
+    acc0, l0, m0, q0, acc1, l1, m1, q1,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m0, offs_m1, offs_d, start, stop,
+    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # As _attend_tiles for two independent halves of the rows sharing each K/V
+    # tile. Both QK products are issued before either softmax, so the exp2s of one
+    # half can run while the tensor cores work on the other (measured +6 % at
+    # D = 128 on an H200, benchmarks/NOTES.md).
+    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0  # [BLOCK_N]
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        qk0 = _scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
+        qk1 = _scores(q1, k, UPCAST_DOT, DOT_PRECISION)
+        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n, n_k, off, left, right, qk_scale,
+                                      softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                      UPCAST_DOT, DOT_PRECISION)
+        acc1, l1, m1 = _online_update(acc1, l1, m1, qk1, v, offs_m1, offs_n, n_k, off, left, right, qk_scale,
+                                      softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                      UPCAST_DOT, DOT_PRECISION)
+    return acc0, l0, m0, acc1, l1, m1
+
+
+@triton.jit
+def _load_rows(base, offs_m, offs_d, stride_m, stride_d, n_q, HEAD_DIM: tl.constexpr):
+    # [rows, HEAD_DIM_PAD] tile of Q (zeros past n_q / HEAD_DIM).
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    return tl.load(base + offs_m[:, None] * stride_m + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q,
+                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr):
+    # Rows that saw no key have l = 0 and acc = 0: they return 0 and LSE = -inf.
+    LN2: tl.constexpr = 0.6931471805599453
+    empty = l_i == 0.0
+    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
+    out = acc * inv_l[:, None]
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(o_base.dtype.element_ty), mask=mask)
+    if STORE_LSE:
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+        tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
 @triton.jit
@@ -112,12 +185,13 @@ def attention_fwd_kernel(
     off, left, right,
     qk_scale, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), B * Hq). LSE is contiguous [B, Hq, n_q] fp32.
+    # SPLIT: the program's BLOCK_M rows are carried as two independent halves.
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
@@ -131,17 +205,10 @@ def attention_fwd_kernel(
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
     o_base = O + off_b * stride_ob + off_h * stride_oh
+    lse_base = LSE + pid_bh.to(tl.int64) * n_q
 
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
-    q_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=q_mask, other=0.0)  # [BLOCK_M, HEAD_DIM_PAD]
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
     # Key range seen by any row of this tile, and the tile-aligned part of it in
     # which every (row, key) pair is visible. Rows past n_q only widen the range.
@@ -160,42 +227,69 @@ def attention_fwd_kernel(
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
 
-    if HAS_LEFT:
+    if SPLIT:
+        HALF: tl.constexpr = BLOCK_M // 2
+        offs_m0 = start_m + tl.arange(0, HALF)  # [HALF]
+        offs_m1 = offs_m0 + HALF
+        q0 = _load_rows(q_base, offs_m0, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
+        q1 = _load_rows(q_base, offs_m1, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
+        m0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        m1 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        l0 = tl.zeros([HALF], dtype=tl.float32)
+        l1 = tl.zeros([HALF], dtype=tl.float32)
+        acc0 = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
+        acc1 = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
+        if HAS_LEFT:
+            acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
+                acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                offs_m0, offs_m1, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
+            acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m0, offs_m1, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
+            acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
+        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
+    else:
+        offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+        q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+        if HAS_LEFT:
+            acc, l_i, m_i = _attend_tiles(
+                acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-
-    # Rows that saw no key have l = 0 and acc = 0: they return 0 and LSE = -inf.
-    empty = l_i == 0.0
-    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
-    out = acc * inv_l[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(O.dtype.element_ty), mask=q_mask)
-    if STORE_LSE:
-        LN2: tl.constexpr = 0.6931471805599453
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        lse_ptrs = LSE + pid_bh.to(tl.int64) * n_q + offs_m
-        tl.store(lse_ptrs, lse, mask=offs_m < n_q)
+        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
 
 
 # Launch configurations for the GPU per padded head dim:
-# (block_m, block_n, num_warps, num_stages). Chosen on an H200 (fp16, 16k-token
-# sweep) with benchmarks/tune.py; see benchmarks/NOTES.md for the measurements.
+# (block_m, block_n, num_warps, num_stages, split). Chosen on an H200 (fp16,
+# 16k-token sweep) with benchmarks/tune.py; see benchmarks/NOTES.md for the
+# measurements. GPU_CONFIGS serves every mask; GPU_SPLIT_CONFIGS replaces it for
+# attention without a right edge (not causal) when the grid still fills the GPU.
 GPU_CONFIGS = {
-    16: (128, 64, 8, 3),
-    32: (128, 64, 8, 3),
-    64: (128, 64, 8, 3),
-    128: (128, 128, 8, 3),
-    256: (64, 64, 4, 2),
+    16: (128, 64, 8, 3, False),
+    32: (128, 64, 8, 3, False),
+    64: (128, 64, 8, 3, False),
+    128: (128, 128, 8, 3, False),
+    256: (64, 64, 4, 2, False),
+}
+GPU_SPLIT_CONFIGS = {
+    128: (256, 64, 8, 3, True),
 }
 # Under the interpreter the tile size only changes how many numpy ops run.
-INTERPRETER_CONFIG = (32, 32, 4, 1)
+INTERPRETER_CONFIG = (32, 32, 4, 1, False)

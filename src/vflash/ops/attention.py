@@ -8,22 +8,26 @@ configuration and launches.
 import contextlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Hashable, Optional, Tuple
 
 import torch
 
 from vflash._backend import interpreting
-from vflash.kernels.attention_fwd import GPU_CONFIGS, INTERPRETER_CONFIG, attention_fwd_kernel
+from vflash.ops import plans
+from vflash.kernels.attention_fwd import GPU_CONFIGS, GPU_SPLIT_CONFIGS, INTERPRETER_CONFIG, attention_fwd_kernel
 
 _LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
 class TileConfig:
+    """block_m query rows per program (two halves of block_m // 2 when split),
+    block_n keys per inner step."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    split: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -49,17 +53,36 @@ def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]
 
 
 @lru_cache(maxsize=None)
-def default_config(head_dim_pad: int, dtype: torch.dtype) -> TileConfig:
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@lru_cache(maxsize=None)
+def default_config(head_dim_pad: int, dtype: torch.dtype, split: bool = False) -> TileConfig:
+    """The tuned tile configuration; `split` asks for the two-half variant, which
+    exists only for some head dims of fp16/bf16 (else the plain one is returned)."""
     if interpreting():
         return TileConfig(*INTERPRETER_CONFIG)
-    block_m, block_n, warps, stages = GPU_CONFIGS[head_dim_pad]
     if dtype == torch.float32:
         # fp32 tiles take twice the registers and shared memory of fp16 ones:
         # two stages of 64 x 128 fp32 K and V tiles are already 128 KiB.
+        block_m, block_n, warps, stages, _ = GPU_CONFIGS[head_dim_pad]
         tile = 64 if head_dim_pad <= 128 else 32
-        block_m, block_n = min(block_m, tile), min(block_n, tile)
-        warps, stages = 4, min(stages, 2)
-    return TileConfig(block_m, block_n, warps, stages)
+        return TileConfig(min(block_m, tile), min(block_n, tile), 4, min(stages, 2))
+    if split and head_dim_pad in GPU_SPLIT_CONFIGS:
+        return TileConfig(*GPU_SPLIT_CONFIGS[head_dim_pad])
+    return TileConfig(*GPU_CONFIGS[head_dim_pad])
+
+
+def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, programs_per_row: int,
+                  device: torch.device) -> TileConfig:
+    """Split tiles for attention without a right edge when, at their doubled
+    block_m, the grid still gives every SM a program; the plain tiles otherwise."""
+    if right < 0 and not interpreting():
+        cfg = default_config(head_dim_pad, dtype, True)
+        if cfg.split and programs_per_row * -(-n_q // cfg.block_m) >= _sm_count(device.index):
+            return cfg
+    return default_config(head_dim_pad, dtype)
 
 
 def attention_forward(
@@ -67,12 +90,15 @@ def attention_forward(
     causal: Optional[str], scale: float, window: Tuple[int, int], softcap: Optional[float],
     return_lse: bool, config: Optional[TileConfig] = None,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+    plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 (or None).
 
     `out` (any strides) and `lse` (contiguous) may be passed preallocated, e.g.
-    poisoned with NaN by tests that check every element is written.
+    poisoned with NaN by tests that check every element is written. With a
+    `plan_key` (vflash.ops.plans) the launch is recorded for later calls.
     """
+    fresh_out = out is None
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if out is None:
@@ -91,34 +117,54 @@ def attention_forward(
     # Plain integer arithmetic: triton.cdiv / next_power_of_2 are jit functions and
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
-    cfg = config or default_config(head_dim_pad, q.dtype)
+    cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
     grid = ((Nq + cfg.block_m - 1) // cfg.block_m, B * Hq)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
+    args, constexprs = _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
+                                    scale, softcap, cfg)
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
-        _launch(grid, q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
-                scale, softcap, cfg)
+        compiled = attention_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps,
+                                              num_stages=cfg.num_stages)
+    if plan_key is not None and fresh_out and not on_other_gpu:
+        _record_plan(plan_key, compiled, grid, args, constexprs, out, lse)
     return out, lse
 
 
-def _launch(grid, q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):
+def _record_plan(key, compiled, grid, args, constexprs, out, lse) -> None:
+    # The compiled launcher takes every kernel parameter in signature order,
+    # constexprs included; the first five (the tensors) change per call.
+    try:
+        runner = compiled[(grid[0], grid[1], 1)]
+    except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
+        return
+    names = attention_fwd_kernel.arg_names
+    tail = list(args[5:]) + [constexprs[name] for name in names[len(args):]]
+    plans.record(key, plans.LaunchPlan(runner, out.device, out.dtype, tuple(out.shape),
+                                       None if lse is None else tuple(lse.shape), tail))
+
+
+def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):
+    """(positional args, constexpr kwargs) of attention_fwd_kernel, in signature order."""
     interp = interpreting()
     if softcap is not None:
         softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
     else:
         softcap_in, softcap_out = 1.0, 1.0
-    attention_fwd_kernel[grid](
+    args = (
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
         scale * _LOG2E, softcap_in, softcap_out,
+    )
+    constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=right >= 0,
         # The interpreter's bf16 dot is wrong (numpy has no bf16); upcast there only.
         UPCAST_DOT=interp and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    return args, constexprs
