@@ -4,7 +4,7 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests memory fa_bf16 article fa_fp16 launch variants tune tune_small
+#   steps: check tests memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -16,18 +16,22 @@ for step in "$@"; do
   echo "== $step $(date -u +%H:%M:%S)"
   case $step in
     check) timeout 200 python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
-    tests) VFLASH_TEST_DEVICE=cuda timeout 480 python3 -m pytest -q -p no:cacheprovider \
-             tests/test_gpu.py tests/test_attention.py > "$R/pytest_gpu.txt" 2>&1; tail -2 "$R/pytest_gpu.txt" ;;
+    tests) VFLASH_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider \
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py > "$R/pytest_gpu.txt" 2>&1
+           tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
     fa_bf16) timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_bf16.csv" | tail -4 ;;
     article) timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
-    fa_fp16) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
+    fa_fp16) timeout 120 python3 -m vflash bench --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+               --out "$R/fa_fp16.csv" | tail -4 ;;
+    fa_fp16_flex) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
     launch) timeout 90 python3 benchmarks/experiments/launch_overhead.py > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
+    tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1
                 cat "$R/tune_article.txt" "$R/tune_d256.txt" ;;

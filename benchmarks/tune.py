@@ -4,6 +4,7 @@ choose GPU_CONFIGS (kernels/attention_fwd.py). GPU only; prints TFLOP/s.
   python3 benchmarks/tune.py            # the 16k-token sweep shapes (N 2048, 16384)
   python3 benchmarks/tune.py --article  # small grids: B=1, H=16, D=64, N 1024..4096
   python3 benchmarks/tune.py --d256     # D = 256, fp16, 16k tokens
+  python3 benchmarks/tune.py --split    # split (two-half) tiles against the plain table, D 64/128
 """
 
 import argparse
@@ -25,6 +26,13 @@ CANDIDATES = {
 }
 
 
+# (block_m, block_n, warps, stages, split): the plain table's entry first.
+SPLIT_CANDIDATES = {
+    64: [(128, 64, 8, 3), (256, 64, 8, 3, True), (256, 128, 8, 2, True), (128, 64, 4, 3, True)],
+    128: [(128, 128, 8, 3), (256, 64, 8, 3, True), (256, 64, 8, 2, True), (256, 128, 8, 2, True)],
+}
+
+
 def shapes(which: str):
     if which == "article":
         return [Shape(1, 16, 16, n, n, 64, c) for c, n in itertools.product((False, True), (1024, 2048, 4096))]
@@ -39,13 +47,14 @@ def main() -> None:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--article", action="store_const", dest="which", const="article")
     group.add_argument("--d256", action="store_const", dest="which", const="d256")
+    group.add_argument("--split", action="store_const", dest="which", const="split")
     which = ap.parse_args().which or "fa"
     gemm_warmup()
     for s in shapes(which):
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         res = []
-        for cfg in CANDIDATES[s.D]:
+        for cfg in (SPLIT_CANDIDATES if which == "split" else CANDIDATES)[s.D]:
             c = TileConfig(*cfg)
             fn = lambda: attention_forward(q, k, v, causal="bottom_right" if s.causal else None,  # noqa: E731
                                            scale=s.D ** -0.5, window=(-1, -1), softcap=None,
