@@ -4,7 +4,7 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split
+#   steps: check tests memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -31,6 +31,13 @@ for step in "$@"; do
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
+    tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
+    d256) timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+            --out "$R/d256_fp16.csv" | tail -3 ;;
+    tests_fast) pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
+           VFLASH_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider -n 8 \
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py > "$R/pytest_gpu.txt" 2>&1
+           tail -2 "$R/pytest_gpu.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1

@@ -5,6 +5,7 @@ choose GPU_CONFIGS (kernels/attention_fwd.py). GPU only; prints TFLOP/s.
   python3 benchmarks/tune.py --article  # small grids: B=1, H=16, D=64, N 1024..4096
   python3 benchmarks/tune.py --d256     # D = 256, fp16, 16k tokens
   python3 benchmarks/tune.py --split    # split (two-half) tiles against the plain table, D 64/128
+  python3 benchmarks/tune.py --short    # fa-sweep shapes at N 512 / 1024 (many short programs)
 """
 
 import argparse
@@ -33,7 +34,16 @@ SPLIT_CANDIDATES = {
 }
 
 
+SHORT_CANDIDATES = {
+    64: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 2)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3)],
+}
+
+
 def shapes(which: str):
+    if which == "short":
+        return [Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, c)
+                for d, c, n in itertools.product((64, 128), (False, True), (512, 1024))]
     if which == "article":
         return [Shape(1, 16, 16, n, n, 64, c) for c, n in itertools.product((False, True), (1024, 2048, 4096))]
     if which == "d256":
@@ -48,13 +58,15 @@ def main() -> None:
     group.add_argument("--article", action="store_const", dest="which", const="article")
     group.add_argument("--d256", action="store_const", dest="which", const="d256")
     group.add_argument("--split", action="store_const", dest="which", const="split")
+    group.add_argument("--short", action="store_const", dest="which", const="short")
     which = ap.parse_args().which or "fa"
     gemm_warmup()
     for s in shapes(which):
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         res = []
-        for cfg in (SPLIT_CANDIDATES if which == "split" else CANDIDATES)[s.D]:
+        table = {"split": SPLIT_CANDIDATES, "short": SHORT_CANDIDATES}.get(which, CANDIDATES)
+        for cfg in table[s.D]:
             c = TileConfig(*cfg)
             fn = lambda: attention_forward(q, k, v, causal="bottom_right" if s.causal else None,  # noqa: E731
                                            scale=s.D ** -0.5, window=(-1, -1), softcap=None,

@@ -81,6 +81,9 @@ def sweep_shapes(name: str) -> List[Shape]:
     if name == "fa":  # FlashAttention papers: 16k tokens, hidden 2048
         return [Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, c)
                 for d, c, n in itertools.product((64, 128), (False, True), (512, 1024, 2048, 4096, 8192, 16384))]
+    if name == "d256":  # the largest head dim, 16k tokens, hidden 2048
+        return [Shape(16384 // n, 8, 8, n, n, 256, c)
+                for c, n in itertools.product((False, True), (512, 1024, 2048, 4096, 8192, 16384))]
     if name == "article":  # the seed article: B = 1, H = 16, D = 64
         return [Shape(1, 16, 16, n, n, 64, c)
                 for c, n in itertools.product((False, True), (128, 256, 512, 1024, 2048, 4096, 8192))]
