@@ -9,6 +9,7 @@ import torch
 
 import vflash
 from vflash.harness.cases import Case, make_inputs, run_case
+from vflash.ops import attention as ops_attention
 from vflash.ops.attention import TileConfig, attention_forward, mask_band
 from vflash.reference import attention_explicit
 
@@ -200,3 +201,26 @@ def test_interpreter_is_on_without_cuda():
     from vflash._backend import interpreting
     if not torch.cuda.is_available():
         assert interpreting()
+
+
+def test_choose_config_picks_tiles_from_mask_and_grid(monkeypatch):
+    # The GPU heuristics, checked as logic (an H200 has 132 SMs).
+    monkeypatch.setattr(ops_attention, "interpreting", lambda: False)
+    monkeypatch.setattr(ops_attention, "_sm_count", lambda index: 132)
+    ops_attention.default_config.cache_clear()
+    try:
+        def pick(d, causal, n, bh, dtype=torch.float16):
+            right = 0 if causal else -1
+            return ops_attention.choose_config(d, dtype, right, n, bh, torch.device("cuda", 0))
+        assert pick(128, False, 16384, 16).split  # 16 x 64 programs of 256 rows
+        assert pick(128, False, 2048, 8).block_m == 128 and not pick(128, False, 2048, 8).split  # 64 < 132
+        assert pick(64, False, 16384, 32) == TileConfig(128, 64, 8, 3)
+        assert pick(128, True, 512, 512).block_m == 64  # short causal
+        assert pick(128, True, 16384, 16) == TileConfig(128, 128, 8, 3)
+        assert pick(64, True, 4096, 16).block_m == 64  # 512 programs: under 4 waves
+        assert pick(64, True, 4096, 128).block_m == 128
+        assert pick(256, True, 4096, 32) == TileConfig(128, 64, 8, 2)
+        fp32 = pick(128, False, 16384, 16, torch.float32)
+        assert not fp32.split and fp32.block_m == 64 and fp32.num_warps == 4
+    finally:
+        ops_attention.default_config.cache_clear()

@@ -277,19 +277,28 @@ def attention_fwd_kernel(
 
 
 # Launch configurations for the GPU per padded head dim:
-# (block_m, block_n, num_warps, num_stages, split). Chosen on an H200 (fp16,
-# 16k-token sweep) with benchmarks/tune.py; see benchmarks/NOTES.md for the
-# measurements. GPU_CONFIGS serves every mask; GPU_SPLIT_CONFIGS replaces it for
-# attention without a right edge (not causal) when the grid still fills the GPU.
+# (block_m, block_n, num_warps, num_stages, split), chosen on an H200 (fp16) with
+# benchmarks/tune.py; the measurements are in benchmarks/NOTES.md.
+#   GPU_CONFIGS        every mask, the fallback.
+#   GPU_SPLIT_CONFIGS  no right edge (not causal), while the doubled block_m still
+#                      gives every SM a program.
+#   GPU_SHORT_CONFIGS  with a right edge (causal), for n_q up to the given length or
+#                      grids of under SHORT_GRID_WAVES programs per SM: short or few
+#                      programs balance better in small tiles.
 GPU_CONFIGS = {
     16: (128, 64, 8, 3, False),
     32: (128, 64, 8, 3, False),
     64: (128, 64, 8, 3, False),
     128: (128, 128, 8, 3, False),
-    256: (64, 64, 4, 2, False),
+    256: (128, 64, 8, 2, False),
 }
 GPU_SPLIT_CONFIGS = {
     128: (256, 64, 8, 3, True),
 }
+GPU_SHORT_CONFIGS = {  # head_dim_pad: (config, longest n_q it is used for)
+    64: ((64, 64, 4, 3, False), 512),
+    128: ((64, 64, 4, 3, False), 2048),
+}
+SHORT_GRID_WAVES = 4
 # Under the interpreter the tile size only changes how many numpy ops run.
 INTERPRETER_CONFIG = (32, 32, 4, 1, False)

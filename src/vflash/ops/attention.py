@@ -14,7 +14,14 @@ import torch
 
 from vflash._backend import interpreting
 from vflash.ops import plans
-from vflash.kernels.attention_fwd import GPU_CONFIGS, GPU_SPLIT_CONFIGS, INTERPRETER_CONFIG, attention_fwd_kernel
+from vflash.kernels.attention_fwd import (
+    GPU_CONFIGS,
+    GPU_SHORT_CONFIGS,
+    GPU_SPLIT_CONFIGS,
+    INTERPRETER_CONFIG,
+    SHORT_GRID_WAVES,
+    attention_fwd_kernel,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -58,9 +65,9 @@ def _sm_count(device_index: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def default_config(head_dim_pad: int, dtype: torch.dtype, split: bool = False) -> TileConfig:
-    """The tuned tile configuration; `split` asks for the two-half variant, which
-    exists only for some head dims of fp16/bf16 (else the plain one is returned)."""
+def default_config(head_dim_pad: int, dtype: torch.dtype, variant: str = "plain") -> TileConfig:
+    """The tuned tiles for a head dim: variant "plain", "split" or "short" (see
+    kernels/attention_fwd.py); fp32, and variants a head dim lacks, get the plain ones."""
     if interpreting():
         return TileConfig(*INTERPRETER_CONFIG)
     if dtype == torch.float32:
@@ -69,20 +76,30 @@ def default_config(head_dim_pad: int, dtype: torch.dtype, split: bool = False) -
         block_m, block_n, warps, stages, _ = GPU_CONFIGS[head_dim_pad]
         tile = 64 if head_dim_pad <= 128 else 32
         return TileConfig(min(block_m, tile), min(block_n, tile), 4, min(stages, 2))
-    if split and head_dim_pad in GPU_SPLIT_CONFIGS:
+    if variant == "split" and head_dim_pad in GPU_SPLIT_CONFIGS:
         return TileConfig(*GPU_SPLIT_CONFIGS[head_dim_pad])
+    if variant == "short" and head_dim_pad in GPU_SHORT_CONFIGS:
+        return TileConfig(*GPU_SHORT_CONFIGS[head_dim_pad][0])
     return TileConfig(*GPU_CONFIGS[head_dim_pad])
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, programs_per_row: int,
                   device: torch.device) -> TileConfig:
-    """Split tiles for attention without a right edge when, at their doubled
-    block_m, the grid still gives every SM a program; the plain tiles otherwise."""
-    if right < 0 and not interpreting():
-        cfg = default_config(head_dim_pad, dtype, True)
-        if cfg.split and programs_per_row * -(-n_q // cfg.block_m) >= _sm_count(device.index):
+    """Pick the tile variant from the mask and the grid: `programs_per_row` is the
+    grid's second dimension (batch x q heads)."""
+    plain = default_config(head_dim_pad, dtype)
+    if interpreting() or dtype == torch.float32:
+        return plain
+    sms = _sm_count(device.index)
+    if right < 0:
+        cfg = default_config(head_dim_pad, dtype, "split")
+        if cfg.split and programs_per_row * -(-n_q // cfg.block_m) >= sms:
             return cfg
-    return default_config(head_dim_pad, dtype)
+    elif head_dim_pad in GPU_SHORT_CONFIGS:
+        longest = GPU_SHORT_CONFIGS[head_dim_pad][1]
+        if n_q <= longest or programs_per_row * -(-n_q // plain.block_m) < SHORT_GRID_WAVES * sms:
+            return default_config(head_dim_pad, dtype, "short")
+    return plain
 
 
 def attention_forward(
