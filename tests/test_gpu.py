@@ -34,3 +34,10 @@ def test_gpu_deterministic():
     a = vflash.attention(q, k, v, causal=True)
     b = vflash.attention(q, k, v, causal=True)
     assert torch.equal(a, b)
+
+
+def test_gpu_batch_times_heads_beyond_65535():
+    # The grid is (tiles, heads, batch): 4096 x 32 = 131072 (batch, head) pairs in one launch.
+    case = Case(B=4096, Hq=32, Hkv=8, Nq=5, Nk=7, D=16, causal=True)
+    verdicts = case.run(torch.device("cuda"))
+    assert all(v.passed for v in verdicts), [(v.what, v.max_err, v.tol) for v in verdicts]

@@ -16,7 +16,7 @@ from vflash._backend import interpreting
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
-MAX_BATCH_HEADS = 65535  # the launch grid's second dimension is batch * q heads
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's 2nd and 3rd dimensions: q heads, batch
 _INT32_MAX = 2**31 - 1
 
 CausalArg = Union[bool, str]
@@ -61,9 +61,11 @@ def check_qkv(q, k, v) -> None:
         raise ValueError(f"head dims differ: q has {D}, k and v have {Dk}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for GQA/MQA")
-    if B * Hq > MAX_BATCH_HEADS:
-        raise ValueError(f"batch * q heads = {B} * {Hq} = {B * Hq} exceeds {MAX_BATCH_HEADS}, the most one "
-                         f"launch covers; split the batch into chunks of at most {MAX_BATCH_HEADS // Hq}")
+    if B > MAX_GRID_YZ:
+        raise ValueError(f"batch size {B} exceeds {MAX_GRID_YZ}, the most one launch covers; split the batch "
+                         f"into chunks of at most {MAX_GRID_YZ}")
+    if Hq > MAX_GRID_YZ:
+        raise ValueError(f"q heads ({Hq}) exceed {MAX_GRID_YZ}, the most one launch covers")
     if not (MIN_HEAD_DIM <= D <= MAX_HEAD_DIM and D % 8 == 0):
         raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
                          f"got {D}")

@@ -190,22 +190,22 @@ def attention_fwd_kernel(
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # grid = (cdiv(n_q, BLOCK_M), B * Hq). LSE is contiguous [B, Hq, n_q] fp32.
-    # SPLIT: the program's BLOCK_M rows are carried as two independent halves.
+    # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
+    # LSE is contiguous [B, Hq, n_q] fp32. SPLIT: the program's BLOCK_M rows are
+    # carried as two independent halves.
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
         # last wave is made of short tiles.
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // n_heads_q).to(tl.int64)
-    off_h = (pid_bh % n_heads_q).to(tl.int64)
+    off_h = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // kv_group
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
     o_base = O + off_b * stride_ob + off_h * stride_oh
-    lse_base = LSE + pid_bh.to(tl.int64) * n_q
+    lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
 
     start_m = pid_m * BLOCK_M
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]

@@ -83,21 +83,21 @@ def default_config(head_dim_pad: int, dtype: torch.dtype, variant: str = "plain"
     return TileConfig(*GPU_CONFIGS[head_dim_pad])
 
 
-def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, programs_per_row: int,
+def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
                   device: torch.device) -> TileConfig:
-    """Pick the tile variant from the mask and the grid: `programs_per_row` is the
-    grid's second dimension (batch x q heads)."""
+    """Pick the tile variant from the mask and the grid: `batch_heads` is the
+    number of (batch, q head) pairs."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
     sms = _sm_count(device.index)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
-        if cfg.split and programs_per_row * -(-n_q // cfg.block_m) >= sms:
+        if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
             return cfg
     elif head_dim_pad in GPU_SHORT_CONFIGS:
         longest = GPU_SHORT_CONFIGS[head_dim_pad][1]
-        if n_q <= longest or programs_per_row * -(-n_q // plain.block_m) < SHORT_GRID_WAVES * sms:
+        if n_q <= longest or batch_heads * -(-n_q // plain.block_m) < SHORT_GRID_WAVES * sms:
             return default_config(head_dim_pad, dtype, "short")
     return plain
 
@@ -135,7 +135,7 @@ def attention_forward(
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
     cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
-    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, B * Hq)
+    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     args, constexprs = _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
@@ -152,7 +152,7 @@ def _record_plan(key, compiled, grid, args, constexprs, out, lse) -> None:
     # The compiled launcher takes every kernel parameter in signature order,
     # constexprs included; the first five (the tensors) change per call.
     try:
-        runner = compiled[(grid[0], grid[1], 1)]
+        runner = compiled[grid]
     except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
         return
     names = attention_fwd_kernel.arg_names
