@@ -74,7 +74,7 @@ def main():
         compiled = real[grid](*args, **kwargs)
         # The compiled launcher takes every parameter in signature order, constexprs included.
         values = list(args) + [kwargs[name] for name in real.arg_names[len(args):]]
-        launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+        launch = compiled[grid]
         rows.append(("CompiledKernel[grid](...) direct launch", per_call_us(lambda: launch(*values))))
         out = args[3]
         expected = out.clone()

@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "CSV plus an environment record (<out>.env.json). Needs a GPU, except "
                                    "--smoke.")
     p.add_argument("--sweep", default="fa", choices=["fa", "article", "d256"],
-                   help="fa: 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64, N 128..8192")
+                   help="fa: 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64, N 128..8192; "
+                        "d256: 16k tokens, H8, D256, N 512..16384")
     p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="benchmark one shape instead of a sweep")
     p.add_argument("--causal", action="store_true", help="with --shape: causal (bottom-right)")
     p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16,fp32")
