@@ -73,7 +73,7 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     lse = torch.empty(1, 2, 8)
     cfg = ops.TileConfig(32, 32, 4, 1)
     args, constexprs = ops._kernel_args(q, q, q, out, lse, 2, 2, 8, 8, 16, 16, 0, -1, 0, 0.25, None, cfg)
-    ops._record_plan("k", FakeCompiled(), (1, 2, 1), args, constexprs, out, lse)
+    ops._record_plan("k", attention_fwd_kernel, FakeCompiled(), (1, 2, 1), args, constexprs, out, lse, None)
     plan = recorded["k"]
     assert calls == [("grid", (1, 2, 1))]
     o2, l2 = plan(q, q, q)

@@ -22,6 +22,7 @@ from vflash.kernels.attention_fwd import (
     SHORT_GRID_WAVES,
     attention_fwd_kernel,
 )
+from vflash.kernels import attention_fwd_hopper as hopper
 
 _LOG2E = 1.4426950408889634
 
@@ -29,12 +30,15 @@ _LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class TileConfig:
     """block_m query rows per program (two halves of block_m // 2 when split),
-    block_n keys per inner step."""
+    block_n keys per inner step. hopper: run the Gluon sm_90 kernel
+    (kernels/attention_fwd_hopper.py; num_stages is its K/V ring depth, num_warps
+    block_m // 16) instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     split: bool = False
+    hopper: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -83,13 +87,27 @@ def default_config(head_dim_pad: int, dtype: torch.dtype, variant: str = "plain"
     return TileConfig(*GPU_CONFIGS[head_dim_pad])
 
 
+@lru_cache(maxsize=None)
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def hopper_config(head_dim: int) -> TileConfig:
+    block_m, block_n, stages = hopper.HOPPER_CONFIGS[head_dim]
+    return TileConfig(block_m, block_n, block_m // 16, stages, hopper=True)
+
+
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
-                  device: torch.device) -> TileConfig:
-    """Pick the tile variant from the mask and the grid: `batch_heads` is the
-    number of (batch, q head) pairs."""
+                  device: torch.device, head_dim: Optional[int] = None) -> TileConfig:
+    """Pick the kernel and tiles from the mask and the grid: `batch_heads` is the
+    number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
+    dims in its table on sm_90 (the caller checks the tensors suit TMA)."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
+    if (hopper.HAVE_GLUON and head_dim == head_dim_pad and head_dim in hopper.HOPPER_DEFAULT_DIMS
+            and _is_hopper(device.index)):
+        return hopper_config(head_dim)
     sms = _sm_count(device.index)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
@@ -134,31 +152,97 @@ def attention_forward(
     # Plain integer arithmetic: triton.cdiv / next_power_of_2 are jit functions and
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
-    cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
+    cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device, D)
+    if cfg.hopper and not all(map(_tma_ready, (q, k, v, out))):
+        cfg = choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
     grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
-    args, constexprs = _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
-                                    scale, softcap, cfg)
+    if cfg.hopper:
+        kernel = hopper.attention_fwd_hopper_kernel
+        prepare = _tma_descriptors(cfg)
+        args, constexprs = _hopper_args(prepare(q, k, v, out), lse, Hq, Hkv, Nq, Nk, D, off, left, right,
+                                        scale, softcap, cfg)
+        options = dict(num_warps=cfg.num_warps)
+    else:
+        kernel = attention_fwd_kernel
+        prepare = None
+        args, constexprs = _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,
+                                        scale, softcap, cfg)
+        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
-        compiled = attention_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps,
-                                              num_stages=cfg.num_stages)
+        compiled = kernel[grid](*args, **constexprs, **options)
     if plan_key is not None and fresh_out and not on_other_gpu:
-        _record_plan(plan_key, compiled, grid, args, constexprs, out, lse)
+        _record_plan(plan_key, kernel, compiled, grid, args, constexprs, out, lse, prepare)
     return out, lse
 
 
-def _record_plan(key, compiled, grid, args, constexprs, out, lse) -> None:
+def _record_plan(key, kernel, compiled, grid, args, constexprs, out, lse, prepare) -> None:
     # The compiled launcher takes every kernel parameter in signature order,
-    # constexprs included; the first five (the tensors) change per call.
+    # constexprs included; the first five (q, k, v, out, lse or their TMA
+    # descriptors) change per call.
     try:
         runner = compiled[grid]
     except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
         return
-    names = attention_fwd_kernel.arg_names
+    names = kernel.arg_names
     tail = list(args[5:]) + [constexprs[name] for name in names[len(args):]]
     plans.record(key, plans.LaunchPlan(runner, out.device, out.dtype, tuple(out.shape),
-                                       None if lse is None else tuple(lse.shape), tail))
+                                       None if lse is None else tuple(lse.shape), tail, prepare))
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA can address t: 16-byte aligned base and strides, unit last stride."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
+
+
+@lru_cache(maxsize=None)
+def _tma_descriptors(cfg: TileConfig):
+    """(q, k, v, out) -> their 4-D TMA descriptors with cfg's block shapes."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def layouts(head_dim, dtype):
+        gdt = gl.float16 if dtype == torch.float16 else gl.bfloat16
+        rows = [1, 1, cfg.block_m, head_dim]
+        keys = [1, 1, cfg.block_n, head_dim]
+        return (rows, gl.NVMMASharedLayout.get_default_for(rows, gdt),
+                keys, gl.NVMMASharedLayout.get_default_for(keys, gdt))
+
+    cached = {}
+
+    def prepare(q, k, v, out):
+        lay = cached.get((q.shape[-1], q.dtype))
+        if lay is None:
+            lay = cached[(q.shape[-1], q.dtype)] = layouts(q.shape[-1], q.dtype)
+        rows, rows_layout, keys, keys_layout = lay
+        return (TensorDescriptor(q, q.shape, q.stride(), rows, rows_layout),
+                TensorDescriptor(k, k.shape, k.stride(), keys, keys_layout),
+                TensorDescriptor(v, v.shape, v.stride(), keys, keys_layout),
+                TensorDescriptor(out, out.shape, out.stride(), rows, rows_layout))
+    return prepare
+
+
+def _hopper_args(descs, lse, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap, cfg):
+    """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
+    if softcap is not None:
+        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
+    else:
+        softcap_in, softcap_out = 1.0, 1.0
+    args = (
+        *descs, lse if lse is not None else descs[3].base,
+        Hq, Hq // Hkv, Nq, Nk,
+        off, left, right,
+        scale * _LOG2E, softcap_in, softcap_out,
+    )
+    constexprs = dict(
+        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+        STORE_LSE=lse is not None, REVERSE_M=right >= 0,
+    )
+    return args, constexprs
 
 
 def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):

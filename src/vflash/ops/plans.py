@@ -28,11 +28,15 @@ _plans: Dict[Hashable, "LaunchPlan"] = {}
 class LaunchPlan:
     """A recorded launch: call with (q, k, v) of the key's metadata."""
 
-    __slots__ = ("runner", "device", "device_index", "dtype", "out_shape", "lse_shape", "tail")
+    __slots__ = ("runner", "device", "device_index", "dtype", "out_shape", "lse_shape", "tail", "prepare")
 
     def __init__(self, runner: Callable, device: torch.device, dtype: torch.dtype,
-                 out_shape: Tuple[int, ...], lse_shape: Optional[Tuple[int, ...]], tail: Sequence):
+                 out_shape: Tuple[int, ...], lse_shape: Optional[Tuple[int, ...]], tail: Sequence,
+                 prepare: Optional[Callable] = None):
+        # prepare(q, k, v, out) -> the kernel's first four arguments (TMA
+        # descriptors for the Hopper kernel); None passes the tensors.
         self.runner = runner
+        self.prepare = prepare
         self.device = device
         self.device_index = device.index
         self.dtype = dtype
@@ -42,11 +46,12 @@ class LaunchPlan:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        args = (q, k, v, out) if self.prepare is None else self.prepare(q, k, v, out)
         if self.lse_shape is None:
-            self.runner(q, k, v, out, out, *self.tail)
+            self.runner(*args, out, *self.tail)
             return out, None
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        self.runner(q, k, v, out, lse, *self.tail)
+        self.runner(*args, lse, *self.tail)
         return out, lse
 
 

@@ -1,0 +1,139 @@
+"""Issue 4 experiment: the Gluon Hopper kernel (kernels/attention_fwd_hopper.py),
+checked against the fp64 oracle on feature cases, then timed against the portable
+Triton kernel and SDPA's cuDNN / flash backends in the same run.
+
+GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_path.py [--check-only | --time-only]
+"""
+
+import argparse
+import itertools
+import sys
+
+import torch
+
+from vflash.harness.bench import Shape, attention_flops, gemm_warmup, time_call
+from vflash.harness.oracle import compare
+from vflash.ops import attention as ops
+from vflash.reference import attention_explicit
+
+# (B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse, dtype, layout)
+CASES = [
+    (2, 4, 4, 256, 256, 128, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 64, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 128, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 64, "bottom_right", None, None, True, torch.bfloat16, "bhsd"),
+    (1, 3, 3, 1, 1, 128, None, None, None, True, torch.float16, "bhsd"),
+    (1, 3, 3, 129, 129, 128, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 77, 301, 64, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 301, 77, 64, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 301, 77, 128, "top_left", None, None, True, torch.bfloat16, "bhsd"),
+    (2, 8, 2, 513, 513, 128, None, None, None, True, torch.bfloat16, "bshd"),
+    (2, 8, 1, 200, 700, 64, None, (100, 50), None, True, torch.float16, "bshd"),
+    (1, 4, 4, 640, 640, 128, "bottom_right", (256, -1), 30.0, True, torch.float16, "bhsd"),
+    (1, 4, 4, 1000, 1000, 64, None, (0, 0), None, True, torch.float16, "bhsd"),
+    (1, 2, 2, 64, 5, 128, "top_left", None, None, True, torch.float16, "bhsd"),
+    (3, 4, 4, 1024, 1024, 128, "bottom_right", None, None, False, torch.float16, "bhsd"),
+]
+
+
+def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0):
+    def one(H, N):
+        if layout == "bshd":
+            return (torch.randn(B, N, H, D, device="cuda", dtype=dtype) * amp).transpose(1, 2)
+        return torch.randn(B, H, N, D, device="cuda", dtype=dtype) * amp
+    return one(Hq, Nq), one(Hkv, Nk), one(Hkv, Nk)
+
+
+def check(configs) -> bool:
+    ok = True
+    torch.manual_seed(0)
+    for case, cfg in itertools.product(CASES, configs):
+        B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse_on, dtype, layout = case
+        if cfg.block_n is not None and D not in ops.hopper.HOPPER_CONFIGS:
+            continue
+        cfg = ops.hopper_config(D) if cfg.block_n is None else cfg
+        q, k, v = make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=3.0)
+        out = torch.full((B, Hq, Nq, D), float("nan"), device="cuda", dtype=dtype)
+        lse = torch.full((B, Hq, Nq), float("nan"), device="cuda") if lse_on else None
+        win = window if window is not None else (-1, -1)
+        try:
+            ops.attention_forward(q, k, v, causal=causal, scale=D ** -0.5, window=win, softcap=softcap,
+                                  return_lse=lse_on, config=cfg, out=out, lse=lse)
+            torch.cuda.synchronize()
+        except Exception as exc:  # compile errors: report and go on
+            print(f"ERROR {case} {cfg}: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+            ok = False
+            continue
+        kw = dict(causal=causal if causal else False, window=window, softcap=softcap)
+        ref, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **kw)
+        same, same_lse = attention_explicit(q, k, v, compute_dtype=None, **kw)
+        verdicts = [compare("out", out, ref, same, dtype)]
+        if lse_on:
+            verdicts.append(compare("lse", lse, ref_lse, ref_lse.float(), torch.float32))
+        for vd in verdicts:
+            ok &= vd.passed
+            print(f"{'PASS' if vd.passed else 'FAIL'} {vd.what} {case[:8]} {dtype} {layout} "
+                  f"cfg={cfg.block_m}x{cfg.block_n}/{cfg.num_stages} err={vd.max_err:.2e} tol={vd.tol:.2e} "
+                  f"{vd.note}", flush=True)
+    return ok
+
+
+HOPPER_CANDIDATES = {
+    64: [(128, 128, 2), (128, 128, 3), (128, 64, 3), (192, 128, 2), (64, 128, 2), (128, 256, 2)],
+    128: [(128, 128, 2), (128, 64, 2), (128, 64, 3), (64, 128, 2), (192, 64, 2), (128, 128, 3)],
+}
+
+
+def timing(ns) -> None:
+    gemm_warmup()
+    for d, causal, n in itertools.product((64, 128), (False, True), ns):
+        s = Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
+        q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        flops = attention_flops(s)
+        mode = "bottom_right" if causal else None
+        res = []
+
+        def run(cfg):
+            return lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
+                                                 softcap=None, return_lse=False, config=cfg)
+        triton_cfg = ops.choose_config(d, q.dtype, 0 if causal else -1, n, s.B * s.Hq, q.device)
+        cands = [("triton", triton_cfg)] + [
+            (f"gl{bm}x{bn}/{st}", ops.TileConfig(bm, bn, bm // 16, st, hopper=True))
+            for bm, bn, st in HOPPER_CANDIDATES[d]]
+        for name, cfg in cands:
+            try:
+                fn = run(cfg)
+                fn()
+                ms = time_call(fn, q.device)[0]
+                res.append((name, flops / ms / 1e9))
+            except Exception as exc:
+                res.append((name + f"!{type(exc).__name__}", 0.0))
+        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            be = getattr(torch.nn.attention.SDPBackend, backend)
+            with torch.nn.attention.sdpa_kernel([be]):
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                fn()
+                ms = time_call(fn, q.device)[0]
+            res.append((backend.split("_")[0].lower(), flops / ms / 1e9))
+        print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--time-only", action="store_true")
+    ap.add_argument("--n", default="1024,4096,16384")
+    a = ap.parse_args()
+    ok = True
+    if not a.time_only:
+        cfgs = [ops.TileConfig(None, None, 0, 0, hopper=True)]  # None: each head dim's table entry
+        ok = check(cfgs)
+        print("CHECK", "PASS" if ok else "FAIL", flush=True)
+    if not a.check_only and ok:
+        timing([int(x) for x in a.n.split(",")])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

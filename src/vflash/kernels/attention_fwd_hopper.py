@@ -1,0 +1,269 @@
+"""Fused attention forward for Hopper (sm_90), written in Gluon.
+
+The same math and masking as `attention_fwd.py` (read that file's docstring
+first), with the schedule written out instead of left to the compiler:
+
+- Q, K and V arrive by TMA into NVMMA-swizzled shared memory; K and V go through
+  a ring of STAGES buffers, each with its own mbarrier, so tile j + STAGES loads
+  while tile j is in use. Out-of-range rows are zero-filled by the TMA unit.
+- Both products are asynchronous warpgroup MMAs (wgmma). Iteration j issues
+  S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j only, and runs the
+  softmax of tile j while the tensor cores still work on P_{j-1} V_{j-1}
+  (FlashAttention-3's intra-warpgroup overlap). P stays in registers as the A
+  operand of the second MMA.
+- num_warps = BLOCK_M / 16: every warp owns 16 query rows, a warpgroup 64.
+
+Gluon does not run under the Triton interpreter: this kernel is the GPU fast
+path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
+only for what it covers (see `ops/attention.py`).
+"""
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    # Triton 3.6 (the GPU machine) names the TMA copies async_copy_*; later
+    # releases renamed them async_load / async_store. Either serves.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    HAVE_GLUON = True
+except (ImportError, AttributeError):  # a Triton without Gluon: the portable kernel serves everything
+    HAVE_GLUON = False
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _tile_scores(s, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                     MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     SOFTCAP: gl.constexpr):
+        # s [BLOCK_M, BLOCK_N] raw q.k in fp32 -> scaled (capped) log2-domain scores,
+        # -inf where the key is not visible.
+        LOG2E: gl.constexpr = 1.4426950408889634
+        if SOFTCAP:
+            x = s * softcap_in
+            s = (1.0 - 2.0 / (gl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
+        else:
+            s = s * qk_scale
+        if MASKED:
+            visible = offs_n[None, :] < n_k
+            if HAS_LEFT:
+                visible = visible & (offs_n[None, :] >= offs_m[:, None] + off - left)
+            if HAS_RIGHT:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
+            s = gl.where(visible, s, float("-inf"))
+        return s
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, MASKED: gl.constexpr):
+        # Online softmax on one tile of scores s [BLOCK_M, BLOCK_N] (log2 domain):
+        # returns p (fp32), the accumulator's rescale alpha [BLOCK_M], and m, l.
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        if MASKED:
+            # Rows with no visible key yet keep m = -inf; 0 in its place keeps p and
+            # alpha at exactly 0 instead of NaN.
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = gl.exp2(s - m_ref[:, None])
+        alpha = gl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _issue_kv(desc, bars, smem, tile, n_tiles, lo, off_b, off_hk, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+        # TMA load of K or V tile `tile` (counted from the first tile at key `lo`)
+        # into its ring slot, if the tile exists.
+        if tile < n_tiles:
+            slot = tile % STAGES
+            bar = bars.index(slot)
+            mbarrier.expect(bar, desc.block_type.nbytes)
+            _tma_load(desc, [off_b, off_hk, lo + tile * BLOCK_N, 0], bar, smem.index(slot))
+
+    @gluon.jit
+    def _kv_tile(smem, bars, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        # Wait for tile `tile` and return its [BLOCK_N, HEAD_DIM] view.
+        slot = tile % STAGES
+        mbarrier.wait(bars.index(slot), (tile // STAGES) & 1)
+        return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+
+    @gluon.jit
+    def _pipelined_tiles(
+        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+        first, last, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
+        qk_scale, softcap_in, softcap_out,
+        s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+        MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    ):
+        # Tiles [first, last); on entry p holds P of tile first - 1, whose PV product
+        # is still to be issued. Returns the same state one tile further on.
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        for j in range(first, last):
+            k_tile = _kv_tile(k_smem, k_bars, j, BLOCK_N, HEAD_DIM, STAGES)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            v_tile = _kv_tile(v_smem, v_bars, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = warpgroup_mma(p, v_tile, o, is_async=True)
+            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
+            _issue_kv(k_desc, k_bars, k_smem, j + STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
+                             softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, MASKED)
+            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
+            _issue_kv(v_desc, v_bars, v_smem, j - 1 + STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            o = o * gl.convert_layout(alpha, o_rows)[:, None]
+            p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+        return o, m_i, l_i, p
+
+    @gluon.jit
+    def attention_fwd_hopper_kernel(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        n_heads_q, kv_group, n_q, n_k,
+        off, left, right,
+        qk_scale, softcap_in, softcap_out,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    ):
+        # grid = (cdiv(n_q, BLOCK_M), Hq, B). Descriptors are 4-D over [B, H, N, D]
+        # with blocks [1, 1, BLOCK_M or BLOCK_N, HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
+        NUM_WARPS: gl.constexpr = BLOCK_M // 16
+        gl.static_assert(NUM_WARPS == gl.num_warps(), "launch with num_warps = BLOCK_M // 16")
+        dtype: gl.constexpr = q_desc.dtype
+        # wgmma tiles: every warp owns 16 rows; S is [BLOCK_M, BLOCK_N], O [BLOCK_M, HEAD_DIM].
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        pid_m = gl.program_id(0)
+        if REVERSE_M:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        off_h = gl.program_id(1)
+        off_b = gl.program_id(2)
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
+
+        # Key range of this tile and its fully visible, tile-aligned middle (as in
+        # attention_fwd_kernel), counted in tiles from `lo`:
+        #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
+        last_m = start_m + BLOCK_M - 1
+        lo = 0
+        full_lo = 0
+        hi = n_k
+        full_hi = (n_k // BLOCK_N) * BLOCK_N
+        if HAS_LEFT:
+            lo = (gl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
+            full_lo = gl.cdiv(gl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
+        if HAS_RIGHT:
+            hi = gl.minimum(hi, gl.maximum(last_m + off + right + 1, 0))
+            full_hi = gl.minimum(full_hi, (gl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
+        hi = gl.maximum(hi, lo)
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.maximum(gl.minimum(full_hi, hi), full_lo)
+        n_left = gl.cdiv(full_lo - lo, BLOCK_N)
+        n_mid = n_left + (full_hi - full_lo) // BLOCK_N
+        n_tiles = n_mid + gl.cdiv(hi - full_hi, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=s_rows)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
+        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        if n_tiles > 0:
+            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+            _tma_load(q_desc, [off_b, off_h, start_m, 0], q_bar, q_smem)
+            for i in gl.static_range(STAGES):
+                _issue_kv(k_desc, k_bars, k_smem, i, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+                _issue_kv(v_desc, v_bars, v_smem, i, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            mbarrier.wait(q_bar, 0)
+            q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+
+            # Tile 0 on its own (through the masked code, right for any tile): it
+            # fills the pipeline with its P.
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            k_tile = _kv_tile(k_smem, k_bars, 0, BLOCK_N, HEAD_DIM, STAGES)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
+            _issue_kv(k_desc, k_bars, k_smem, STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                             True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
+            p = gl.convert_layout(p_f32.to(dtype), p_layout)
+
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                1, n_left, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
+                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
+                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                gl.maximum(n_left, 1), n_mid, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
+                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
+                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                gl.maximum(n_mid, 1), n_tiles, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
+                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
+                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+
+            # The last tile's PV product.
+            v_tile = _kv_tile(v_smem, v_bars, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = warpgroup_mma(p, v_tile, o, is_async=True)
+            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
+
+        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
+        LN2: gl.constexpr = 0.6931471805599453
+        empty = l_i == 0.0
+        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
+        o = o * gl.convert_layout(inv_l, o_rows)[:, None]
+        # The output tile goes out by TMA from Q's buffer (no MMA reads it any more);
+        # rows past n_q are clipped by the TMA unit.
+        q_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [off_b, off_h, start_m, 0], q_smem)
+        if STORE_LSE:
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
+            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
+        tma.store_wait(0)
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+
+# Hopper tiles per head dim: (block_m, block_n, stages); num_warps is block_m // 16
+# (one warpgroup per 64 rows).
+HOPPER_CONFIGS = {
+    64: (128, 128, 2),
+    128: (128, 128, 2),
+}
+# Head dims for which the launcher picks this kernel by default: none yet. First
+# H200 run (benchmarks/NOTES.md): correct on every case, but 0.85-1.03x the
+# portable kernel.
+HOPPER_DEFAULT_DIMS = ()
