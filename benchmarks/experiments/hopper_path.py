@@ -79,8 +79,8 @@ def check(configs) -> bool:
 
 
 HOPPER_CANDIDATES = {
-    64: [(128, 128, 2), (128, 128, 3), (128, 64, 3), (192, 128, 2), (64, 128, 2), (128, 256, 2)],
-    128: [(128, 128, 2), (128, 64, 2), (128, 64, 3), (64, 128, 2), (192, 64, 2), (128, 128, 3)],
+    64: [(128, 128, 2), (128, 128, 3), (128, 64, 3), (128, 256, 2)],
+    128: [(128, 128, 2), (128, 64, 2), (128, 64, 3), (128, 128, 3)],
 }
 
 
@@ -99,7 +99,7 @@ def timing(ns) -> None:
                                                  softcap=None, return_lse=False, config=cfg)
         triton_cfg = ops.choose_config(d, q.dtype, 0 if causal else -1, n, s.B * s.Hq, q.device)
         cands = [("triton", triton_cfg)] + [
-            (f"gl{bm}x{bn}/{st}", ops.TileConfig(bm, bn, bm // 16, st, hopper=True))
+            (f"gl{bm}x{bn}/{st}", ops.TileConfig(bm, bn, 4, st, hopper=True))
             for bm, bn, st in HOPPER_CANDIDATES[d]]
         for name, cfg in cands:
             try:

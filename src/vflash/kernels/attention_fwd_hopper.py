@@ -78,51 +78,142 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _issue_kv(desc, bars, smem, tile, n_tiles, lo, off_b, off_hk, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr):
-        # TMA load of K or V tile `tile` (counted from the first tile at key `lo`)
-        # into its ring slot, if the tile exists.
-        if tile < n_tiles:
-            slot = tile % STAGES
-            bar = bars.index(slot)
-            mbarrier.expect(bar, desc.block_type.nbytes)
-            _tma_load(desc, [off_b, off_hk, lo + tile * BLOCK_N, 0], bar, smem.index(slot))
+    def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                        off_b, off_h, off_hk, start_m, lo, n_tiles,
+                        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        # Producer: one thread issues every TMA copy. Each consumer's Q rows first,
+        # then K_i and V_i into ring slot i % STAGES once both consumers released
+        # the slot's previous tile (the empty barriers; a fresh barrier counts its
+        # parity-1 phase as complete, so the first STAGES waits pass at once).
+        if n_tiles > 0:
+            for c in gl.static_range(2):
+                mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
+            for i in range(n_tiles):
+                slot = i % STAGES
+                empty_phase = ((i // STAGES) & 1) ^ 1
+                key = lo + i * BLOCK_N
+                mbarrier.wait(k_empty.index(slot), empty_phase)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), empty_phase)
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _kv_tile(smem, bars, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        # Wait for tile `tile` and return its [BLOCK_N, HEAD_DIM] view.
+    def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        # Wait for tile `tile` to land and return its [BLOCK_N, HEAD_DIM] view.
         slot = tile % STAGES
-        mbarrier.wait(bars.index(slot), (tile // STAGES) & 1)
+        mbarrier.wait(ready.index(slot), (tile // STAGES) & 1)
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
     def _pipelined_tiles(
-        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-        first, last, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
-        qk_scale, softcap_in, softcap_out,
+        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     ):
         # Tiles [first, last); on entry p holds P of tile first - 1, whose PV product
         # is still to be issued. Returns the same state one tile further on.
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            k_tile = _kv_tile(k_smem, k_bars, j, BLOCK_N, HEAD_DIM, STAGES)
+            k_tile = _kv_tile(k_smem, k_ready, j, BLOCK_N, HEAD_DIM, STAGES)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            v_tile = _kv_tile(v_smem, v_bars, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            v_tile = _kv_tile(v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p, v_tile, o, is_async=True)
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
-            _issue_kv(k_desc, k_bars, k_smem, j + STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
             s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
                              softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
             p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, MASKED)
             o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
-            _issue_kv(v_desc, v_bars, v_smem, j - 1 + STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
             o = o * gl.convert_layout(alpha, o_rows)[:, None]
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         return o, m_i, l_i, p
+
+    @gluon.jit
+    def _consumer_partition(
+        o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+        off_b, off_h, start_m, lo, n_left, n_mid, n_tiles,
+        n_heads_q, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        C: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+        STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        STORE_LSE: gl.constexpr,
+    ):
+        # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) against
+        # every K/V tile of the program. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
+        # both wgmma accumulators spread over the 4 warps (16 rows each).
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = o_desc.dtype
+        q_buf = q_smem.index(C)
+        row0 = start_m + C * ROWS
+
+        offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        if n_tiles > 0:
+            mbarrier.wait(q_bars.index(C), 0)
+            q_tile = q_buf.reshape([ROWS, HEAD_DIM])
+
+            # Tile 0 on its own (through the masked code, right for any tile): it
+            # fills the pipeline with its P.
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            k_tile = _kv_tile(k_smem, k_ready, 0, BLOCK_N, HEAD_DIM, STAGES)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                             True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
+            p = gl.convert_layout(p_f32.to(dtype), p_layout)
+
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
+                HAS_RIGHT, SOFTCAP)
+            o, m_i, l_i, p = _pipelined_tiles(
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
+                HAS_RIGHT, SOFTCAP)
+
+            # The last tile's PV product.
+            v_tile = _kv_tile(v_smem, v_ready, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = warpgroup_mma(p, v_tile, o, is_async=True)
+            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
+
+        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
+        LN2: gl.constexpr = 0.6931471805599453
+        empty = l_i == 0.0
+        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
+        o = o * gl.convert_layout(inv_l, o_rows)[:, None]
+        # The output rows go out by TMA from this consumer's Q buffer (no MMA reads
+        # it any more); rows past n_q are clipped by the TMA unit.
+        q_buf.reshape([ROWS, HEAD_DIM]).store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
+        if STORE_LSE:
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
+            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
+        tma.store_wait(0)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(
@@ -132,21 +223,16 @@ if HAVE_GLUON:
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
-        # grid = (cdiv(n_q, BLOCK_M), Hq, B). Descriptors are 4-D over [B, H, N, D]
-        # with blocks [1, 1, BLOCK_M or BLOCK_N, HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
-        NUM_WARPS: gl.constexpr = BLOCK_M // 16
-        gl.static_assert(NUM_WARPS == gl.num_warps(), "launch with num_warps = BLOCK_M // 16")
+        # grid = (cdiv(n_q, BLOCK_M), Hq, B), launched with num_warps = 4: those
+        # warps are the TMA producer, and two more warpgroups, the consumers, each
+        # take BLOCK_M / 2 rows (FlashAttention-3's split of a CTA). Descriptors are
+        # 4-D over [B, H, N, D] with blocks [1, 1, BLOCK_M / 2 or BLOCK_N, HEAD_DIM];
+        # LSE is [B, Hq, n_q] fp32.
+        ROWS: gl.constexpr = BLOCK_M // 2
+        gl.static_assert(ROWS == 64, "two consumer warpgroups of 64 rows")
         dtype: gl.constexpr = q_desc.dtype
-        # wgmma tiles: every warp owns 16 rows; S is [BLOCK_M, BLOCK_N], O [BLOCK_M, HEAD_DIM].
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         pid_m = gl.program_id(0)
         if REVERSE_M:
@@ -177,84 +263,59 @@ if HAVE_GLUON:
         n_mid = n_left + (full_hi - full_lo) // BLOCK_N
         n_tiles = n_mid + gl.cdiv(hi - full_hi, BLOCK_N)
 
-        q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bars.index(i), count=1)
         for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
+            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
 
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=s_rows)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
-        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-        if n_tiles > 0:
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            _tma_load(q_desc, [off_b, off_h, start_m, 0], q_bar, q_smem)
-            for i in gl.static_range(STAGES):
-                _issue_kv(k_desc, k_bars, k_smem, i, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
-                _issue_kv(v_desc, v_bars, v_smem, i, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
-            mbarrier.wait(q_bar, 0)
-            q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
-
-            # Tile 0 on its own (through the masked code, right for any tile): it
-            # fills the pipeline with its P.
-            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            k_tile = _kv_tile(k_smem, k_bars, 0, BLOCK_N, HEAD_DIM, STAGES)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
-            _issue_kv(k_desc, k_bars, k_smem, STAGES, n_tiles, lo, off_b, off_hk, BLOCK_N, STAGES)
-            s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                             True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
-            p = gl.convert_layout(p_f32.to(dtype), p_layout)
-
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-                1, n_left, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
-                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
-                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-                gl.maximum(n_left, 1), n_mid, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
-                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
-                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-                gl.maximum(n_mid, 1), n_tiles, n_tiles, lo, off_b, off_hk, offs_m, n_k, off, left, right,
-                qk_scale, softcap_in, softcap_out, s_layout, p_layout, o_rows,
-                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-
-            # The last tile's PV product.
-            v_tile = _kv_tile(v_smem, v_bars, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
-            o = warpgroup_mma(p, v_tile, o, is_async=True)
-            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
-
-        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
-        LN2: gl.constexpr = 0.6931471805599453
-        empty = l_i == 0.0
-        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
-        o = o * gl.convert_layout(inv_l, o_rows)[:, None]
-        # The output tile goes out by TMA from Q's buffer (no MMA reads it any more);
-        # rows past n_q are clipped by the TMA unit.
-        q_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [off_b, off_h, start_m, 0], q_smem)
-        if STORE_LSE:
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
-            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
-        tma.store_wait(0)
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
+        # Partition arguments must be IR values: Triton makes an integer argument
+        # equal to 1 (and the literal lo = 0) a constant, so scalars are wrapped.
+        off_b = gl.to_tensor(off_b)
+        off_h = gl.to_tensor(off_h)
+        off_hk = gl.to_tensor(off_hk)
+        start_m = gl.to_tensor(start_m)
+        lo = gl.to_tensor(lo)
+        n_left = gl.to_tensor(n_left)
+        n_mid = gl.to_tensor(n_mid)
+        n_tiles = gl.to_tensor(n_tiles)
+        # (Tuples are spelled out in the call: a tuple built first turns its
+        # constants into tensors.)
+        n_heads_q = gl.to_tensor(n_heads_q)
+        n_q = gl.to_tensor(n_q)
+        n_k = gl.to_tensor(n_k)
+        off = gl.to_tensor(off)
+        left = gl.to_tensor(left)
+        right = gl.to_tensor(right)
+        qk_scale = gl.to_tensor(qk_scale)
+        softcap_in = gl.to_tensor(softcap_in)
+        softcap_out = gl.to_tensor(softcap_out)
+        gl.warp_specialize([
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                               k_empty, v_empty, off_b, off_h, off_hk, start_m, lo, n_tiles,
+                               gl.constexpr(ROWS), BLOCK_N, STAGES)),
+            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                                   v_empty, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
+                                   n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0),
+                                   gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                   STORE_LSE)),
+            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                                   v_empty, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
+                                   n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1),
+                                   gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                   STORE_LSE)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
 # Hopper tiles per head dim: (block_m, block_n, stages); num_warps is block_m // 16
@@ -267,3 +328,6 @@ HOPPER_CONFIGS = {
 # H200 run (benchmarks/NOTES.md): correct on every case, but 0.85-1.03x the
 # portable kernel.
 HOPPER_DEFAULT_DIMS = ()
+# Registers per thread of each consumer warpgroup (setmaxnreg); the producer
+# warpgroup keeps what is left of the 64 K register file.
+CONSUMER_REGS = 240

@@ -32,7 +32,7 @@ class TileConfig:
     """block_m query rows per program (two halves of block_m // 2 when split),
     block_n keys per inner step. hopper: run the Gluon sm_90 kernel
     (kernels/attention_fwd_hopper.py; num_stages is its K/V ring depth, num_warps
-    block_m // 16) instead of the portable Triton one."""
+    4, its producer warps) instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
@@ -94,7 +94,7 @@ def _is_hopper(device_index: int) -> bool:
 
 def hopper_config(head_dim: int) -> TileConfig:
     block_m, block_n, stages = hopper.HOPPER_CONFIGS[head_dim]
-    return TileConfig(block_m, block_n, block_m // 16, stages, hopper=True)
+    return TileConfig(block_m, block_n, 4, stages, hopper=True)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -206,7 +206,7 @@ def _tma_descriptors(cfg: TileConfig):
 
     def layouts(head_dim, dtype):
         gdt = gl.float16 if dtype == torch.float16 else gl.bfloat16
-        rows = [1, 1, cfg.block_m, head_dim]
+        rows = [1, 1, cfg.block_m // 2, head_dim]  # one consumer warpgroup's rows
         keys = [1, 1, cfg.block_n, head_dim]
         return (rows, gl.NVMMASharedLayout.get_default_for(rows, gdt),
                 keys, gl.NVMMASharedLayout.get_default_for(keys, gdt))
@@ -240,7 +240,7 @@ def _hopper_args(descs, lse, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softca
     constexprs = dict(
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
-        STORE_LSE=lse is not None, REVERSE_M=right >= 0,
+        STORE_LSE=lse is not None, REVERSE_M=right >= 0, CONSUMER_REGS=hopper.CONSUMER_REGS,
     )
     return args, constexprs
 
