@@ -4,7 +4,7 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -17,7 +17,7 @@ for step in "$@"; do
   case $step in
     check) timeout 200 python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
     tests) VFLASH_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider \
-             tests/test_gpu.py tests/test_attention.py tests/test_plans.py > "$R/pytest_gpu.txt" 2>&1
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
     fa_bf16) timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
@@ -36,8 +36,10 @@ for step in "$@"; do
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
            VFLASH_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider -n 8 \
-             tests/test_gpu.py tests/test_attention.py tests/test_plans.py > "$R/pytest_gpu.txt" 2>&1
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
+    hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
+              > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1

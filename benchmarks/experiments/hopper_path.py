@@ -33,6 +33,8 @@ CASES = [
     (1, 4, 4, 1000, 1000, 64, None, (0, 0), None, True, torch.float16, "bhsd"),
     (1, 2, 2, 64, 5, 128, "top_left", None, None, True, torch.float16, "bhsd"),
     (3, 4, 4, 1024, 1024, 128, "bottom_right", None, None, False, torch.float16, "bhsd"),
+    (2, 4, 2, 300, 333, 256, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 2, 300, 333, 256, "bottom_right", (100, -1), 20.0, True, torch.bfloat16, "bshd"),
 ]
 
 
@@ -81,12 +83,13 @@ def check(configs) -> bool:
 HOPPER_CANDIDATES = {
     64: [(128, 128, 2), (128, 128, 3), (128, 64, 3), (128, 256, 2)],
     128: [(128, 128, 2), (128, 64, 2), (128, 64, 3), (128, 128, 3)],
+    256: [(128, 64, 2), (128, 32, 2), (128, 32, 3), (128, 128, 1)],
 }
 
 
-def timing(ns) -> None:
+def timing(ns, dims) -> None:
     gemm_warmup()
-    for d, causal, n in itertools.product((64, 128), (False, True), ns):
+    for d, causal, n in itertools.product(dims, (False, True), ns):
         s = Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
@@ -124,6 +127,7 @@ def main() -> int:
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--dims", default="64,128")
     a = ap.parse_args()
     ok = True
     if not a.time_only:
@@ -131,7 +135,7 @@ def main() -> int:
         ok = check(cfgs)
         print("CHECK", "PASS" if ok else "FAIL", flush=True)
     if not a.check_only and ok:
-        timing([int(x) for x in a.n.split(",")])
+        timing([int(x) for x in a.n.split(",")], [int(x) for x in a.dims.split(",")])
     return 0 if ok else 1
 
 

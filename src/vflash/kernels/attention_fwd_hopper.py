@@ -318,16 +318,18 @@ if HAVE_GLUON:
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Hopper tiles per head dim: (block_m, block_n, stages); num_warps is block_m // 16
-# (one warpgroup per 64 rows).
+# Tiles per head dim: (block_m, block_n, stages). block_m is always two consumer
+# warpgroups of 64 rows; stages is the depth of the K/V ring (shared memory:
+# Q 2 * 64 * D, K and V stages * block_n * D each, 2 bytes per element).
 HOPPER_CONFIGS = {
     64: (128, 128, 2),
     128: (128, 128, 2),
+    256: (128, 64, 2),
 }
-# Head dims for which the launcher picks this kernel by default: none yet. First
-# H200 run (benchmarks/NOTES.md): correct on every case, but 0.85-1.03x the
-# portable kernel.
-HOPPER_DEFAULT_DIMS = ()
+# Head dims for which the launcher picks this kernel by default, from the H200
+# runs in benchmarks/NOTES.md: at D = 128 it is 1.05-1.20x the portable kernel on
+# every fa-sweep row; at D = 64 it is not ahead yet.
+HOPPER_DEFAULT_DIMS = (128,)
 # Registers per thread of each consumer warpgroup (setmaxnreg); the producer
-# warpgroup keeps what is left of the 64 K register file.
+# warpgroup keeps what is left of the 64 K register file (24).
 CONSUMER_REGS = 240

@@ -13,6 +13,7 @@ from typing import Hashable, Optional, Tuple
 import torch
 
 from vflash._backend import interpreting
+from vflash.ops import hopper as hopper_launch
 from vflash.ops import plans
 from vflash.kernels.attention_fwd import (
     GPU_CONFIGS,
@@ -153,16 +154,17 @@ def attention_forward(
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
     cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device, D)
-    if cfg.hopper and not all(map(_tma_ready, (q, k, v, out))):
+    if cfg.hopper and not all(map(hopper_launch.tma_ready, (q, k, v, out))):
         cfg = choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
     grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
-        prepare = _tma_descriptors(cfg)
-        args, constexprs = _hopper_args(prepare(q, k, v, out), lse, Hq, Hkv, Nq, Nk, D, off, left, right,
-                                        scale, softcap, cfg)
+        prepare = hopper_launch.tma_descriptors(cfg.block_m, cfg.block_n)
+        args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, Hq, Hkv, Nq, Nk, D, off, left,
+                                                     right, scale, softcap, cfg.block_m, cfg.block_n,
+                                                     cfg.num_stages)
         options = dict(num_warps=cfg.num_warps)
     else:
         kernel = attention_fwd_kernel
@@ -189,60 +191,6 @@ def _record_plan(key, kernel, compiled, grid, args, constexprs, out, lse, prepar
     tail = list(args[5:]) + [constexprs[name] for name in names[len(args):]]
     plans.record(key, plans.LaunchPlan(runner, out.device, out.dtype, tuple(out.shape),
                                        None if lse is None else tuple(lse.shape), tail, prepare))
-
-
-def _tma_ready(t: torch.Tensor) -> bool:
-    """TMA can address t: 16-byte aligned base and strides, unit last stride."""
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
-
-
-@lru_cache(maxsize=None)
-def _tma_descriptors(cfg: TileConfig):
-    """(q, k, v, out) -> their 4-D TMA descriptors with cfg's block shapes."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    def layouts(head_dim, dtype):
-        gdt = gl.float16 if dtype == torch.float16 else gl.bfloat16
-        rows = [1, 1, cfg.block_m // 2, head_dim]  # one consumer warpgroup's rows
-        keys = [1, 1, cfg.block_n, head_dim]
-        return (rows, gl.NVMMASharedLayout.get_default_for(rows, gdt),
-                keys, gl.NVMMASharedLayout.get_default_for(keys, gdt))
-
-    cached = {}
-
-    def prepare(q, k, v, out):
-        lay = cached.get((q.shape[-1], q.dtype))
-        if lay is None:
-            lay = cached[(q.shape[-1], q.dtype)] = layouts(q.shape[-1], q.dtype)
-        rows, rows_layout, keys, keys_layout = lay
-        return (TensorDescriptor(q, q.shape, q.stride(), rows, rows_layout),
-                TensorDescriptor(k, k.shape, k.stride(), keys, keys_layout),
-                TensorDescriptor(v, v.shape, v.stride(), keys, keys_layout),
-                TensorDescriptor(out, out.shape, out.stride(), rows, rows_layout))
-    return prepare
-
-
-def _hopper_args(descs, lse, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap, cfg):
-    """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
-    if softcap is not None:
-        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
-    else:
-        softcap_in, softcap_out = 1.0, 1.0
-    args = (
-        *descs, lse if lse is not None else descs[3].base,
-        Hq, Hq // Hkv, Nq, Nk,
-        off, left, right,
-        scale * _LOG2E, softcap_in, softcap_out,
-    )
-    constexprs = dict(
-        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
-        STORE_LSE=lse is not None, REVERSE_M=right >= 0, CONSUMER_REGS=hopper.CONSUMER_REGS,
-    )
-    return args, constexprs
 
 
 def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):

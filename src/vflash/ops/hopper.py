@@ -1,0 +1,96 @@
+"""Launch pieces of the Gluon Hopper kernel (kernels/attention_fwd_hopper.py):
+TMA descriptors, the kernel's arguments, and an ahead-of-time compile for sm_90
+that needs no GPU (the CPU test suite uses it to prove the kernel builds)."""
+
+from functools import lru_cache
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from vflash.kernels import attention_fwd_hopper as hopper
+
+_LOG2E = 1.4426950408889634
+_GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """TMA can address t: 16-byte aligned base and strides, unit last stride."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
+
+
+def _block_shapes(block_m: int, block_n: int, head_dim: int):
+    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys.
+    return [1, 1, block_m // 2, head_dim], [1, 1, block_n, head_dim]
+
+
+@lru_cache(maxsize=None)
+def _shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+@lru_cache(maxsize=None)
+def tma_descriptors(block_m: int, block_n: int) -> Callable:
+    """A function (q, k, v, out) -> their 4-D TMA descriptors over [B, H, N, D]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def prepare(q, k, v, out):
+        rows, keys = _block_shapes(block_m, block_n, q.shape[-1])
+        rows_layout = _shared_layout(tuple(rows), q.dtype)
+        keys_layout = _shared_layout(tuple(keys), q.dtype)
+        return (TensorDescriptor(q, q.shape, q.stride(), rows, rows_layout),
+                TensorDescriptor(k, k.shape, k.stride(), keys, keys_layout),
+                TensorDescriptor(v, v.shape, v.stride(), keys, keys_layout),
+                TensorDescriptor(out, out.shape, out.stride(), rows, rows_layout))
+    return prepare
+
+
+def kernel_args(descs, lse: Optional[torch.Tensor], Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
+                block_m, block_n, stages):
+    """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
+    if softcap is not None:
+        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
+    else:
+        softcap_in, softcap_out = 1.0, 1.0
+    args = (
+        *descs, lse if lse is not None else descs[3].base,
+        Hq, Hq // Hkv, Nq, Nk,
+        off, left, right,
+        scale * _LOG2E, softcap_in, softcap_out,
+    )
+    constexprs = dict(
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+        STORE_LSE=lse is not None, REVERSE_M=right >= 0, CONSUMER_REGS=hopper.CONSUMER_REGS,
+    )
+    return args, constexprs
+
+
+def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
+                 stages: int = 2, causal: bool = False, window_left: bool = False, softcap: bool = False,
+                 lse: bool = True):
+    """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
+    (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
+    Gluon code does not run under it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    rows, keys = _block_shapes(block_m, block_n, head_dim)
+    name = _GL_DTYPES[dtype]
+
+    def desc(block):
+        return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
+    fn = hopper.attention_fwd_hopper_kernel
+    signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
+                 "LSE": "*fp32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
+                 "off": "i32", "left": "i32", "right": "i32",
+                 "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                      HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
+                      CONSUMER_REGS=hopper.CONSUMER_REGS)
+    signature.update({k: "constexpr" for k in constexprs})
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})
