@@ -109,21 +109,29 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pipelined_tiles(
-        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
         first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        PINGPONG: gl.constexpr,
     ):
         # Tiles [first, last); on entry p holds P of tile first - 1, whose PV product
         # is still to be issued. Returns the same state one tile further on.
+        # PINGPONG: the two consumers take turns to issue their MMAs (my_turn /
+        # other_turn barriers), so one's softmax runs while the other's products
+        # occupy the tensor cores (FlashAttention-3's ping-pong schedule).
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
             k_tile = _kv_tile(k_smem, k_ready, j, BLOCK_N, HEAD_DIM, STAGES)
+            v_tile = _kv_tile(v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+            if PINGPONG:
+                mbarrier.wait(my_turn, (j - 1) & 1)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            v_tile = _kv_tile(v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p, v_tile, o, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(other_turn, count=1)
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(k_empty.index(j % STAGES), count=1)
             s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
@@ -137,12 +145,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumer_partition(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+        o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
         off_b, off_h, start_m, lo, n_left, n_mid, n_tiles,
         n_heads_q, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr,
+        STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) against
         # every K/V tile of the program. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -179,20 +187,23 @@ if HAVE_GLUON:
             p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
             p = gl.convert_layout(p_f32.to(dtype), p_layout)
 
+            my_turn = turns.index(C)
+            other_turn = turns.index(1 - C)
             o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                PINGPONG)
             o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                 gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                 softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                HAS_RIGHT, SOFTCAP)
+                HAS_RIGHT, SOFTCAP, PINGPONG)
             o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                 gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                 softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                HAS_RIGHT, SOFTCAP)
+                HAS_RIGHT, SOFTCAP, PINGPONG)
 
             # The last tile's PV product.
             v_tile = _kv_tile(v_smem, v_ready, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
@@ -223,7 +234,7 @@ if HAVE_GLUON:
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         # grid = (cdiv(n_q, BLOCK_M), Hq, B), launched with num_warps = 4: those
         # warps are the TMA producer, and two more warpgroups, the consumers, each
@@ -271,14 +282,18 @@ if HAVE_GLUON:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bars.index(i), count=1)
+            mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
             mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
+        if PINGPONG:
+            mbarrier.arrive(turns.index(0), count=1)  # consumer 0 takes the first turn
 
         # Partition arguments must be IR values: Triton makes an integer argument
         # equal to 1 (and the literal lo = 0) a constant, so scalars are wrapped.
@@ -306,15 +321,15 @@ if HAVE_GLUON:
                                k_empty, v_empty, off_b, off_h, off_hk, start_m, lo, n_tiles,
                                gl.constexpr(ROWS), BLOCK_N, STAGES)),
             (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                                   v_empty, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
+                                   v_empty, turns, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
                                    n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0),
                                    gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                   STORE_LSE)),
+                                   STORE_LSE, PINGPONG)),
             (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                                   v_empty, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
+                                   v_empty, turns, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
                                    n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1),
                                    gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                   STORE_LSE)),
+                                   STORE_LSE, PINGPONG)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -333,3 +348,5 @@ HOPPER_DEFAULT_DIMS = (128,)
 # Registers per thread of each consumer warpgroup (setmaxnreg); the producer
 # warpgroup keeps what is left of the 64 K register file (24).
 CONSUMER_REGS = 240
+# The consumers take turns to issue their MMAs (see _pipelined_tiles).
+PINGPONG = True

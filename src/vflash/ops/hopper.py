@@ -64,6 +64,7 @@ def kernel_args(descs, lse: Optional[torch.Tensor], Hq, Hkv, Nq, Nk, D, off, lef
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=right >= 0, CONSUMER_REGS=hopper.CONSUMER_REGS,
+        PINGPONG=hopper.PINGPONG,
     )
     return args, constexprs
 
@@ -90,7 +91,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                       HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
-                      CONSUMER_REGS=hopper.CONSUMER_REGS)
+                      CONSUMER_REGS=hopper.CONSUMER_REGS, PINGPONG=hopper.PINGPONG)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
