@@ -100,7 +100,7 @@ def timing(ns, dims) -> None:
 
         def run(cfg, pingpong=True):
             def call():
-                ops.hopper.hopper.PINGPONG = pingpong
+                ops.hopper.PINGPONG = pingpong
                 return ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
                                              softcap=None, return_lse=False, config=cfg)
             return call
