@@ -62,10 +62,12 @@ def test_kernel_args_follow_the_signature():
     class Desc:
         base = torch.empty(1)
     descs = (Desc(), Desc(), Desc(), Desc())
-    args, constexprs = hopper.kernel_args(descs, None, 8, 2, 100, 200, 128, 100, -1, 0, 0.125, None, 128, 128, 2)
+    args, constexprs = hopper.kernel_args(descs, None, 3, 8, 2, 100, 200, 128, 100, -1, 0, 0.125, None, 128, 128,
+                                         2)
     by_name = dict(zip(names, args))
     assert len(args) + len(constexprs) == len(names)
     assert by_name["LSE"] is descs[3].base and by_name["kv_group"] == 4 and by_name["off"] == 100
+    assert by_name["batch"] == 3 and by_name["n_heads_q"] == 8
     assert constexprs["HAS_RIGHT"] and not constexprs["HAS_LEFT"] and not constexprs["STORE_LSE"]
     assert by_name["qk_scale"] == pytest.approx(0.125 * 1.4426950408889634)
 

@@ -80,11 +80,11 @@ def check(configs) -> bool:
     return ok
 
 
-# (block_m, block_n, stages, ping-pong)
+# (block_m, block_n, stages)
 HOPPER_CANDIDATES = {
-    64: [(128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, True), (128, 128, 3, True)],
-    128: [(128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, True)],
-    256: [(128, 64, 2, False), (128, 64, 2, True)],
+    64: [(128, 128, 2), (128, 128, 3), (128, 64, 3)],
+    128: [(128, 128, 2), (128, 64, 3), (128, 128, 3)],
+    256: [(128, 64, 2), (128, 32, 3)],
 }
 
 
@@ -98,19 +98,15 @@ def timing(ns, dims) -> None:
         mode = "bottom_right" if causal else None
         res = []
 
-        def run(cfg, pingpong=True):
-            def call():
-                ops.hopper.PINGPONG = pingpong
-                return ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
-                                             softcap=None, return_lse=False, config=cfg)
-            return call
+        def run(cfg):
+            return lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
+                                                 softcap=None, return_lse=False, config=cfg)
         triton_cfg = ops.choose_config(d, q.dtype, 0 if causal else -1, n, s.B * s.Hq, q.device)
-        cands = [("triton", triton_cfg, False)] + [
-            (f"gl{bm}x{bn}/{st}{'pp' if pp else ''}", ops.TileConfig(bm, bn, 4, st, hopper=True), pp)
-            for bm, bn, st, pp in HOPPER_CANDIDATES[d]]
-        for name, cfg, pp in cands:
+        cands = [("triton", triton_cfg)] + [
+            (f"gl{bm}x{bn}/{st}", ops.TileConfig(bm, bn, 4, st, hopper=True)) for bm, bn, st in HOPPER_CANDIDATES[d]]
+        for name, cfg in cands:
             try:
-                fn = run(cfg, pp)
+                fn = run(cfg)
                 fn()
                 ms = time_call(fn, q.device)[0]
                 res.append((name, flops / ms / 1e9))

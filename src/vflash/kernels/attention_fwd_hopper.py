@@ -1,17 +1,21 @@
 """Fused attention forward for Hopper (sm_90), written in Gluon.
 
 The same math and masking as `attention_fwd.py` (read that file's docstring
-first), with the schedule written out instead of left to the compiler:
+first), with the schedule written out instead of left to the compiler, in the
+shape of FlashAttention-3:
 
-- Q, K and V arrive by TMA into NVMMA-swizzled shared memory; K and V go through
-  a ring of STAGES buffers, each with its own mbarrier, so tile j + STAGES loads
-  while tile j is in use. Out-of-range rows are zero-filled by the TMA unit.
-- Both products are asynchronous warpgroup MMAs (wgmma). Iteration j issues
-  S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j only, and runs the
-  softmax of tile j while the tensor cores still work on P_{j-1} V_{j-1}
-  (FlashAttention-3's intra-warpgroup overlap). P stays in registers as the A
-  operand of the second MMA.
-- num_warps = BLOCK_M / 16: every warp owns 16 query rows, a warpgroup 64.
+- Persistent: one CTA per SM walks work tiles t = pid, pid + grid, ... A work
+  tile is BLOCK_M query rows of one (batch, q head); tiles of one head are
+  consecutive, so CTAs running side by side share that head's K/V in L2.
+- Warp-specialized: a producer warpgroup (one thread issues every TMA copy)
+  and two consumer warpgroups of 64 query rows each. K and V go through a ring of
+  STAGES buffers with ready / empty mbarriers; the ring and the Q buffers carry
+  over from one work tile to the next, so the producer loads the next tile while
+  the consumers finish this one. Out-of-range rows are zero-filled by TMA.
+- In a consumer, both products are asynchronous warpgroup MMAs (wgmma).
+  Iteration j issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j
+  only, and runs the softmax of tile j while the tensor cores still work on
+  P_{j-1} V_{j-1}. P stays in registers as the A operand of the second MMA.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -78,188 +82,24 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                        off_b, off_h, off_hk, start_m, lo, n_tiles,
-                        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        # Producer: one thread issues every TMA copy. Each consumer's Q rows first,
-        # then K_i and V_i into ring slot i % STAGES once both consumers released
-        # the slot's previous tile (the empty barriers; a fresh barrier counts its
-        # parity-1 phase as complete, so the first STAGES waits pass at once).
-        if n_tiles > 0:
-            for c in gl.static_range(2):
-                mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
-            for i in range(n_tiles):
-                slot = i % STAGES
-                empty_phase = ((i // STAGES) & 1) ^ 1
-                key = lo + i * BLOCK_N
-                mbarrier.wait(k_empty.index(slot), empty_phase)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), empty_phase)
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
-
-    @gluon.jit
-    def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        # Wait for tile `tile` to land and return its [BLOCK_N, HEAD_DIM] view.
-        slot = tile % STAGES
-        mbarrier.wait(ready.index(slot), (tile // STAGES) & 1)
-        return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-
-    @gluon.jit
-    def _pipelined_tiles(
-        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
-        first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-        MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        PINGPONG: gl.constexpr,
-    ):
-        # Tiles [first, last); on entry p holds P of tile first - 1, whose PV product
-        # is still to be issued. Returns the same state one tile further on.
-        # PINGPONG: the two consumers take turns to issue their MMAs (my_turn /
-        # other_turn barriers), so one's softmax runs while the other's products
-        # occupy the tensor cores (FlashAttention-3's ping-pong schedule).
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        for j in range(first, last):
-            k_tile = _kv_tile(k_smem, k_ready, j, BLOCK_N, HEAD_DIM, STAGES)
-            v_tile = _kv_tile(v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
-            if PINGPONG:
-                mbarrier.wait(my_turn, (j - 1) & 1)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            o = warpgroup_mma(p, v_tile, o, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(other_turn, count=1)
-            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
-            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
-            s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
-                             softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, MASKED)
-            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
-            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
-            o = o * gl.convert_layout(alpha, o_rows)[:, None]
-            p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
-        return o, m_i, l_i, p
-
-    @gluon.jit
-    def _consumer_partition(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-        off_b, off_h, start_m, lo, n_left, n_mid, n_tiles,
-        n_heads_q, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        C: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-    ):
-        # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) against
-        # every K/V tile of the program. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
-        # both wgmma accumulators spread over the 4 warps (16 rows each).
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = o_desc.dtype
-        q_buf = q_smem.index(C)
-        row0 = start_m + C * ROWS
-
-        offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        if n_tiles > 0:
-            mbarrier.wait(q_bars.index(C), 0)
-            q_tile = q_buf.reshape([ROWS, HEAD_DIM])
-
-            # Tile 0 on its own (through the masked code, right for any tile): it
-            # fills the pipeline with its P.
-            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            k_tile = _kv_tile(k_smem, k_ready, 0, BLOCK_N, HEAD_DIM, STAGES)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
-            mbarrier.arrive(k_empty.index(0), count=1)
-            s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                             True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
-            p = gl.convert_layout(p_f32.to(dtype), p_layout)
-
-            my_turn = turns.index(C)
-            other_turn = turns.index(1 - C)
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
-                1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                PINGPONG)
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
-                gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                HAS_RIGHT, SOFTCAP, PINGPONG)
-            o, m_i, l_i, p = _pipelined_tiles(
-                o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
-                gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                HAS_RIGHT, SOFTCAP, PINGPONG)
-
-            # The last tile's PV product.
-            v_tile = _kv_tile(v_smem, v_ready, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
-            o = warpgroup_mma(p, v_tile, o, is_async=True)
-            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
-
-        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
-        LN2: gl.constexpr = 0.6931471805599453
-        empty = l_i == 0.0
-        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
-        o = o * gl.convert_layout(inv_l, o_rows)[:, None]
-        # The output rows go out by TMA from this consumer's Q buffer (no MMA reads
-        # it any more); rows past n_q are clipped by the TMA unit.
-        q_buf.reshape([ROWS, HEAD_DIM]).store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
-        if STORE_LSE:
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
-            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
-        tma.store_wait(0)
-
-    @gluon.jit
-    def attention_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, LSE,
-        n_heads_q, kv_group, n_q, n_k,
-        off, left, right,
-        qk_scale, softcap_in, softcap_out,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
-    ):
-        # grid = (cdiv(n_q, BLOCK_M), Hq, B), launched with num_warps = 4: those
-        # warps are the TMA producer, and two more warpgroups, the consumers, each
-        # take BLOCK_M / 2 rows (FlashAttention-3's split of a CTA). Descriptors are
-        # 4-D over [B, H, N, D] with blocks [1, 1, BLOCK_M / 2 or BLOCK_N, HEAD_DIM];
-        # LSE is [B, Hq, n_q] fp32.
-        ROWS: gl.constexpr = BLOCK_M // 2
-        gl.static_assert(ROWS == 64, "two consumer warpgroups of 64 rows")
-        dtype: gl.constexpr = q_desc.dtype
-
-        pid_m = gl.program_id(0)
-        if REVERSE_M:
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        off_h = gl.program_id(1)
-        off_b = gl.program_id(2)
-        off_hk = off_h // kv_group
-        start_m = pid_m * BLOCK_M
-
-        # Key range of this tile and its fully visible, tile-aligned middle (as in
-        # attention_fwd_kernel), counted in tiles from `lo`:
+    def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+        # Work tile t -> (batch, q head, kv head, first row) and its key range
+        # (as in attention_fwd_kernel), counted in key tiles from `lo`:
         #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
+        bh = t // n_m
+        pid_m = t % n_m
+        if REVERSE_M:
+            # Causal tiles lower in the sequence do more work: start them first.
+            pid_m = n_m - 1 - pid_m
+        off_h = bh % n_heads_q
+        off_b = bh // n_heads_q
+        start_m = pid_m * BLOCK_M
         last_m = start_m + BLOCK_M - 1
-        lo = 0
-        full_lo = 0
-        hi = n_k
+        lo = start_m * 0
+        full_lo = start_m * 0
+        hi = n_k + start_m * 0
         full_hi = (n_k // BLOCK_N) * BLOCK_N
         if HAS_LEFT:
             lo = (gl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
@@ -273,41 +113,220 @@ if HAVE_GLUON:
         n_left = gl.cdiv(full_lo - lo, BLOCK_N)
         n_mid = n_left + (full_hi - full_lo) // BLOCK_N
         n_tiles = n_mid + gl.cdiv(hi - full_hi, BLOCK_N)
+        return off_b, off_h, off_h // kv_group, start_m, lo, n_left, n_mid, n_tiles
+
+    @gluon.jit
+    def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+        # Producer: one thread issues every TMA copy. Per work tile, each
+        # consumer's Q rows once the consumer released its buffer (q_empty), then
+        # K_i and V_i into ring slot kv % STAGES once both consumers released the
+        # slot's previous tile. A fresh barrier counts its parity-1 phase as
+        # complete, so the first waits on empty barriers pass at once.
+        ROWS: gl.constexpr = BLOCK_M // 2
+        kv = 0  # K/V tiles issued so far, over all work tiles
+        done = 0  # work tiles issued so far
+        for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+            off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
+                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                REVERSE_M)
+            for c in gl.static_range(2):
+                mbarrier.wait(q_empty.index(c), (done & 1) ^ 1)
+                if n_tiles > 0:
+                    mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                    _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(c), q_smem.index(c))
+                else:  # nothing to load: hand the buffer straight over for the zero output
+                    mbarrier.arrive(q_ready.index(c), count=1)
+            for i in range(n_tiles):
+                slot = kv % STAGES
+                empty_phase = ((kv // STAGES) & 1) ^ 1
+                key = lo + i * BLOCK_N
+                mbarrier.wait(k_empty.index(slot), empty_phase)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), empty_phase)
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
+                kv += 1
+            done += 1
+
+    @gluon.jit
+    def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        # Wait for ring tile `tile` (counted over all work tiles) to land and
+        # return its [BLOCK_N, HEAD_DIM] view.
+        slot = tile % STAGES
+        mbarrier.wait(ready.index(slot), (tile // STAGES) & 1)
+        return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+
+    @gluon.jit
+    def _pipelined_tiles(
+        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+        MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    ):
+        # Key tiles [first, last) of the work tile whose first key tile is ring
+        # tile kv; on entry p holds P of tile first - 1, whose PV product is still
+        # to be issued. Returns the same state one tile further on.
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        for j in range(first, last):
+            k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = warpgroup_mma(p, v_tile, o, is_async=True)
+            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
+            mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
+            s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
+                             softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, MASKED)
+            o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
+            mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
+            o = o * gl.convert_layout(alpha, o_rows)[:, None]
+            p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+        return o, m_i, l_i, p
+
+    @gluon.jit
+    def _consumer_partition(
+        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+        n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+        STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+    ):
+        # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
+        # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
+        # both wgmma accumulators spread over the 4 warps (16 rows each).
+        ROWS: gl.constexpr = BLOCK_M // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        LN2: gl.constexpr = 0.6931471805599453
+        dtype: gl.constexpr = o_desc.dtype
+        q_buf = q_smem.index(C)
+        q_tile = q_buf.reshape([ROWS, HEAD_DIM])
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+
+        kv = 0  # ring tiles consumed so far, over all work tiles
+        done = 0
+        for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+            off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
+                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                REVERSE_M)
+            row0 = start_m + C * ROWS
+            offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+            l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+            o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+            mbarrier.wait(q_ready.index(C), done & 1)
+            if n_tiles > 0:
+                # Key tile 0 on its own (through the masked code, right for any
+                # tile): it fills the pipeline with its P.
+                k_tile = _kv_tile(k_smem, k_ready, kv, BLOCK_N, HEAD_DIM, STAGES)
+                s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                                  gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
+                mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
+                s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                                 True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
+                p = gl.convert_layout(p_f32.to(dtype), p_layout)
+
+                o, m_i, l_i, p = _pipelined_tiles(
+                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                    s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
+                    SOFTCAP)
+                o, m_i, l_i, p = _pipelined_tiles(
+                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
+                    HAS_RIGHT, SOFTCAP)
+                o, m_i, l_i, p = _pipelined_tiles(
+                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
+                    HAS_RIGHT, SOFTCAP)
+
+                # The last key tile's PV product.
+                last = kv + n_tiles - 1
+                v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
+                o = warpgroup_mma(p, v_tile, o, is_async=True)
+                o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
+                mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+            kv += n_tiles
+
+            # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
+            empty = l_i == 0.0
+            inv_l = 1.0 / gl.where(empty, 1.0, l_i)
+            o = o * gl.convert_layout(inv_l, o_rows)[:, None]
+            # The output rows go out by TMA from this consumer's Q buffer (no MMA
+            # reads it any more); rows past n_q are clipped by the TMA unit. The
+            # buffer returns to the producer once the store has read it.
+            q_tile.store(o.to(dtype))
+            fence_async_shared()
+            _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
+            if STORE_LSE:
+                lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+                lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
+                gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(C), count=1)
+            done += 1
+
+    @gluon.jit
+    def attention_fwd_hopper_kernel(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        batch, n_heads_q, kv_group, n_q, n_k,
+        off, left, right,
+        qk_scale, softcap_in, softcap_out,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    ):
+        # grid = (min(work tiles, SMs),), num_warps = 4: those warps are the
+        # producer; two more warpgroups are the consumers. Descriptors are 4-D over
+        # [B, H, N, D] with blocks [1, 1, BLOCK_M / 2 or BLOCK_N, HEAD_DIM]; LSE is
+        # [B, Hq, n_q] fp32.
+        ROWS: gl.constexpr = BLOCK_M // 2
+        gl.static_assert(ROWS == 64, "two consumer warpgroups of 64 rows")
+        dtype: gl.constexpr = q_desc.dtype
+        n_m = gl.cdiv(n_q, BLOCK_M)
+        n_work = n_m * n_heads_q * batch
 
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
-            mbarrier.init(q_bars.index(i), count=1)
-            mbarrier.init(turns.index(i), count=1)
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
             mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
-        if PINGPONG:
-            mbarrier.arrive(turns.index(0), count=1)  # consumer 0 takes the first turn
 
         # Partition arguments must be IR values: Triton makes an integer argument
-        # equal to 1 (and the literal lo = 0) a constant, so scalars are wrapped.
-        off_b = gl.to_tensor(off_b)
-        off_h = gl.to_tensor(off_h)
-        off_hk = gl.to_tensor(off_hk)
-        start_m = gl.to_tensor(start_m)
-        lo = gl.to_tensor(lo)
-        n_left = gl.to_tensor(n_left)
-        n_mid = gl.to_tensor(n_mid)
-        n_tiles = gl.to_tensor(n_tiles)
-        # (Tuples are spelled out in the call: a tuple built first turns its
-        # constants into tensors.)
+        # equal to 1 a constant, so scalars are wrapped. (Tuples are spelled out
+        # in the call: a tuple built first turns its constants into tensors.)
+        n_work = gl.to_tensor(n_work)
+        n_m = gl.to_tensor(n_m)
         n_heads_q = gl.to_tensor(n_heads_q)
+        kv_group = gl.to_tensor(kv_group)
         n_q = gl.to_tensor(n_q)
         n_k = gl.to_tensor(n_k)
         off = gl.to_tensor(off)
@@ -317,19 +336,17 @@ if HAVE_GLUON:
         softcap_in = gl.to_tensor(softcap_in)
         softcap_out = gl.to_tensor(softcap_out)
         gl.warp_specialize([
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
-                               k_empty, v_empty, off_b, off_h, off_hk, start_m, lo, n_tiles,
-                               gl.constexpr(ROWS), BLOCK_N, STAGES)),
-            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                                   v_empty, turns, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
-                                   n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0),
-                                   gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                   STORE_LSE, PINGPONG)),
-            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-                                   v_empty, turns, off_b, off_h, start_m, lo, n_left, n_mid, n_tiles, n_heads_q, n_q,
-                                   n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1),
-                                   gl.constexpr(ROWS), BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                   STORE_LSE, PINGPONG)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                               v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
+                               right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
+            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                   k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                   right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
+                                   HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                   k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                   right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
+                                   HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -348,5 +365,3 @@ HOPPER_DEFAULT_DIMS = (128,)
 # Registers per thread of each consumer warpgroup (setmaxnreg); the producer
 # warpgroup keeps what is left of the 64 K register file (24).
 CONSUMER_REGS = 240
-# The consumers take turns to issue their MMAs (see _pipelined_tiles).
-PINGPONG = True

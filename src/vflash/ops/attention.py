@@ -156,17 +156,18 @@ def attention_forward(
     cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device, D)
     if cfg.hopper and not all(map(hopper_launch.tma_ready, (q, k, v, out))):
         cfg = choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
-    grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
+        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index))
         prepare = hopper_launch.tma_descriptors(cfg.block_m, cfg.block_n)
-        args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, Hq, Hkv, Nq, Nk, D, off, left,
-                                                     right, scale, softcap, cfg.block_m, cfg.block_n,
+        args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
+                                                     left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages)
         options = dict(num_warps=cfg.num_warps)
     else:
+        grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
         kernel = attention_fwd_kernel
         prepare = None
         args, constexprs = _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right,

@@ -13,6 +13,11 @@ _LOG2E = 1.4426950408889634
 _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
+def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int) -> Tuple[int]:
+    """The persistent grid: one CTA per SM, or per work tile when there are fewer."""
+    return (min(B * Hq * ((Nq + block_m - 1) // block_m), sms),)
+
+
 def tma_ready(t: torch.Tensor) -> bool:
     """TMA can address t: 16-byte aligned base and strides, unit last stride."""
     size = t.element_size()
@@ -47,7 +52,7 @@ def tma_descriptors(block_m: int, block_n: int) -> Callable:
     return prepare
 
 
-def kernel_args(descs, lse: Optional[torch.Tensor], Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
+def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                 block_m, block_n, stages):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
     if softcap is not None:
@@ -56,7 +61,7 @@ def kernel_args(descs, lse: Optional[torch.Tensor], Hq, Hkv, Nq, Nk, D, off, lef
         softcap_in, softcap_out = 1.0, 1.0
     args = (
         *descs, lse if lse is not None else descs[3].base,
-        Hq, Hq // Hkv, Nq, Nk,
+        B, Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
         scale * _LOG2E, softcap_in, softcap_out,
     )
@@ -64,7 +69,6 @@ def kernel_args(descs, lse: Optional[torch.Tensor], Hq, Hkv, Nq, Nk, D, off, lef
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=right >= 0, CONSUMER_REGS=hopper.CONSUMER_REGS,
-        PINGPONG=hopper.PINGPONG,
     )
     return args, constexprs
 
@@ -86,12 +90,12 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
         return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
+                 "LSE": "*fp32", "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                       HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
-                      CONSUMER_REGS=hopper.CONSUMER_REGS, PINGPONG=hopper.PINGPONG)
+                      CONSUMER_REGS=hopper.CONSUMER_REGS)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
