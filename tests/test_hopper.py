@@ -43,6 +43,12 @@ def test_kernel_compiles_for_sm90(tmp_path):
     assert run.stdout.count("built") == 3
 
 
+def test_grid_is_persistent_only_when_asked():
+    assert hopper.grid(2, 8, 1000, 128, 132, persistent=True) == (128,)  # 2 * 8 * 8 work tiles
+    assert hopper.grid(4, 16, 4096, 128, 132, persistent=True) == (132,)
+    assert hopper.grid(4, 16, 4096, 128, 132, persistent=False) == (4 * 16 * 32,)
+
+
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
     x = torch.randn(2, 4, 10, 64, dtype=torch.float16)
     assert hopper.tma_ready(x)
@@ -78,9 +84,13 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
     monkeypatch.setattr(ops, "_is_hopper", lambda index: True)
     monkeypatch.setattr(hopper_kernels, "HAVE_GLUON", True)
     dev = torch.device("cuda", 0)
+    short = hopper_kernels.HOPPER_SHORT_CAUSAL
     for d in hopper_kernels.HOPPER_DEFAULT_DIMS:
         cfg = ops.choose_config(d, torch.float16, -1, 4096, 32, dev, d)
         assert cfg.hopper and cfg.num_warps == 4
+        assert ops.choose_config(d, torch.float16, -1, short, 32, dev, d).hopper
+        assert ops.choose_config(d, torch.float16, 0, short + 1, 32, dev, d).hopper
+        assert not ops.choose_config(d, torch.float16, 0, short, 32, dev, d).hopper  # short causal
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table
@@ -107,6 +117,10 @@ def _hopper_cases():
             Case(B=2, Hq=4, Hkv=2, Nq=1000, Nk=1100, D=d, window=(0, 0), causal=True),
             Case(B=2, Hq=4, Hkv=4, Nq=600, Nk=600, D=d, softcap=30.0, amplify=4.0, causal=True),
             Case(B=1, Hq=4, Hkv=4, Nq=4096, Nk=4096, D=d, dtype="bf16", amplify=4.0, tag="long"),
+            # More work tiles than SMs: persistent CTAs carry the K/V ring and Q
+            # buffers from one work tile to the next.
+            Case(B=2, Hq=8, Hkv=2, Nq=2000, Nk=2100, D=d, tag="persistent"),
+            Case(B=4, Hq=8, Hkv=8, Nq=1500, Nk=1500, D=d, window=(300, -1), dtype="bf16", tag="persistent"),
         ]
     return cases
 

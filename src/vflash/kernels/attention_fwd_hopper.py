@@ -359,9 +359,13 @@ HOPPER_CONFIGS = {
     256: (128, 64, 2),
 }
 # Head dims for which the launcher picks this kernel by default, from the H200
-# runs in benchmarks/NOTES.md: at D = 128 it is 1.05-1.20x the portable kernel on
-# every fa-sweep row; at D = 64 it is not ahead yet.
-HOPPER_DEFAULT_DIMS = (128,)
+# runs in benchmarks/NOTES.md (TFLOP/s against the portable kernel, same run):
+# D = 128 430-585 against 380-530, D = 256 500-655 against 345-500. At D = 64 it
+# is not ahead (305-418 against 341-403), so the portable kernel keeps it.
+HOPPER_DEFAULT_DIMS = (128, 256)
+# Causal calls with n_q up to this stay on the portable kernel's short tiles
+# (D = 128, N = 512: 241 against 227 TFLOP/s).
+HOPPER_SHORT_CAUSAL = 512
 # Registers per thread of each consumer warpgroup (setmaxnreg); the producer
 # warpgroup keeps what is left of the 64 K register file (24).
 CONSUMER_REGS = 240

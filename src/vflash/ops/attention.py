@@ -102,12 +102,13 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
                   device: torch.device, head_dim: Optional[int] = None) -> TileConfig:
     """Pick the kernel and tiles from the mask and the grid: `batch_heads` is the
     number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
-    dims in its table on sm_90 (the caller checks the tensors suit TMA)."""
+    dims in HOPPER_DEFAULT_DIMS on sm_90, except short causal calls (the caller
+    checks the tensors suit TMA)."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
     if (hopper.HAVE_GLUON and head_dim == head_dim_pad and head_dim in hopper.HOPPER_DEFAULT_DIMS
-            and _is_hopper(device.index)):
+            and not (right >= 0 and n_q <= hopper.HOPPER_SHORT_CAUSAL) and _is_hopper(device.index)):
         return hopper_config(head_dim)
     sms = _sm_count(device.index)
     if right < 0:
@@ -160,7 +161,7 @@ def attention_forward(
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
-        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index))
+        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), persistent=right < 0)
         prepare = hopper_launch.tma_descriptors(cfg.block_m, cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,

@@ -13,9 +13,14 @@ _LOG2E = 1.4426950408889634
 _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int) -> Tuple[int]:
-    """The persistent grid: one CTA per SM, or per work tile when there are fewer."""
-    return (min(B * Hq * ((Nq + block_m - 1) // block_m), sms),)
+def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, persistent: bool) -> Tuple[int]:
+    """Persistent: one CTA per SM (or per work tile when there are fewer), each
+    walking work tiles with a static stride. Otherwise one CTA per work tile,
+    which the hardware hands out as SMs free up: causal tiles differ in cost, and
+    the static stride would load some SMs with three times the work of others
+    (measured: D = 128 causal N = 16384 at 419 against 551 TFLOP/s)."""
+    work = B * Hq * ((Nq + block_m - 1) // block_m)
+    return (min(work, sms) if persistent else work,)
 
 
 def tma_ready(t: torch.Tensor) -> bool:
