@@ -111,11 +111,13 @@ def test_gpu_planned_calls_match_the_full_path(opts):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
-def test_gpu_misaligned_view_gets_its_own_plan():
+@pytest.mark.parametrize("d", [64, 128])  # 128: the Hopper kernel on sm_90, which needs 16-byte alignment
+def test_gpu_misaligned_view_gets_its_own_plan(d):
     plans.clear()
-    base = torch.randn(2 * 4 * 64 * 64 + 8, device="cuda", dtype=torch.float16)
-    aligned = base[:2 * 4 * 64 * 64].view(2, 4, 64, 64)
-    shifted = base[1:1 + 2 * 4 * 64 * 64].view(2, 4, 64, 64)  # 2-byte offset
+    n = 2 * 4 * 64 * d
+    base = torch.randn(n + 8, device="cuda", dtype=torch.float16)
+    aligned = base[:n].view(2, 4, 64, d)
+    shifted = base[1:1 + n].view(2, 4, 64, d)  # 2-byte offset
     for t in (aligned, shifted, aligned, shifted):
         out = vflash.attention(t, t, t)
         ref, _ = attention_explicit(t, t, t, compute_dtype=torch.float32)
