@@ -61,6 +61,14 @@ def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
     assert not hopper.tma_ready(shifted)  # base 2 bytes off 16
 
 
+def test_fits_needs_tma_and_an_int32_tile_count():
+    x = torch.randn(2, 4, 10, 64, dtype=torch.float16)
+    assert hopper.fits(x, x, x, x, 128)
+    assert not hopper.fits(x, x, x.transpose(2, 3), x, 128)
+    big = torch.randn(1, 1, 1, 64, dtype=torch.float16).expand(65535, 65535, 1, 64)  # 65535^2 work tiles
+    assert not hopper.fits(big, x, x, x, 128)
+
+
 def test_kernel_args_follow_the_signature():
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names if hopper_kernels.HAVE_GLUON else None
     if names is None:

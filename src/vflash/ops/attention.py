@@ -155,7 +155,7 @@ def attention_forward(
     # cost microseconds per host call.
     head_dim_pad = max(16, 1 << (D - 1).bit_length())
     cfg = config or choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device, D)
-    if cfg.hopper and not all(map(hopper_launch.tma_ready, (q, k, v, out))):
+    if cfg.hopper and not hopper_launch.fits(q, k, v, out, cfg.block_m):
         cfg = choose_config(head_dim_pad, q.dtype, right, Nq, B * Hq, q.device)
     # Triton launches on the current CUDA device: make it the tensors' device.
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()

@@ -26,6 +26,13 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, persistent: bool) -> 
     return (min(work, sms) if persistent else work, 1, 1)
 
 
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block_m: int) -> bool:
+    """The kernel can take this call: every tensor suits TMA, and the work-tile
+    count fits the kernel's int32 tile index (and a grid's x dimension)."""
+    B, Hq, Nq = q.shape[0], q.shape[1], q.shape[2]
+    return B * Hq * ((Nq + block_m - 1) // block_m) < 2**31 and all(map(tma_ready, (q, k, v, out)))
+
+
 def tma_ready(t: torch.Tensor) -> bool:
     """TMA can address t: 16-byte aligned base and strides, unit last stride."""
     size = t.element_size()
