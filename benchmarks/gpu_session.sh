@@ -2,7 +2,8 @@
 # One device call that produces a full results folder, packed as one archive
 # (the device tool returns at most 8 files). Each step has its own time limit so
 # a slow step cannot take the archive down with it.
-# Usage on the GPU machine: bash benchmarks/gpu_session.sh STEP...
+# Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
+# (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
 #   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast
 set -u

@@ -30,7 +30,7 @@ def test_smoke_bench_writes_documented_csv_and_environment(tmp_path, capsys):
         assert float(r["ms_p20"]) <= float(r["ms_median"]) <= float(r["ms_p80"])
         assert float(r["peak_mib"]) > 0
     env = json.loads((tmp_path / "smoke.env.json").read_text())
-    assert {"date", "torch", "triton", "vflash", "gpu", "triton_interpreter"} <= set(env)
+    assert {"date", "torch", "triton", "vflash", "gpu", "triton_interpreter", "commit", "gluon"} <= set(env)
     assert "[########################] 4/4" in capsys.readouterr().out
 
 

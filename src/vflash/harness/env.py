@@ -17,6 +17,23 @@ def _driver() -> str:
         return "unknown"
 
 
+def _commit() -> str:
+    """The checkout's git commit (with "+dirty" for uncommitted changes), if any;
+    VFLASH_COMMIT overrides it for copies of a tree made without .git."""
+    import os
+    if os.environ.get("VFLASH_COMMIT"):
+        return os.environ["VFLASH_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
     """Versions, device, compute capability, driver, and whether the interpreter is on.
 
@@ -26,6 +43,7 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
 
     import vflash
     from vflash._backend import interpreting
+    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
 
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -33,7 +51,8 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "vflash": vflash.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "triton": triton.__version__, "cuda_available": torch.cuda.is_available(),
-        "triton_interpreter": interpreting(), "device": device.type,
+        "triton_interpreter": interpreting(), "device": device.type, "commit": _commit(),
+        "gluon": HAVE_GLUON,
     }
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
