@@ -69,6 +69,21 @@ def test_fits_needs_tma_and_an_int32_tile_count():
     assert not hopper.fits(big, x, x, x, 128)
 
 
+@needs_gluon
+def test_descriptors_equal_the_checked_constructor():
+    # prepare() fills TensorDescriptor's fields directly (its checks cost ~20 us a
+    # call); the result must be what the checked constructor makes.
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    q = torch.randn(2, 8, 300, 128, dtype=torch.bfloat16).transpose(1, 2).transpose(1, 2)
+    k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
+    out = torch.empty(2, 8, 300, 128, dtype=torch.bfloat16)
+    got = hopper.tma_descriptors(128, 64)(q, k, k, out)
+    rows, keys = [1, 1, 64, 128], [1, 1, 64, 128]
+    for d, t, block in zip(got, (q, k, k, out), (rows, keys, keys, rows)):
+        layout = hopper._shared_layout(tuple(block), torch.bfloat16)
+        assert d == TensorDescriptor(t, t.shape, t.stride(), block, layout)
+
+
 def test_kernel_args_follow_the_signature():
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names if hopper_kernels.HAVE_GLUON else None
     if names is None:

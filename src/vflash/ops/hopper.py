@@ -53,17 +53,31 @@ def _shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
 
 @lru_cache(maxsize=None)
 def tma_descriptors(block_m: int, block_n: int) -> Callable:
-    """A function (q, k, v, out) -> their 4-D TMA descriptors over [B, H, N, D]."""
+    """A function (q, k, v, out) -> their 4-D TMA descriptors over [B, H, N, D].
+
+    The descriptors are filled in directly rather than through the dataclass's
+    checks (26 us for four on a CPU core, per call): `fits` has already checked
+    what they check, and a launch plan only replays calls whose key fixes the
+    shapes, strides and 16-byte alignment."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    def make(t, block, layout):
+        d = object.__new__(TensorDescriptor)
+        d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (
+            t, t.shape, t.stride(), block, layout, "zero")
+        return d
+
+    blocks = {}  # (head dim, dtype) -> (rows, rows layout, keys, keys layout)
+
     def prepare(q, k, v, out):
-        rows, keys = _block_shapes(block_m, block_n, q.shape[-1])
-        rows_layout = _shared_layout(tuple(rows), q.dtype)
-        keys_layout = _shared_layout(tuple(keys), q.dtype)
-        return (TensorDescriptor(q, q.shape, q.stride(), rows, rows_layout),
-                TensorDescriptor(k, k.shape, k.stride(), keys, keys_layout),
-                TensorDescriptor(v, v.shape, v.stride(), keys, keys_layout),
-                TensorDescriptor(out, out.shape, out.stride(), rows, rows_layout))
+        b = blocks.get((q.shape[-1], q.dtype))
+        if b is None:
+            rows, keys = _block_shapes(block_m, block_n, q.shape[-1])
+            b = blocks[(q.shape[-1], q.dtype)] = (rows, _shared_layout(tuple(rows), q.dtype),
+                                                  keys, _shared_layout(tuple(keys), q.dtype))
+        rows, rows_layout, keys, keys_layout = b
+        return (make(q, rows, rows_layout), make(k, keys, keys_layout), make(v, keys, keys_layout),
+                make(out, rows, rows_layout))
     return prepare
 
 
