@@ -84,10 +84,9 @@ def test_descriptors_equal_the_checked_constructor():
         assert d == TensorDescriptor(t, t.shape, t.stride(), block, layout)
 
 
+@needs_gluon
 def test_kernel_args_follow_the_signature():
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names if hopper_kernels.HAVE_GLUON else None
-    if names is None:
-        pytest.skip("this Triton has no Gluon")
+    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
 
     class Desc:
         base = torch.empty(1)

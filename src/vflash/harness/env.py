@@ -1,6 +1,7 @@
 """The environment record kept with every check log and benchmark CSV."""
 
 import datetime
+import os
 import platform
 import subprocess
 from typing import Dict, Optional
@@ -20,7 +21,6 @@ def _driver() -> str:
 def _commit() -> str:
     """The checkout's git commit (with "+dirty" for uncommitted changes), if any;
     VFLASH_COMMIT overrides it for copies of a tree made without .git."""
-    import os
     if os.environ.get("VFLASH_COMMIT"):
         return os.environ["VFLASH_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))

@@ -54,14 +54,11 @@ def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _online_update(
-    acc, l_i, m_i, qk, v, offs_m, offs_n,
-    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
-    # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
+def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                  MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
+    # qk [rows, BLOCK_N] raw q.k in fp32 -> scaled (capped) log2-domain scores,
+    # -inf where the key is not visible. Shared with the Hopper kernel.
     LOG2E: tl.constexpr = 1.4426950408889634
     if SOFTCAP:
         # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
@@ -77,16 +74,62 @@ def _online_update(
         if HAS_RIGHT:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))  # [rows]
+    return qk
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i, MASKED: tl.constexpr):
+    # Online softmax on one tile of log2-domain scores s [rows, BLOCK_N]: returns
+    # p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and the new
+    # m, l [rows]. Shared with the Hopper kernel.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
     if MASKED:
         # A row that has seen no visible key yet keeps m = -inf; subtracting 0
         # instead makes its p and alpha exactly 0 rather than NaN.
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    p = tl.exp2(qk - m_ref[:, None])  # [rows, BLOCK_N]
-    alpha = tl.exp2(m_i - m_ref)  # [rows]
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
+def key_range(start_m, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    # Key range [lo, hi) seen by any row of the tile starting at start_m, and the
+    # tile-aligned part [full_lo, full_hi) in which every (row, key) pair is
+    # visible. Rows past n_q only widen the range. Shared with the Hopper kernel.
+    last_m = start_m + BLOCK_M - 1
+    lo = 0
+    full_lo = 0
+    hi = n_k
+    full_hi = (n_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = (tl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, tl.maximum(last_m + off + right + 1, 0))
+        full_hi = tl.minimum(full_hi, (tl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _online_update(
+    acc, l_i, m_i, qk, v, offs_m, offs_n,
+    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
+    # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
+    qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                       MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+    p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, MASKED)
     acc = acc * alpha[:, None]
     p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
     if UPCAST_DOT:
@@ -210,22 +253,7 @@ def attention_fwd_kernel(
     start_m = pid_m * BLOCK_M
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
 
-    # Key range seen by any row of this tile, and the tile-aligned part of it in
-    # which every (row, key) pair is visible. Rows past n_q only widen the range.
-    last_m = start_m + BLOCK_M - 1
-    lo = 0
-    full_lo = 0
-    hi = n_k
-    full_hi = (n_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = (tl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
-        full_lo = tl.cdiv(tl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(hi, tl.maximum(last_m + off + right + 1, 0))
-        full_hi = tl.minimum(full_hi, (tl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
-    hi = tl.maximum(hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
     if SPLIT:
         HALF: tl.constexpr = BLOCK_M // 2

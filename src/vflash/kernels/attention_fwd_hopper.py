@@ -22,6 +22,8 @@ path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
 only for what it covers (see `ops/attention.py`).
 """
 
+from vflash.kernels.attention_fwd import key_range, masked_logits, softmax_step
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -45,48 +47,11 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
 if HAVE_GLUON:
 
     @gluon.jit
-    def _tile_scores(s, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                     MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                     SOFTCAP: gl.constexpr):
-        # s [BLOCK_M, BLOCK_N] raw q.k in fp32 -> scaled (capped) log2-domain scores,
-        # -inf where the key is not visible.
-        LOG2E: gl.constexpr = 1.4426950408889634
-        if SOFTCAP:
-            x = s * softcap_in
-            s = (1.0 - 2.0 / (gl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
-        else:
-            s = s * qk_scale
-        if MASKED:
-            visible = offs_n[None, :] < n_k
-            if HAS_LEFT:
-                visible = visible & (offs_n[None, :] >= offs_m[:, None] + off - left)
-            if HAS_RIGHT:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + off + right)
-            s = gl.where(visible, s, float("-inf"))
-        return s
-
-    @gluon.jit
-    def _softmax_step(s, m_i, l_i, MASKED: gl.constexpr):
-        # Online softmax on one tile of scores s [BLOCK_M, BLOCK_N] (log2 domain):
-        # returns p (fp32), the accumulator's rescale alpha [BLOCK_M], and m, l.
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        if MASKED:
-            # Rows with no visible key yet keep m = -inf; 0 in its place keeps p and
-            # alpha at exactly 0 instead of NaN.
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        p = gl.exp2(s - m_ref[:, None])
-        alpha = gl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        return p, alpha, m_new, l_i
-
-    @gluon.jit
     def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
                    HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Work tile t -> (batch, q head, kv head, first row) and its key range
-        # (as in attention_fwd_kernel), counted in key tiles from `lo`:
+        # (key_range, shared with attention_fwd_kernel), counted in key tiles from `lo`:
         #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
         bh = t // n_m
         pid_m = t % n_m
@@ -96,20 +61,8 @@ if HAVE_GLUON:
         off_h = bh % n_heads_q
         off_b = bh // n_heads_q
         start_m = pid_m * BLOCK_M
-        last_m = start_m + BLOCK_M - 1
-        lo = start_m * 0
-        full_lo = start_m * 0
-        hi = n_k + start_m * 0
-        full_hi = (n_k // BLOCK_N) * BLOCK_N
-        if HAS_LEFT:
-            lo = (gl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
-            full_lo = gl.cdiv(gl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
-        if HAS_RIGHT:
-            hi = gl.minimum(hi, gl.maximum(last_m + off + right + 1, 0))
-            full_hi = gl.minimum(full_hi, (gl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
-        hi = gl.maximum(hi, lo)
-        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
-        full_hi = gl.maximum(gl.minimum(full_hi, hi), full_lo)
+        lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                             HAS_RIGHT)
         n_left = gl.cdiv(full_lo - lo, BLOCK_N)
         n_mid = n_left + (full_hi - full_lo) // BLOCK_N
         n_tiles = n_mid + gl.cdiv(hi - full_hi, BLOCK_N)
@@ -180,9 +133,9 @@ if HAVE_GLUON:
             o = warpgroup_mma(p, v_tile, o, is_async=True)
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
-            s = _tile_scores(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
-                             softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, MASKED)
+            s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
+                              softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, MASKED)
             o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
             o = o * gl.convert_layout(alpha, o_rows)[:, None]
@@ -234,9 +187,9 @@ if HAVE_GLUON:
                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                 s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
                 mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
-                s = _tile_scores(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                                 True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, True)
+                s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in,
+                                  softcap_out, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)
                 p = gl.convert_layout(p_f32.to(dtype), p_layout)
 
                 o, m_i, l_i, p = _pipelined_tiles(

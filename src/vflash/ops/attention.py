@@ -15,6 +15,7 @@ import torch
 from vflash._backend import interpreting
 from vflash.ops import hopper as hopper_launch
 from vflash.ops import plans
+from vflash.ops.scales import score_scales
 from vflash.kernels.attention_fwd import (
     GPU_CONFIGS,
     GPU_SHORT_CONFIGS,
@@ -24,8 +25,6 @@ from vflash.kernels.attention_fwd import (
     attention_fwd_kernel,
 )
 from vflash.kernels import attention_fwd_hopper as hopper
-
-_LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -198,16 +197,12 @@ def _record_plan(key, kernel, compiled, grid, args, constexprs, out, lse, prepar
 def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):
     """(positional args, constexpr kwargs) of attention_fwd_kernel, in signature order."""
     interp = interpreting()
-    if softcap is not None:
-        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
-    else:
-        softcap_in, softcap_out = 1.0, 1.0
     args = (
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
-        scale * _LOG2E, softcap_in, softcap_out,
+        *score_scales(scale, softcap),
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,

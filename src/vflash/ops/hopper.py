@@ -8,8 +8,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from vflash.kernels import attention_fwd_hopper as hopper
-
-_LOG2E = 1.4426950408889634
+from vflash.ops.scales import score_scales
 _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -84,15 +83,11 @@ def tma_descriptors(block_m: int, block_n: int) -> Callable:
 def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                 block_m, block_n, stages):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
-    if softcap is not None:
-        softcap_in, softcap_out = scale / softcap, softcap * _LOG2E
-    else:
-        softcap_in, softcap_out = 1.0, 1.0
     args = (
         *descs, lse if lse is not None else descs[3].base,
         B, Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
-        scale * _LOG2E, softcap_in, softcap_out,
+        *score_scales(scale, softcap),
     )
     constexprs = dict(
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
