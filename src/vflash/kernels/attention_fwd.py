@@ -54,19 +54,20 @@ def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                   MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                   SOFTCAP: tl.constexpr):
-    # qk [rows, BLOCK_N] raw q.k in fp32 -> scaled (capped) log2-domain scores,
-    # -inf where the key is not visible. Shared with the Hopper kernel.
+    # qk [rows, BLOCK_N] raw q.k in fp32 -> scores, -inf where the key is not
+    # visible. With softcap they come out capped and in log2 units; without, they
+    # stay raw q.k, and softmax_step applies the scale inside the exp2's operand
+    # (one FMA per score instead of a multiply and a subtract). Shared with the
+    # Hopper kernel.
     LOG2E: tl.constexpr = 1.4426950408889634
     if SOFTCAP:
         # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
         # instead of overflowing; softcap_out carries cap * log2(e).
         x = qk * softcap_in
         qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
-    else:
-        qk = qk * qk_scale
     if MASKED:
         visible = offs_n[None, :] < n_k
         if HAS_LEFT:
@@ -78,18 +79,26 @@ def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_i
 
 
 @triton.jit
-def softmax_step(s, m_i, l_i, MASKED: tl.constexpr):
-    # Online softmax on one tile of log2-domain scores s [rows, BLOCK_N]: returns
-    # p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and the new
-    # m, l [rows]. Shared with the Hopper kernel.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
+    # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N]:
+    # returns p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and
+    # the new m, l [rows] (m in log2 units). Without softcap, s is raw q.k and
+    # qk_scale (> 0, log2(e) folded in) commutes with the row max, so the scale is
+    # applied to the max and fused into exp2's operand. Shared with the Hopper kernel.
+    if SOFTCAP:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     if MASKED:
         # A row that has seen no visible key yet keeps m = -inf; subtracting 0
         # instead makes its p and alpha exactly 0 rather than NaN.
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    p = tl.exp2(s - m_ref[:, None])
+    if SOFTCAP:
+        p = tl.exp2(s - m_ref[:, None])
+    else:
+        p = tl.exp2(s * qk_scale - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -127,9 +136,9 @@ def _online_update(
 ):
     # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
-    qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-    p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, MASKED)
+    p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, qk_scale, MASKED, SOFTCAP)
     acc = acc * alpha[:, None]
     p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
     if UPCAST_DOT:

@@ -47,14 +47,19 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
 if HAVE_GLUON:
 
     @gluon.jit
-    def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
+    def _work_tile(t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr):
         # Work tile t -> (batch, q head, kv head, first row) and its key range
         # (key_range, shared with attention_fwd_kernel), counted in key tiles from `lo`:
         #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
-        bh = t // n_m
-        pid_m = t % n_m
+        if M_MAJOR:
+            # Row blocks outermost, (batch, head) pairs inner, heaviest row blocks first.
+            bh = t % n_bh
+            pid_m = t // n_bh
+        else:
+            bh = t // n_m
+            pid_m = t % n_m
         if REVERSE_M:
             # Causal tiles lower in the sequence do more work: start them first.
             pid_m = n_m - 1 - pid_m
@@ -72,20 +77,22 @@ if HAVE_GLUON:
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr,
+                        M_MAJOR: gl.constexpr):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows once the consumer released its buffer (q_empty), then
         # K_i and V_i into ring slot kv % STAGES once both consumers released the
         # slot's previous tile. A fresh barrier counts its parity-1 phase as
         # complete, so the first waits on empty barriers pass at once.
-        ROWS: gl.constexpr = BLOCK_M // 2
+        ROWS: gl.constexpr = 64
+        n_bh = n_work // n_m
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
         for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                REVERSE_M)
-            for c in gl.static_range(2):
+                t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                HAS_RIGHT, REVERSE_M, M_MAJOR)
+            for c in gl.static_range(BLOCK_M // ROWS):
                 mbarrier.wait(q_empty.index(c), (done & 1) ^ 1)
                 if n_tiles > 0:
                     mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
@@ -115,32 +122,38 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pipelined_tiles(
-        o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
         kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        EARLY_RESCALE: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1, whose PV product is still
-        # to be issued. Returns the same state one tile further on.
+        # to be issued, and (EARLY_RESCALE) alpha the factor o takes before it.
+        # Returns the same state one tile further on.
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
             k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            if EARLY_RESCALE:
+                # o's rescale for P_{j-1} on the CUDA cores while the tensor cores compute S_j.
+                o = o * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p, v_tile, o, is_async=True)
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
-            s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, qk_scale,
-                              softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, MASKED)
+            s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
+                              softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
-            o = o * gl.convert_layout(alpha, o_rows)[:, None]
+            if not EARLY_RESCALE:
+                o = o * gl.convert_layout(alpha, o_rows)[:, None]
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
-        return o, m_i, l_i, p
+        return o, m_i, l_i, p, alpha
 
     @gluon.jit
     def _consumer_partition(
@@ -148,12 +161,12 @@ if HAVE_GLUON:
         n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr, EARLY_RESCALE: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
-        ROWS: gl.constexpr = BLOCK_M // 2
+        ROWS: gl.constexpr = 64
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -167,12 +180,13 @@ if HAVE_GLUON:
         q_tile = q_buf.reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
+        n_bh = n_work // n_m
         kv = 0  # ring tiles consumed so far, over all work tiles
         done = 0
         for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                REVERSE_M)
+                t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                HAS_RIGHT, REVERSE_M, M_MAJOR)
             row0 = start_m + C * ROWS
             offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
@@ -187,30 +201,32 @@ if HAVE_GLUON:
                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                 s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
                 mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
-                s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, qk_scale, softcap_in,
-                                  softcap_out, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)
+                s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
+                                  True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
                 p = gl.convert_layout(p_f32.to(dtype), p_layout)
 
-                o, m_i, l_i, p = _pipelined_tiles(
-                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                o, m_i, l_i, p, alpha = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP)
-                o, m_i, l_i, p = _pipelined_tiles(
-                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    SOFTCAP, EARLY_RESCALE)
+                o, m_i, l_i, p, alpha = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP)
-                o, m_i, l_i, p = _pipelined_tiles(
-                    o, m_i, l_i, p, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    HAS_RIGHT, SOFTCAP, EARLY_RESCALE)
+                o, m_i, l_i, p, alpha = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP)
+                    HAS_RIGHT, SOFTCAP, EARLY_RESCALE)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
+                if EARLY_RESCALE:
+                    o = o * gl.convert_layout(alpha, o_rows)[:, None]
                 o = warpgroup_mma(p, v_tile, o, is_async=True)
                 o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
                 mbarrier.arrive(v_empty.index(last % STAGES), count=1)
@@ -242,35 +258,37 @@ if HAVE_GLUON:
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr, EARLY_RESCALE: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
     ):
-        # grid = (min(work tiles, SMs),), num_warps = 4: those warps are the
-        # producer; two more warpgroups are the consumers. Descriptors are 4-D over
-        # [B, H, N, D] with blocks [1, 1, BLOCK_M / 2 or BLOCK_N, HEAD_DIM]; LSE is
-        # [B, Hq, n_q] fp32.
-        ROWS: gl.constexpr = BLOCK_M // 2
-        gl.static_assert(ROWS == 64, "two consumer warpgroups of 64 rows")
+        # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
+        # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
+        # Descriptors are 4-D over [B, H, N, D] with blocks [1, 1, 64 or BLOCK_N,
+        # HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
+        ROWS: gl.constexpr = 64
+        NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
+        gl.static_assert(BLOCK_M == 128 or BLOCK_M == 192, "two or three consumer warpgroups of 64 rows")
         dtype: gl.constexpr = q_desc.dtype
         n_m = gl.cdiv(n_q, BLOCK_M)
         n_work = n_m * n_heads_q * batch
 
-        q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        for i in gl.static_range(NUM_CONSUMERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
+            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
         fence_async_shared()
 
         # Partition arguments must be IR values: Triton makes an integer argument
@@ -288,19 +306,44 @@ if HAVE_GLUON:
         qk_scale = gl.to_tensor(qk_scale)
         softcap_in = gl.to_tensor(softcap_in)
         softcap_out = gl.to_tensor(softcap_out)
-        gl.warp_specialize([
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                               v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                               right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
-            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                   k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
-                                   right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
-                                   HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
-            (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                   k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
-                                   right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
-                                   HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        # One warp_specialize per consumer count: the partition list is spelled out.
+        if NUM_CONSUMERS == 2:
+            gl.warp_specialize([
+                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
+                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M, M_MAJOR)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                                       M_MAJOR, EARLY_RESCALE)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                                       M_MAJOR, EARLY_RESCALE)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
+                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M, M_MAJOR)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                                       M_MAJOR, EARLY_RESCALE)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                                       M_MAJOR, EARLY_RESCALE)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                                       M_MAJOR, EARLY_RESCALE)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
 # Tiles per head dim: (block_m, block_n, stages). block_m is always two consumer
@@ -319,6 +362,7 @@ HOPPER_DEFAULT_DIMS = (128, 256)
 # Causal calls with n_q up to this stay on the portable kernel's short tiles
 # (D = 128, N = 512: 241 against 227 TFLOP/s).
 HOPPER_SHORT_CAUSAL = 512
-# Registers per thread of each consumer warpgroup (setmaxnreg); the producer
-# warpgroup keeps what is left of the 64 K register file (24).
-CONSUMER_REGS = 240
+# Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
+# count; the producer warpgroup keeps what is left of the 64 K register file
+# (24 and 32).
+CONSUMER_REGS = {2: 240, 3: 160}

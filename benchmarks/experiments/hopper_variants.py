@@ -1,0 +1,157 @@
+"""Issue 4 experiment: schedule variants of the Gluon Hopper kernel, each checked
+against the fp64 oracle on hopper_path.py's feature cases of its head dim, then
+timed against the portable kernel and SDPA cuDNN / flash in the same run.
+
+A variant sets the kernel's tiles and its schedule switches directly:
+  early    EARLY_RESCALE: o *= alpha while S_j is on the tensor cores (FA3's order),
+           not after P_{j-1} V_{j-1} has been waited for
+  mmajor   M_MAJOR: work tiles ordered row block first, heaviest first
+  persist  a persistent grid (one CTA per SM) rather than one CTA per work tile
+  block_m 192 = three consumer warpgroups.
+
+GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_variants.py [--dims 64,128] [--n 1024,4096]
+"""
+
+import argparse
+import itertools
+import sys
+from typing import NamedTuple, Optional
+
+import torch
+
+from vflash.harness.bench import Shape, attention_flops, gemm_warmup, time_call
+from vflash.harness.oracle import compare
+from vflash.kernels import attention_fwd_hopper as hopper
+from vflash.ops import attention as ops
+from vflash.ops import hopper as hopper_launch
+from vflash.reference import attention_explicit
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from hopper_path import CASES, make  # noqa: E402
+
+
+class Variant(NamedTuple):
+    name: str
+    block_m: int
+    block_n: int
+    stages: int
+    early: bool = False
+    mmajor: bool = False
+    persist: Optional[bool] = None  # None: the launcher's rule (persistent unless causal)
+
+
+VARIANTS = {
+    64: [Variant("2c", 128, 128, 2), Variant("2c-early", 128, 128, 2, True),
+         Variant("3c", 192, 128, 2), Variant("3c-early", 192, 128, 2, True),
+         Variant("3c-early-mm-persist", 192, 128, 2, True, True, True)],
+    128: [Variant("base", 128, 128, 2), Variant("early", 128, 128, 2, True),
+          Variant("early-mm", 128, 128, 2, True, True, False),
+          Variant("early-mm-persist", 128, 128, 2, True, True, True)],
+    256: [Variant("base", 128, 64, 2), Variant("early", 128, 64, 2, True),
+          Variant("early-mm-persist", 128, 64, 2, True, True, True)],
+}
+
+
+def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    off, left, right = ops.mask_band(Nq, Nk, causal, window)
+    descs = hopper_launch.tma_descriptors(var.block_m, var.block_n)(q, k, v, out)
+    args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
+                                                 var.block_m, var.block_n, var.stages, m_major=var.mmajor,
+                                                 early_rescale=var.early)
+    persist = right < 0 if var.persist is None else var.persist
+    grid = hopper_launch.grid(B, Hq, Nq, var.block_m, ops._sm_count(q.device.index), persistent=persist)
+    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, num_warps=4)
+    return out
+
+
+def check(dims) -> bool:
+    ok = True
+    torch.manual_seed(0)
+    for case in CASES:
+        B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse_on, dtype, layout = case
+        if D not in dims:
+            continue
+        q, k, v = make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=3.0)
+        kw = dict(causal=causal if causal else False, window=window, softcap=softcap)
+        ref, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **kw)
+        same, _ = attention_explicit(q, k, v, compute_dtype=None, **kw)
+        for var in VARIANTS[D]:
+            out = torch.full((B, Hq, Nq, D), float("nan"), device="cuda", dtype=dtype)
+            lse = torch.full((B, Hq, Nq), float("nan"), device="cuda") if lse_on else None
+            try:
+                launch(var, q, k, v, out, lse, causal, D ** -0.5, window or (-1, -1), softcap)
+                torch.cuda.synchronize()
+            except Exception as exc:
+                print(f"ERROR {var.name} {case}: {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+                ok = False
+                continue
+            verdicts = [compare("out", out, ref, same, dtype)]
+            if lse_on:
+                verdicts.append(compare("lse", lse, ref_lse, ref_lse.float(), torch.float32))
+            for vd in verdicts:
+                ok &= vd.passed
+                if not vd.passed:
+                    print(f"FAIL {var.name} {vd.what} {case[:8]} err={vd.max_err:.2e} tol={vd.tol:.2e}", flush=True)
+    return ok
+
+
+def timing(ns, dims, causals, names) -> None:
+    gemm_warmup()
+    sms = ops._sm_count(0)
+    for d, causal, n in itertools.product(dims, causals, ns):
+        s = Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
+        q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        out = torch.empty_like(q)
+        flops = attention_flops(s)
+        mode = "bottom_right" if causal else None
+        res = []
+        portable = ops.default_config(d, q.dtype)
+        if not causal:
+            split = ops.default_config(d, q.dtype, "split")
+            if split.split and s.B * s.Hq * -(-n // split.block_m) >= sms:
+                portable = split
+        cands = [("portable", lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
+                                                            softcap=None, return_lse=False, config=portable))]
+        for var in VARIANTS[d]:
+            if (var.mmajor and not causal) or (names and var.name not in names):
+                continue
+            cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
+        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            be = getattr(torch.nn.attention.SDPBackend, backend)
+
+            def sdpa(be=be):
+                with torch.nn.attention.sdpa_kernel([be]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            cands.append((backend.split("_")[0].lower(), sdpa))
+        for name, fn in cands:
+            try:
+                fn()
+                res.append((name, flops / time_call(fn, q.device)[0] / 1e9))
+            except Exception as exc:
+                res.append((name + f"!{type(exc).__name__}", 0.0))
+        print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--variants", default="", help="comma-separated variant names to time (default: all)")
+    ap.add_argument("--time-only", action="store_true")
+    a = ap.parse_args()
+    dims = [int(x) for x in a.dims.split(",")]
+    ok = True
+    if not a.time_only:
+        ok = check(dims)
+        print("CHECK", "PASS" if ok else "FAIL", flush=True)
+    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")],
+           set(a.variants.split(",")) - {""})
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
