@@ -26,7 +26,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
         import torch
         from vflash.ops import hopper
         variants = [
-            dict(head_dim=64, causal=True),
+            dict(head_dim=64, block_m=192, causal=True),  # three consumer warpgroups
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False),
             dict(head_dim=256, block_n=64),
         ]
@@ -48,6 +48,7 @@ def test_grid_is_persistent_only_when_asked():
     assert hopper.grid(2, 8, 1000, 128, 132, persistent=True) == (128, 1, 1)  # 2 * 8 * 8 work tiles
     assert hopper.grid(4, 16, 4096, 128, 132, persistent=True) == (132, 1, 1)
     assert hopper.grid(4, 16, 4096, 128, 132, persistent=False) == (4 * 16 * 32, 1, 1)
+    assert hopper.grid(1, 2, 1000, 192, 132, persistent=False) == (2 * 6, 1, 1)  # three consumers: 192 rows
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
@@ -107,13 +108,14 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
     monkeypatch.setattr(ops, "_is_hopper", lambda index: True)
     monkeypatch.setattr(hopper_kernels, "HAVE_GLUON", True)
     dev = torch.device("cuda", 0)
-    short = hopper_kernels.HOPPER_SHORT_CAUSAL
-    for d in hopper_kernels.HOPPER_DEFAULT_DIMS:
-        cfg = ops.choose_config(d, torch.float16, -1, 4096, 32, dev, d)
-        assert cfg.hopper and cfg.num_warps == 4
-        assert ops.choose_config(d, torch.float16, -1, short, 32, dev, d).hopper
-        assert ops.choose_config(d, torch.float16, 0, short + 1, 32, dev, d).hopper
-        assert not ops.choose_config(d, torch.float16, 0, short, 32, dev, d).hopper  # short causal
+    for d, (min_plain, min_causal) in hopper_kernels.HOPPER_MIN_N.items():
+        cfg = ops.choose_config(d, torch.float16, -1, max(min_plain, 4096), 32, dev, d)
+        assert cfg.hopper and cfg.num_warps == 4 and cfg.block_m == hopper_kernels.HOPPER_CONFIGS[d][0]
+        assert ops.choose_config(d, torch.float16, -1, min_plain, 32, dev, d).hopper
+        assert ops.choose_config(d, torch.float16, 0, min_causal, 32, dev, d).hopper
+        assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 32, dev, d).hopper  # short causal
+        if min_plain > 1:
+            assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 32, dev, d).hopper
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table

@@ -2,12 +2,11 @@
 against the fp64 oracle on hopper_path.py's feature cases of its head dim, then
 timed against the portable kernel and SDPA cuDNN / flash in the same run.
 
-A variant sets the kernel's tiles and its schedule switches directly:
-  early    EARLY_RESCALE: o *= alpha while S_j is on the tensor cores (FA3's order),
-           not after P_{j-1} V_{j-1} has been waited for
-  mmajor   M_MAJOR: work tiles ordered row block first, heaviest first
-  persist  a persistent grid (one CTA per SM) rather than one CTA per work tile
-  block_m 192 = three consumer warpgroups.
+A variant sets the kernel's tiles and grid directly: block_m 128 / 192 (two or
+three consumer warpgroups), block_n, ring stages, and persist (one CTA per SM
+rather than one per work tile). At commit 83097d5 this file also timed two
+schedule switches since settled and removed from the kernel: EARLY_RESCALE (kept
+as the only order) and M_MAJOR (dropped); results/2026-11-29-h200-s5-variants.
 
 GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_variants.py [--dims 64,128] [--n 1024,4096]
 """
@@ -35,20 +34,13 @@ class Variant(NamedTuple):
     block_m: int
     block_n: int
     stages: int
-    early: bool = False
-    mmajor: bool = False
     persist: Optional[bool] = None  # None: the launcher's rule (persistent unless causal)
 
 
 VARIANTS = {
-    64: [Variant("2c", 128, 128, 2), Variant("2c-early", 128, 128, 2, True),
-         Variant("3c", 192, 128, 2), Variant("3c-early", 192, 128, 2, True),
-         Variant("3c-early-mm-persist", 192, 128, 2, True, True, True)],
-    128: [Variant("base", 128, 128, 2), Variant("early", 128, 128, 2, True),
-          Variant("early-mm", 128, 128, 2, True, True, False),
-          Variant("early-mm-persist", 128, 128, 2, True, True, True)],
-    256: [Variant("base", 128, 64, 2), Variant("early", 128, 64, 2, True),
-          Variant("early-mm-persist", 128, 64, 2, True, True, True)],
+    64: [Variant("2c", 128, 128, 2), Variant("3c", 192, 128, 2), Variant("3c-n64", 192, 64, 3)],
+    128: [Variant("base", 128, 128, 2), Variant("persist", 128, 128, 2, True)],
+    256: [Variant("base", 128, 64, 2), Variant("persist", 128, 64, 2, True)],
 }
 
 
@@ -58,8 +50,7 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     off, left, right = ops.mask_band(Nq, Nk, causal, window)
     descs = hopper_launch.tma_descriptors(var.block_m, var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
-                                                 var.block_m, var.block_n, var.stages, m_major=var.mmajor,
-                                                 early_rescale=var.early)
+                                                 var.block_m, var.block_n, var.stages)
     persist = right < 0 if var.persist is None else var.persist
     grid = hopper_launch.grid(B, Hq, Nq, var.block_m, ops._sm_count(q.device.index), persistent=persist)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, num_warps=4)
@@ -116,7 +107,7 @@ def timing(ns, dims, causals, names) -> None:
         cands = [("portable", lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
                                                             softcap=None, return_lse=False, config=portable))]
         for var in VARIANTS[d]:
-            if (var.mmajor and not causal) or (names and var.name not in names):
+            if names and var.name not in names:
                 continue
             cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
         for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):

@@ -47,19 +47,14 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
 if HAVE_GLUON:
 
     @gluon.jit
-    def _work_tile(t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right,
+    def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr):
+                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Work tile t -> (batch, q head, kv head, first row) and its key range
         # (key_range, shared with attention_fwd_kernel), counted in key tiles from `lo`:
         #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
-        if M_MAJOR:
-            # Row blocks outermost, (batch, head) pairs inner, heaviest row blocks first.
-            bh = t % n_bh
-            pid_m = t // n_bh
-        else:
-            bh = t // n_m
-            pid_m = t % n_m
+        bh = t // n_m
+        pid_m = t % n_m
         if REVERSE_M:
             # Causal tiles lower in the sequence do more work: start them first.
             pid_m = n_m - 1 - pid_m
@@ -77,21 +72,19 @@ if HAVE_GLUON:
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr,
-                        M_MAJOR: gl.constexpr):
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows once the consumer released its buffer (q_empty), then
         # K_i and V_i into ring slot kv % STAGES once both consumers released the
         # slot's previous tile. A fresh barrier counts its parity-1 phase as
         # complete, so the first waits on empty barriers pass at once.
         ROWS: gl.constexpr = 64
-        n_bh = n_work // n_m
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
         for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                HAS_RIGHT, REVERSE_M, M_MAJOR)
+                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                REVERSE_M)
             for c in gl.static_range(BLOCK_M // ROWS):
                 mbarrier.wait(q_empty.index(c), (done & 1) ^ 1)
                 if n_tiles > 0:
@@ -127,20 +120,20 @@ if HAVE_GLUON:
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        EARLY_RESCALE: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1, whose PV product is still
-        # to be issued, and (EARLY_RESCALE) alpha the factor o takes before it.
+        # to be issued, and alpha the factor o takes before that product.
         # Returns the same state one tile further on.
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
             k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            if EARLY_RESCALE:
-                # o's rescale for P_{j-1} on the CUDA cores while the tensor cores compute S_j.
-                o = o * gl.convert_layout(alpha, o_rows)[:, None]
+            # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
+            # cores compute S_j (FA3's order; +0.5-1.4 % over rescaling after the
+            # PV wait, benchmarks/NOTES.md).
+            o = o * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p, v_tile, o, is_async=True)
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
@@ -150,8 +143,6 @@ if HAVE_GLUON:
             p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
-            if not EARLY_RESCALE:
-                o = o * gl.convert_layout(alpha, o_rows)[:, None]
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         return o, m_i, l_i, p, alpha
 
@@ -161,7 +152,7 @@ if HAVE_GLUON:
         n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr, EARLY_RESCALE: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -180,13 +171,12 @@ if HAVE_GLUON:
         q_tile = q_buf.reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
-        n_bh = n_work // n_m
         kv = 0  # ring tiles consumed so far, over all work tiles
         done = 0
         for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_bh, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                HAS_RIGHT, REVERSE_M, M_MAJOR)
+                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                REVERSE_M)
             row0 = start_m + C * ROWS
             offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
@@ -210,23 +200,22 @@ if HAVE_GLUON:
                     o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, EARLY_RESCALE)
+                    SOFTCAP)
                 o, m_i, l_i, p, alpha = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, EARLY_RESCALE)
+                    HAS_RIGHT, SOFTCAP)
                 o, m_i, l_i, p, alpha = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, EARLY_RESCALE)
+                    HAS_RIGHT, SOFTCAP)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
-                if EARLY_RESCALE:
-                    o = o * gl.convert_layout(alpha, o_rows)[:, None]
+                o = o * gl.convert_layout(alpha, o_rows)[:, None]
                 o = warpgroup_mma(p, v_tile, o, is_async=True)
                 o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
                 mbarrier.arrive(v_empty.index(last % STAGES), count=1)
@@ -258,8 +247,7 @@ if HAVE_GLUON:
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, M_MAJOR: gl.constexpr, EARLY_RESCALE: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -311,57 +299,59 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M, M_MAJOR)),
+                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                                       M_MAJOR, EARLY_RESCALE)),
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                                       M_MAJOR, EARLY_RESCALE)),
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M, M_MAJOR)),
+                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                                       M_MAJOR, EARLY_RESCALE)),
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                                       M_MAJOR, EARLY_RESCALE)),
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                                       M_MAJOR, EARLY_RESCALE)),
+                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Tiles per head dim: (block_m, block_n, stages). block_m is always two consumer
-# warpgroups of 64 rows; stages is the depth of the K/V ring (shared memory:
-# Q 2 * 64 * D, K and V stages * block_n * D each, 2 bytes per element).
+# Tiles per head dim: (block_m, block_n, stages). block_m is two (128) or three
+# (192) consumer warpgroups of 64 rows; stages is the depth of the K/V ring
+# (shared memory: Q block_m * D, K and V stages * block_n * D each, 2 bytes per
+# element). D = 64 takes three consumers: with half of D = 128's MMA work per
+# score, a third warpgroup's softmax keeps the tensor cores busy (+11-14 % over
+# two at N >= 4096, benchmarks/NOTES.md).
 HOPPER_CONFIGS = {
-    64: (128, 128, 2),
+    64: (192, 128, 2),
     128: (128, 128, 2),
     256: (128, 64, 2),
 }
-# Head dims for which the launcher picks this kernel by default, from the H200
-# runs in benchmarks/NOTES.md (TFLOP/s against the portable kernel, same run):
-# D = 128 430-585 against 380-530, D = 256 500-655 against 345-500. At D = 64 it
-# is not ahead (305-418 against 341-403), so the portable kernel keeps it.
-HOPPER_DEFAULT_DIMS = (128, 256)
-# Causal calls with n_q up to this stay on the portable kernel's short tiles
-# (D = 128, N = 512: 241 against 227 TFLOP/s).
-HOPPER_SHORT_CAUSAL = 512
+# The shortest n_q for which the launcher picks this kernel over the portable
+# one, (without, with) a right mask edge (causal), per head dim; from the H200
+# runs in benchmarks/NOTES.md (fp16, TFLOP/s against the portable kernel, same
+# run). D = 128 / 256: ahead from N = 1024 except causal N = 512 (241 against
+# 227 at D = 128). D = 64: non-causal 440 against 394 at N = 4096 but 370
+# against 384 at 1024; causal 444 against 410 at 16384 but 355 against 380 at
+# 4096 (three-warpgroup tiles of 192 rows waste more on the diagonal).
+HOPPER_MIN_N = {
+    64: (2048, 8192),
+    128: (1, 513),
+    256: (1, 513),
+}
 # Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
 # count; the producer warpgroup keeps what is left of the 64 K register file
 # (24 and 32).
