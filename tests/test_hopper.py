@@ -108,14 +108,18 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
     monkeypatch.setattr(ops, "_is_hopper", lambda index: True)
     monkeypatch.setattr(hopper_kernels, "HAVE_GLUON", True)
     dev = torch.device("cuda", 0)
-    for d, (min_plain, min_causal) in hopper_kernels.HOPPER_MIN_N.items():
+    for d, (min_plain, min_causal, min_waves) in hopper_kernels.HOPPER_USE.items():
         cfg = ops.choose_config(d, torch.float16, -1, max(min_plain, 4096), 32, dev, d)
         assert cfg.hopper and cfg.num_warps == 4 and cfg.block_m == hopper_kernels.HOPPER_CONFIGS[d][0]
-        assert ops.choose_config(d, torch.float16, -1, min_plain, 32, dev, d).hopper
-        assert ops.choose_config(d, torch.float16, 0, min_causal, 32, dev, d).hopper
-        assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 32, dev, d).hopper  # short causal
+        assert ops.choose_config(d, torch.float16, -1, min_plain, 512, dev, d).hopper
+        assert ops.choose_config(d, torch.float16, 0, min_causal, 512, dev, d).hopper
+        assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
         if min_plain > 1:
-            assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 32, dev, d).hopper
+            assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
+        if min_waves:  # a grid of too few waves stays on the portable kernel
+            block_m = hopper_kernels.HOPPER_CONFIGS[d][0]
+            assert not ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d).hopper  # 176 tiles, 132 SMs
+            assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).hopper
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table

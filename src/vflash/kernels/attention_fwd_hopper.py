@@ -340,17 +340,19 @@ HOPPER_CONFIGS = {
     128: (128, 128, 2),
     256: (128, 64, 2),
 }
-# The shortest n_q for which the launcher picks this kernel over the portable
-# one, (without, with) a right mask edge (causal), per head dim; from the H200
-# runs in benchmarks/NOTES.md (fp16, TFLOP/s against the portable kernel, same
-# run). D = 128 / 256: ahead from N = 1024 except causal N = 512 (241 against
-# 227 at D = 128). D = 64: non-causal 440 against 394 at N = 4096 but 370
-# against 384 at 1024; causal 444 against 410 at 16384 but 355 against 380 at
-# 4096 (three-warpgroup tiles of 192 rows waste more on the diagonal).
-HOPPER_MIN_N = {
-    64: (2048, 8192),
-    128: (1, 513),
-    256: (1, 513),
+# When the launcher picks this kernel over the portable one, per head dim:
+# (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
+# work tiles per SM). From the H200 runs in benchmarks/NOTES.md (fp16, TFLOP/s,
+# same run). D = 128 / 256: ahead from N = 1024 except causal N = 512 (241
+# against 227 at D = 128). D = 64 (192-row tiles): non-causal 440 against 394 at
+# N = 4096 but 370 against 384 at 1024; causal 444 against 410 at 16384 but 355
+# against 380 at 4096 (a 192-row tile wastes more on the diagonal); and a grid
+# of under 4 waves leaves SMs idle in the last one (B = 1, H = 16, N = 2048: 176
+# tiles on 132 SMs, 274 against the portable kernel's 349).
+HOPPER_USE = {
+    64: (2048, 8192, 4),
+    128: (1, 513, 0),
+    256: (1, 513, 0),
 }
 # Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
 # count; the producer warpgroup keeps what is left of the 64 K register file

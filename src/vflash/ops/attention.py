@@ -101,15 +101,16 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
                   device: torch.device, head_dim: Optional[int] = None) -> TileConfig:
     """Pick the kernel and tiles from the mask and the grid: `batch_heads` is the
     number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
-    dims in HOPPER_MIN_N on sm_90 from that table's n_q on (the caller checks
-    the tensors suit TMA)."""
+    dims in HOPPER_USE on sm_90, for the lengths and grids that table names (the
+    caller checks the tensors suit TMA)."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
-    if (hopper.HAVE_GLUON and head_dim == head_dim_pad and head_dim in hopper.HOPPER_MIN_N
-            and n_q >= hopper.HOPPER_MIN_N[head_dim][right >= 0] and _is_hopper(device.index)):
-        return hopper_config(head_dim)
     sms = _sm_count(device.index)
+    use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
+    if (use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index)
+            and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim][0]) >= use[2] * sms):
+        return hopper_config(head_dim)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
         if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
