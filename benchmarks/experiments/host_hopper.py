@@ -1,0 +1,85 @@
+"""Issue 4 experiment: where the host time of a planned Hopper-kernel call goes. GPU only (sm_90).
+
+Per-call host microseconds (CPU timer around many calls) for a tiny D = 128 shape:
+  1. vflash.attention, planned repeat, portable kernel (D = 64 short) and Hopper kernel (D = 128);
+  2. the plan's `prepare` alone (four TensorDescriptor objects);
+  3. Triton's make_tensordesc_arg for the four descriptors (cuTensorMapEncodeTiled each);
+  4. the plan's runner (CompiledKernel[grid]) with prepared descriptors;
+  5. the same runner with make_tensordesc_arg memoized on (pointer, shape, strides): the most a
+     descriptor cache inside vflash could save when a caller reuses its buffers.
+"""
+
+import time
+
+import torch
+
+import vflash
+from vflash.ops import plans
+
+
+def per_call_us(fn, n=3000):
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def main():
+    import triton.backends.nvidia.driver as drv
+
+    rows = []
+    q64 = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
+    rows.append(("planned repeat, portable kernel (D 64)", per_call_us(lambda: vflash.attention(q64, q64, q64))))
+    q = torch.randn(1, 2, 16, 128, device="cuda", dtype=torch.float16)
+    vflash.attention(q, q, q)
+    rows.append(("planned repeat, Hopper kernel (D 128)", per_call_us(lambda: vflash.attention(q, q, q))))
+    plan = [p for p in plans._plans.values() if p.prepare is not None][-1]
+    out = torch.empty_like(q)
+    rows.append(("  prepare (4 TensorDescriptor objects)", per_call_us(lambda: plan.prepare(q, q, q, out))))
+    descs = plan.prepare(q, q, q, out)
+    meta = getattr(plan.runner.__self__, "metadata", None) if hasattr(plan.runner, "__self__") else None
+    tmeta = None
+    for obj in (meta, getattr(plan.runner, "metadata", None)):
+        if obj is not None and getattr(obj, "tensordesc_meta", None):
+            tmeta = obj.tensordesc_meta
+    if tmeta is None:
+        # CompiledKernel[grid] returns a closure; find the CompiledKernel in it
+        for cell in getattr(plan.runner, "__closure__", None) or ():
+            md = getattr(cell.cell_contents, "metadata", None)
+            if md is not None and getattr(md, "tensordesc_meta", None):
+                tmeta = md.tensordesc_meta
+    if tmeta:
+        rows.append(("  make_tensordesc_arg x 4 (encode)",
+                     per_call_us(lambda: [drv.make_tensordesc_arg(d, m) for d, m in zip(descs, tmeta)])))
+    else:
+        rows.append(("  make_tensordesc_arg x 4 (encode)", float("nan")))
+    rows.append(("  runner with prepared descriptors",
+                 per_call_us(lambda: plan.runner(*descs, out, *plan.tail))))
+    real = drv.make_tensordesc_arg
+    cache = {}
+
+    def memo(arg, metadata):
+        key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), id(metadata))
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = real(arg, metadata)
+        return hit
+    drv.make_tensordesc_arg = memo
+    try:
+        rows.append(("  runner, encodes memoized", per_call_us(lambda: plan.runner(*descs, out, *plan.tail))))
+        rows.append(("planned repeat, Hopper, encodes memoized", per_call_us(lambda: vflash.attention(q, q, q))))
+    finally:
+        drv.make_tensordesc_arg = real
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
+        rows.append(("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))))
+    for name, us in rows:
+        print(f"{name:>45}: {us:7.1f} us per call (host)")
+
+
+if __name__ == "__main__":
+    main()
