@@ -4,18 +4,21 @@ The same math and masking as `attention_fwd.py` (read that file's docstring
 first), with the schedule written out instead of left to the compiler, in the
 shape of FlashAttention-3:
 
-- Persistent: one CTA per SM walks work tiles t = pid, pid + grid, ... A work
-  tile is BLOCK_M query rows of one (batch, q head); tiles of one head are
-  consecutive, so CTAs running side by side share that head's K/V in L2.
+- Persistent (without a right mask edge): one CTA per SM walks work tiles
+  t = pid, pid + grid, ... A work tile is BLOCK_M query rows of one (batch,
+  q head); tiles of one head are consecutive, so CTAs running side by side share
+  that head's K/V in L2. With a right edge (causal) the launcher gives each work
+  tile its own CTA and the hardware balances their unequal work.
 - Warp-specialized: a producer warpgroup (one thread issues every TMA copy)
-  and two consumer warpgroups of 64 query rows each. K and V go through a ring of
+  and two or three consumer warpgroups of 64 query rows each. K and V go through a ring of
   STAGES buffers with ready / empty mbarriers; the ring and the Q buffers carry
   over from one work tile to the next, so the producer loads the next tile while
   the consumers finish this one. Out-of-range rows are zero-filled by TMA.
 - In a consumer, both products are asynchronous warpgroup MMAs (wgmma).
-  Iteration j issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j
-  only, and runs the softmax of tile j while the tensor cores still work on
-  P_{j-1} V_{j-1}. P stays in registers as the A operand of the second MMA.
+  Iteration j issues S_j = Q K_j^T, rescales O for tile j - 1 meanwhile, issues
+  O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of tile j while
+  the tensor cores still work on P_{j-1} V_{j-1}. P stays in registers as the A
+  operand of the second MMA.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -131,7 +134,7 @@ if HAVE_GLUON:
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
-            # cores compute S_j (FA3's order; +0.5-1.4 % over rescaling after the
+            # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait, benchmarks/NOTES.md).
             o = o * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
@@ -333,7 +336,7 @@ if HAVE_GLUON:
 # (192) consumer warpgroups of 64 rows; stages is the depth of the K/V ring
 # (shared memory: Q block_m * D, K and V stages * block_n * D each, 2 bytes per
 # element). D = 64 takes three consumers: with half of D = 128's MMA work per
-# score, a third warpgroup's softmax keeps the tensor cores busy (+11-14 % over
+# score, a third warpgroup's softmax keeps the tensor cores busy (+6-11 % over
 # two at N >= 4096, benchmarks/NOTES.md).
 HOPPER_CONFIGS = {
     64: (192, 128, 2),
