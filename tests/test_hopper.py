@@ -22,7 +22,7 @@ needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Tri
 def test_kernel_compiles_for_sm90(tmp_path):
     # Gluon does not run under the interpreter, so the compile runs in a child with
     # it off; ptxas (shipped with Triton) turns the PTX into a cubin.
-    script = textwrap.dedent("""
+    script = textwrap.dedent(r"""
         import re
         import torch
         from vflash.kernels import attention_fwd_hopper as hopper_kernels
