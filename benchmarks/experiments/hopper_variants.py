@@ -3,10 +3,13 @@ against the fp64 oracle on hopper_path.py's feature cases of its head dim, then
 timed against the portable kernel and SDPA cuDNN / flash in the same run.
 
 A variant sets the kernel's tiles and grid directly: block_m 128 / 192 (two or
-three consumer warpgroups), block_n, ring stages, and persist (one CTA per SM
-rather than one per work tile). At commit 83097d5 this file also timed two
-schedule switches since settled and removed from the kernel: EARLY_RESCALE (kept
-as the only order) and M_MAJOR (dropped); results/2026-11-29-h200-s5-variants.
+three consumer warpgroups), block_n, ring stages, persist (a persistent grid
+rather than one CTA per work tile) and ctas, the persistent grid's size (default:
+the SM count; with causal work, a size that shares no factor with the row blocks
+per head cycles each CTA through all of them instead of fixing its row block).
+At commit 83097d5 this file also timed two schedule switches since settled and
+removed from the kernel: EARLY_RESCALE (kept as the only order) and M_MAJOR
+(dropped); results/2026-11-29-h200-s5-variants.
 
 GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_variants.py [--dims 64,128] [--n 1024,4096]
 """
@@ -35,11 +38,13 @@ class Variant(NamedTuple):
     block_n: int
     stages: int
     persist: Optional[bool] = None  # None: the launcher's rule (persistent unless causal)
+    ctas: Optional[int] = None  # persistent grid size; None: the SM count
 
 
 VARIANTS = {
     64: [Variant("2c", 128, 128, 2), Variant("3c", 192, 128, 2), Variant("3c-n64", 192, 64, 3)],
-    128: [Variant("base", 128, 128, 2), Variant("persist", 128, 128, 2, True)],
+    128: [Variant("base", 128, 128, 2), Variant("persist", 128, 128, 2, True),
+          Variant("persist-131", 128, 128, 2, True, 131)],
     256: [Variant("base", 128, 64, 2), Variant("persist", 128, 64, 2, True)],
 }
 
@@ -52,12 +57,12 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages)
     persist = right < 0 if var.persist is None else var.persist
-    grid = hopper_launch.grid(B, Hq, Nq, var.block_m, ops._sm_count(q.device.index), persistent=persist)
+    grid = hopper_launch.grid(B, Hq, Nq, var.block_m, var.ctas or ops._sm_count(q.device.index), persistent=persist)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, num_warps=4)
     return out
 
 
-def check(dims) -> bool:
+def check(dims, names) -> bool:
     ok = True
     torch.manual_seed(0)
     for case in CASES:
@@ -69,6 +74,8 @@ def check(dims) -> bool:
         ref, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **kw)
         same, _ = attention_explicit(q, k, v, compute_dtype=None, **kw)
         for var in VARIANTS[D]:
+            if names and var.name not in names:
+                continue
             out = torch.full((B, Hq, Nq, D), float("nan"), device="cuda", dtype=dtype)
             lse = torch.full((B, Hq, Nq), float("nan"), device="cuda") if lse_on else None
             try:
@@ -135,12 +142,12 @@ def main() -> int:
     ap.add_argument("--time-only", action="store_true")
     a = ap.parse_args()
     dims = [int(x) for x in a.dims.split(",")]
+    names = set(a.variants.split(",")) - {""}
     ok = True
     if not a.time_only:
-        ok = check(dims)
+        ok = check(dims, names)
         print("CHECK", "PASS" if ok else "FAIL", flush=True)
-    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")],
-           set(a.variants.split(",")) - {""})
+    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names)
     return 0 if ok else 1
 
 
