@@ -49,3 +49,19 @@ def test_goal_table_marks_rows_against_the_better_engine(tmp_path):
     assert "**0 of 2**" in lines[0]
     assert any("| 512 | 300 | 320 | 443 | 443 | 0.68x | >= 0.90x | no |" in line for line in lines)
     assert any("| 4096 | 480 | 470 | 613 | 613 | 0.78x | >= 1.00x | no |" in line for line in lines)
+
+
+def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
+    rows = ["date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,ms_median,tflops"]
+    # D = 128 non-causal: N 4096 and 8192 below FA4's anchors (613, 639), N 1024 above both bars.
+    for n, vf, cu in ((1024, 600.0, 550.0), (4096, 580.0, 570.0), (8192, 600.0, 610.0)):
+        for method, tf, ms in (("vflash", vf, 1.0), ("sdpa_cudnn", cu, vf / cu)):
+            rows.append(f"d,g,fa,{method},fp16,4,16,16,{n},{n},128,False,ok,{ms},{tf}")
+    path = tmp_path / "fa.csv"
+    path.write_text("\n".join(rows) + "\n")
+    lines = report.gap_summary([(str(path), report._read(str(path)))])
+    assert len(lines) == 1
+    line = lines[0]
+    assert "D = 128, non-causal, N 4096, 8192: 2 rows" in line
+    assert "0.94-0.95x of the bar (FA4's anchor is the bar on 2), 0.98-1.02x same-run cuDNN" in line
+    assert report.GAP_WHY[("fa", 128, False, True)] in line
