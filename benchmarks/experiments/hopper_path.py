@@ -95,7 +95,6 @@ def timing(ns, dims) -> None:
         k, v = torch.randn_like(q), torch.randn_like(q)
         flops = attention_flops(s)
         mode = "bottom_right" if causal else None
-        res = []
 
         def run(cfg):
             return lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
@@ -103,22 +102,35 @@ def timing(ns, dims) -> None:
         triton_cfg = ops.choose_config(d, q.dtype, 0 if causal else -1, n, s.B * s.Hq, q.device)
         cands = [("triton", triton_cfg)] + [
             (f"gl{bm}x{bn}/{st}", ops.TileConfig(bm, bn, 4, st, hopper=True)) for bm, bn, st in HOPPER_CANDIDATES[d]]
-        for name, cfg in cands:
-            try:
-                fn = run(cfg)
-                fn()
-                ms = time_call(fn, q.device)[0]
-                res.append((name, flops / ms / 1e9))
-            except Exception as exc:
-                res.append((name + f"!{type(exc).__name__}", 0.0))
-        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
-            be = getattr(torch.nn.attention.SDPBackend, backend)
+        calls = [(name, run(cfg)) for name, cfg in cands] + sdpa_calls(q, k, v, causal)
+        print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in tflops(calls, flops)),
+              flush=True)
+
+
+def sdpa_calls(q, k, v, causal):
+    """(name, call) for SDPA restricted to its cuDNN and to its flash backend: the same-run yardsticks."""
+    calls = []
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+        be = getattr(torch.nn.attention.SDPBackend, backend)
+
+        def sdpa(be=be):
             with torch.nn.attention.sdpa_kernel([be]):
-                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-                fn()
-                ms = time_call(fn, q.device)[0]
-            res.append((backend.split("_")[0].lower(), flops / ms / 1e9))
-        print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        calls.append((backend.split("_")[0].lower(), sdpa))
+    return calls
+
+
+def tflops(calls, flops):
+    """[(name, TFLOP/s)] per (name, call), timed after one warm call; a call that raises is
+    reported as name!Error at 0 rather than ending the run."""
+    res = []
+    for name, fn in calls:
+        try:
+            fn()
+            res.append((name, flops / time_call(fn, torch.device("cuda"))[0] / 1e9))
+        except Exception as exc:
+            res.append((name + f"!{type(exc).__name__}", 0.0))
+    return res
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from vflash.harness.bench import Shape, attention_flops, gemm_warmup, time_call
+from vflash.harness.bench import Shape, attention_flops, gemm_warmup
 from vflash.harness.oracle import compare
 from vflash.kernels import attention_fwd_hopper as hopper
 from vflash.ops import attention as ops
@@ -29,7 +29,7 @@ from vflash.ops import hopper as hopper_launch
 from vflash.reference import attention_explicit
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import CASES, make  # noqa: E402
+from hopper_path import CASES, make, sdpa_calls, tflops  # noqa: E402
 
 
 class Variant(NamedTuple):
@@ -105,7 +105,6 @@ def timing(ns, dims, causals, names) -> None:
         out = torch.empty_like(q)
         flops = attention_flops(s)
         mode = "bottom_right" if causal else None
-        res = []
         portable = ops.default_config(d, q.dtype)
         if not causal:
             split = ops.default_config(d, q.dtype, "split")
@@ -117,19 +116,7 @@ def timing(ns, dims, causals, names) -> None:
             if names and var.name not in names:
                 continue
             cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
-        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
-            be = getattr(torch.nn.attention.SDPBackend, backend)
-
-            def sdpa(be=be):
-                with torch.nn.attention.sdpa_kernel([be]):
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            cands.append((backend.split("_")[0].lower(), sdpa))
-        for name, fn in cands:
-            try:
-                fn()
-                res.append((name, flops / time_call(fn, q.device)[0] / 1e9))
-            except Exception as exc:
-                res.append((name + f"!{type(exc).__name__}", 0.0))
+        res = tflops(cands + sdpa_calls(q, k, v, causal), flops)
         print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
 
 

@@ -12,24 +12,15 @@ Per-call host microseconds (CPU timer around many calls) for a tiny D = 128 shap
      checked against the normal launch first.
 """
 
-import time
+import sys
 
 import torch
 
 import vflash
 from vflash.ops import plans
 
-
-def per_call_us(fn, n=3000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from launch_overhead import per_call_us  # noqa: E402
 
 
 class Rows(list):
