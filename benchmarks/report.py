@@ -196,55 +196,12 @@ def host_gap(folder):
             f"(`2026-11-29-h200-s5-host`); meeting the goal needs a launcher of vflash's own (NOTES lead a).")
 
 
-def gap_summary(bench):
-    """Rows below the bar, grouped by csv, head dim, causal and short / long N, each
-    with its measured gap and the reason from GAP_WHY."""
+def _bar_rows(bench):
+    """Issue 4's bar, per row of the fa, d256 and article CSVs (article from N = 1024):
+    (csv path, sweep, dtype, D, causal, N, vflash, cuDNN, FA4 anchor or None, bar,
+    needed ratio). fa rows are held to max(same-run cuDNN, FA4 anchor), 0.9x of it
+    at N = 512; the others to same-run cuDNN."""
     fa4 = _fa4_anchors()
-    groups = defaultdict(list)
-    for p, rows in bench:
-        sweep = rows[0]["sweep"]
-        if sweep not in ("fa", "d256", "article"):
-            continue
-        by = defaultdict(dict)
-        for r in rows:
-            if r["status"] == "ok":
-                by[(r["dtype"], int(r["D"]), r["causal"], int(r["Nq"]))][r["method"]] = float(r["tflops"])
-        for (dtype, d, causal, n), m in by.items():
-            if "vflash" not in m or "sdpa_cudnn" not in m or (sweep == "article" and n < 1024):
-                continue
-            anchor = fa4.get((str(d), causal, str(n))) if sweep == "fa" else None
-            bar = max(m["sdpa_cudnn"], anchor or 0.0)
-            need = 0.9 if (sweep == "fa" and n == 512) else 1.0
-            if m["vflash"] / bar < need:
-                key = (os.path.basename(p), "article" if sweep == "article" else "fa", d, causal == "True",
-                       n >= 2048)
-                groups[key].append((m["vflash"] / bar, m["vflash"] / m["sdpa_cudnn"], anchor is not None and
-                                    anchor > m["sdpa_cudnn"], n))
-    lines = []
-    def span(xs):
-        lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
-        return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
-
-    for (name, sweep, d, causal, long), g in sorted(groups.items()):
-        ns = sorted({x[3] for x in g})
-        fa4_bar = sum(x[2] for x in g)
-        why = GAP_WHY.get((sweep, d, causal, long), "not analysed")
-        rows = "1 row" if len(g) == 1 else f"{len(g)} rows"
-        bar = f" (FA4's anchor is the bar on {fa4_bar})" if fa4_bar else ""
-        lines.append(f"- `{name}`, D = {d}, {'causal' if causal else 'non-causal'}, N {', '.join(map(str, ns))}: "
-                     f"{rows} at {span([x[0] for x in g])} of the bar{bar}, {span([x[1] for x in g])} same-run "
-                     f"cuDNN. Why: {why}.")
-    return lines
-
-
-def goal_table(bench):
-    """Issue 4's bar, row by row: fa sweeps against max(same-run cuDNN, FA4 anchor),
-    D = 256 and the article sweep against same-run cuDNN."""
-    fa4 = _fa4_anchors()
-    head = ["csv", "dtype", "D", "causal", "N", "vflash", "SDPA cuDNN", "FA4 (anchor)", "bar", "vflash / bar",
-            "needed", "met"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    met = total = 0
     for p, rows in bench:
         sweep = rows[0]["sweep"]
         if sweep not in ("fa", "d256", "article"):
@@ -259,14 +216,50 @@ def goal_table(bench):
             anchor = fa4.get((str(d), causal, str(n))) if sweep == "fa" else None
             bar = max(m["sdpa_cudnn"], anchor or 0.0)
             need = 0.9 if (sweep == "fa" and n == 512) else 1.0
-            ratio = m["vflash"] / bar
-            ok = ratio >= need
-            met += ok
-            total += 1
-            lines.append("| " + " | ".join([
-                os.path.basename(p), dtype, str(d), "yes" if causal == "True" else "no", str(n),
-                f"{m['vflash']:.0f}", f"{m['sdpa_cudnn']:.0f}", "-" if anchor is None else f"{anchor:.0f}",
-                f"{bar:.0f}", f"{ratio:.2f}x", f">= {need:.2f}x", "yes" if ok else "no"]) + " |")
+            yield p, sweep, dtype, d, causal, n, m["vflash"], m["sdpa_cudnn"], anchor, bar, need
+
+
+def gap_summary(bench):
+    """Rows below the bar, grouped by csv, head dim, causal and short / long N, each
+    with its measured gap and the reason from GAP_WHY."""
+    groups = defaultdict(list)
+    for p, sweep, dtype, d, causal, n, vf, cudnn, anchor, bar, need in _bar_rows(bench):
+        if vf / bar < need:
+            key = (os.path.basename(p), "article" if sweep == "article" else "fa", d, causal == "True", n >= 2048)
+            groups[key].append((vf / bar, vf / cudnn, anchor is not None and anchor > cudnn, n))
+
+    def span(xs):
+        lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+        return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+    lines = []
+    for (name, sweep, d, causal, long), g in sorted(groups.items()):
+        ns = sorted({x[3] for x in g})
+        fa4_bar = sum(x[2] for x in g)
+        why = GAP_WHY.get((sweep, d, causal, long), "not analysed")
+        rows = "1 row" if len(g) == 1 else f"{len(g)} rows"
+        bar = f" (FA4's anchor is the bar on {fa4_bar})" if fa4_bar else ""
+        lines.append(f"- `{name}`, D = {d}, {'causal' if causal else 'non-causal'}, N {', '.join(map(str, ns))}: "
+                     f"{rows} at {span([x[0] for x in g])} of the bar{bar}, {span([x[1] for x in g])} same-run "
+                     f"cuDNN. Why: {why}.")
+    return lines
+
+
+def goal_table(bench):
+    """Issue 4's bar, row by row (see _bar_rows)."""
+    head = ["csv", "dtype", "D", "causal", "N", "vflash", "SDPA cuDNN", "FA4 (anchor)", "bar", "vflash / bar",
+            "needed", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    met = total = 0
+    for p, sweep, dtype, d, causal, n, vf, cudnn, anchor, bar, need in _bar_rows(bench):
+        ratio = vf / bar
+        ok = ratio >= need
+        met += ok
+        total += 1
+        lines.append("| " + " | ".join([
+            os.path.basename(p), dtype, str(d), "yes" if causal == "True" else "no", str(n),
+            f"{vf:.0f}", f"{cudnn:.0f}", "-" if anchor is None else f"{anchor:.0f}",
+            f"{bar:.0f}", f"{ratio:.2f}x", f">= {need:.2f}x", "yes" if ok else "no"]) + " |")
     if total == 0:
         return None
     return f"Rows meeting the bar: **{met} of {total}**.\n\n" + "\n".join(lines)
