@@ -37,7 +37,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
             ptx = k.asm["ptx"]
             assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.4d" in ptx, kw
             # the consumers' register share, as the table gives it for their count
-            regs = hopper_kernels.CONSUMER_REGS[kw.get("block_m", 128) // 64]
+            regs = hopper_kernels.CONSUMER_REGS[kw.get("block_m", 128) // hopper_kernels.CONSUMER_ROWS]
             assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
             assert len(k.asm["cubin"]) > 0, kw
             print("built", kw["head_dim"], k.metadata.shared)
@@ -83,7 +83,7 @@ def test_descriptors_equal_the_checked_constructor():
     q = torch.randn(2, 8, 300, 128, dtype=torch.bfloat16)
     k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty(2, 8, 300, 128, dtype=torch.bfloat16)
-    got = hopper.tma_descriptors(128, 64)(q, k, k, out)
+    got = hopper.tma_descriptors(64)(q, k, k, out)
     rows, keys = [1, 1, 64, 128], [1, 1, 64, 128]
     for d, t, block in zip(got, (q, k, k, out), (rows, keys, keys, rows)):
         layout = hopper._shared_layout(tuple(block), torch.bfloat16)

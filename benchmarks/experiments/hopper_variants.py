@@ -53,7 +53,7 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     off, left, right = ops.mask_band(Nq, Nk, causal, window)
-    descs = hopper_launch.tma_descriptors(var.block_m, var.block_n)(q, k, v, out)
+    descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages)
     persist = right < 0 if var.persist is None else var.persist

@@ -357,6 +357,8 @@ HOPPER_USE = {
     128: (1, 513, 0),
     256: (1, 513, 0),
 }
+# Query rows per consumer warpgroup (one wgmma M); the kernel's ROWS constants.
+CONSUMER_ROWS = 64
 # Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
 # count; the producer warpgroup keeps what is left of the 64 K register file
 # (24 and 32).

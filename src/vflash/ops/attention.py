@@ -162,7 +162,7 @@ def attention_forward(
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
         grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), persistent=right < 0)
-        prepare = hopper_launch.tma_descriptors(cfg.block_m, cfg.block_n)
+        prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages)

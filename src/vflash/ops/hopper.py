@@ -39,9 +39,9 @@ def tma_ready(t: torch.Tensor) -> bool:
             and all(s * size % 16 == 0 for s in t.stride()[:-1]))
 
 
-def _block_shapes(block_m: int, block_n: int, head_dim: int):
-    # Q and O move in one consumer warpgroup's 64 rows; K and V in block_n keys.
-    return [1, 1, 64, head_dim], [1, 1, block_n, head_dim]
+def _block_shapes(block_n: int, head_dim: int):
+    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys.
+    return [1, 1, hopper.CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
 
 
 @lru_cache(maxsize=None)
@@ -51,7 +51,7 @@ def _shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
 
 
 @lru_cache(maxsize=None)
-def tma_descriptors(block_m: int, block_n: int) -> Callable:
+def tma_descriptors(block_n: int) -> Callable:
     """A function (q, k, v, out) -> their 4-D TMA descriptors over [B, H, N, D].
 
     The descriptors are filled in directly rather than through the dataclass's
@@ -71,7 +71,7 @@ def tma_descriptors(block_m: int, block_n: int) -> Callable:
     def prepare(q, k, v, out):
         b = blocks.get((q.shape[-1], q.dtype))
         if b is None:
-            rows, keys = _block_shapes(block_m, block_n, q.shape[-1])
+            rows, keys = _block_shapes(block_n, q.shape[-1])
             b = blocks[(q.shape[-1], q.dtype)] = (rows, _shared_layout(tuple(rows), q.dtype),
                                                   keys, _shared_layout(tuple(keys), q.dtype))
         rows, rows_layout, keys, keys_layout = b
@@ -93,7 +93,7 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=right >= 0,
-        CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // 64],
+        CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS],
     )
     return args, constexprs
 
@@ -108,7 +108,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    rows, keys = _block_shapes(block_m, block_n, head_dim)
+    rows, keys = _block_shapes(block_n, head_dim)
     name = _GL_DTYPES[dtype]
 
     def desc(block):
@@ -120,7 +120,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                       HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
-                      CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // 64])
+                      CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS])
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
