@@ -48,12 +48,19 @@ def test_kernel_compiles_for_sm90(tmp_path):
     assert run.stdout.count("built") == 3
 
 
-def test_grid_is_persistent_only_when_asked():
+def test_grid_persistence_and_stride():
     # Three entries always: launch plans index grid[0..2] (an H200 run failed on (x,)).
-    assert hopper.grid(2, 8, 1000, 128, 132, persistent=True) == (128, 1, 1)  # 2 * 8 * 8 work tiles
-    assert hopper.grid(4, 16, 4096, 128, 132, persistent=True) == (132, 1, 1)
-    assert hopper.grid(4, 16, 4096, 128, 132, persistent=False) == (4 * 16 * 32, 1, 1)
-    assert hopper.grid(1, 2, 1000, 192, 132, persistent=False) == (2 * 6, 1, 1)  # three consumers: 192 rows
+    assert hopper.grid(2, 8, 1000, 128, 132, causal=False) == (128, 1, 1)  # 2 * 8 * 8 work tiles
+    assert hopper.grid(4, 16, 4096, 128, 132, causal=False) == (132, 1, 1)
+    assert hopper.grid(4, 16, 4096, 128, 132, causal=True) == (4 * 16 * 32, 1, 1)  # 64 heads < 131
+    assert hopper.grid(1, 2, 1000, 192, 132, causal=True) == (2 * 6, 1, 1)  # three consumers: 192 rows
+    # Causal with enough heads: persistent, a stride coprime with the row blocks per head.
+    assert hopper.grid(32, 16, 512, 128, 132, causal=True) == (131, 1, 1)  # 4 row blocks
+    assert hopper.grid(32, 16, 512, 128, 133, causal=True) == (133, 1, 1)  # 133 = 7 * 19 shares nothing with 4
+    assert hopper.grid(64, 4, 640, 128, 130, causal=True) == (129, 1, 1)  # 5 row blocks: 130 shares 5
+    assert hopper.grid(3, 64, 66 * 128, 128, 132, causal=True) == (131, 1, 1)  # 66 row blocks
+    assert hopper.grid(1, 129, 640, 128, 130, causal=True) == (129, 1, 1)  # heads == stride: each CTA sees 5 tiles
+    assert hopper.grid(1, 128, 640, 128, 130, causal=True) == (128 * 5, 1, 1)  # fewer heads: one CTA per tile
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import triton
 
 import vflash
 from vflash.kernels.attention_fwd import attention_fwd_kernel
@@ -49,7 +50,10 @@ def test_key_is_none_for_unkeyable_input(keyed):
     q, key = keyed
     assert plans.plan_key(q.numpy(), q, q, False, None, None, None, False) is None
     assert key(False, None, 4, None, False) is None  # window not a pair: the full path raises
-    assert key(False, None, ({}, 2), None, False) is None
+    unhashable = key(False, None, ({}, 2), None, False)  # never planned: lookup and record pass it by
+    assert plans.lookup(unhashable, q, q, q) is None
+    plans.record(unhashable, "plan")
+    assert "plan" not in plans._plans.values()
 
 
 def test_interpreter_never_plans():
@@ -101,7 +105,11 @@ def test_gpu_planned_calls_match_the_full_path(opts):
     q2, k2, v2 = (torch.randn_like(q) for _ in range(3))
     second = vflash.attention(q2, k2, v2, **opts)  # planned launch, new data
     assert len(plans._plans) == 1
-    for got, (qq, kk, vv) in ((first, (q, k, v)), (second, (q2, k2, v2))):
+    if triton.__version__.startswith("3.6."):  # the launcher layout direct_launch knows
+        assert next(iter(plans._plans.values())).launch.__qualname__.startswith("direct_launch.")
+    q.mul_(0.5)  # same buffers, new data: cached TMA descriptors must still read it
+    third = vflash.attention(q, k, v, **opts)
+    for got, (qq, kk, vv) in ((first, (q * 2, k, v)), (second, (q2, k2, v2)), (third, (q, k, v))):
         ref = attention_explicit(qq, kk, vv, compute_dtype=torch.float32, **opts)
         got = got if isinstance(got, tuple) else (got,)
         for a, b in zip(got, ref):
@@ -123,3 +131,120 @@ def test_gpu_misaligned_view_gets_its_own_plan(d):
         ref, _ = attention_explicit(t, t, t, compute_dtype=torch.float32)
         assert (out.float() - ref.float()).abs().max().item() < 1e-2
     assert len(plans._plans) == 2
+
+
+class _CudaLauncherLike:
+    """Triton 3.6's CudaLauncher layout, as far as direct_launch reads it."""
+
+    def __init__(self, launch, scratch=0):
+        self.launch = launch
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.launch_cooperative_grid = False
+        self.launch_pdl = True
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        raise AssertionError("direct_launch must call the C function, not the Python launcher")
+
+
+_CudaLauncherLike.__name__ = "CudaLauncher"
+
+
+class _Recorder:
+    """Stands in for the compiled C function (a callable without __code__)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _wrap_handle_tensordesc(launcher, tensordesc_meta):
+    def inner(*args):
+        assert tensordesc_meta  # the real closure reads it too
+        return launcher(*args)
+    return inner
+
+
+@pytest.fixture
+def triton36(monkeypatch):
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    from vflash.ops import direct_launch
+    monkeypatch.setattr(direct_launch, "current_raw_stream", lambda device: 1000 + device)
+
+
+def _compiled(launch, scratch=0):
+    from types import SimpleNamespace
+    return SimpleNamespace(run=_CudaLauncherLike(launch, scratch), function=77, packed_metadata=(8, 1, 4096))
+
+
+def test_direct_launch_passes_the_c_launchers_arguments_in_order(triton36):
+    from vflash.ops.direct_launch import direct_launch
+    c = _Recorder()
+    fallback = []
+    launch = direct_launch(_compiled(c), (3, 1, 1), [5, 2.5, True], 2, None, lambda *a: fallback.append(a))
+    q, k, v, out, lse = (torch.randn(4) for _ in range(5))
+    launch(q, k, v, out, lse)
+    assert not fallback
+    assert c.calls == [(3, 1, 1, 1002, 77, False, True, None, None, (8, 1, 4096), None, None, None,
+                        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 5, 2.5, True)]
+
+
+def test_direct_launch_leaves_other_layouts_to_triton(triton36, monkeypatch):
+    import triton
+    from triton import knobs
+    from vflash.ops.direct_launch import direct_launch
+    args = ((1, 1, 1), [], 0, None, lambda *a: None)
+    assert direct_launch(_compiled(_Recorder(), scratch=64), *args) is None  # needs scratch memory
+    assert direct_launch(_compiled(lambda *a: None), *args) is None  # a Python layer, not the C function
+    assert direct_launch(_compiled(_Recorder()), (1, 1, 1), [], 0, lambda *t: t, lambda *a: None) is None  # no descs
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert direct_launch(_compiled(_Recorder()), *args) is None
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    c, fallback = _Recorder(), []
+    launch = direct_launch(_compiled(c), (1, 1, 1), [], 0, None, lambda *a: fallback.append(a))
+    t = torch.zeros(1)
+    chain = knobs.runtime.launch_enter_hook  # an empty HookChain in Triton 3.6 and 3.9
+    hook = lambda metadata: None  # noqa: E731
+    chain.add(hook)  # as a profiler does
+    try:
+        launch(t, t, t, t, t)  # Triton's own launch runs the hook
+    finally:
+        chain.remove(hook)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)  # a plain function assigned
+    launch(t, t, t, t, t)
+    assert len(fallback) == 2 and not c.calls
+    monkeypatch.undo()
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    launch(t, t, t, t, t)
+    assert len(fallback) == 2 and len(c.calls) == 1
+
+
+def test_direct_launch_encodes_each_descriptor_once_per_pointer(triton36, monkeypatch):
+    import triton.backends.nvidia.driver as nvidia
+    from vflash.ops.direct_launch import DESCRIPTORS_PER_OPERAND, direct_launch
+    encoded = []
+
+    def encode(desc, meta):
+        encoded.append((desc, meta))
+        return [f"map:{desc}", 1, 2]
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", encode)
+    c = _Recorder()
+    meta = ["mq", "mk", "mv", "mo"]
+    descriptors = lambda q, k, v, o: [f"d{t.data_ptr()}" for t in (q, k, v, o)]  # noqa: E731
+    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, meta)), (9, 1, 1), [7], 0, descriptors, None)
+    q, k, v, o, o2, lse = (torch.randn(4) for _ in range(6))
+    launch(q, k, v, o, lse)
+    assert encoded == [(f"d{t.data_ptr()}", m) for t, m in zip((q, k, v, o), meta)]
+    assert c.calls[0][13:] == (*[x for t in (q, k, v, o) for x in (f"map:d{t.data_ptr()}", 1, 2)], lse.data_ptr(), 7)
+    launch(q, k, v, o2, lse)  # a new output buffer: only its descriptor is encoded
+    launch(q, k, v, o, lse)
+    assert encoded[4:] == [(f"d{o2.data_ptr()}", "mo")]
+    assert c.calls[2] == c.calls[0]
+    outs = [torch.randn(4) for _ in range(DESCRIPTORS_PER_OPERAND + 1)]
+    for t in outs:
+        launch(q, k, v, t, lse)
+    launch(q, k, v, outs[0], lse)  # the table was cleared when full: re-encoded
+    assert encoded[-1] == (f"d{outs[0].data_ptr()}", "mo")

@@ -37,15 +37,15 @@ class Variant(NamedTuple):
     block_m: int
     block_n: int
     stages: int
-    persist: Optional[bool] = None  # None: the launcher's rule (persistent unless causal)
+    persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
 
 
 VARIANTS = {
     64: [Variant("2c", 128, 128, 2), Variant("3c", 192, 128, 2), Variant("3c-n64", 192, 64, 3)],
-    128: [Variant("base", 128, 128, 2), Variant("persist", 128, 128, 2, True),
-          Variant("persist-131", 128, 128, 2, True, 131)],
-    256: [Variant("base", 128, 64, 2), Variant("persist", 128, 64, 2, True)],
+    128: [Variant("base", 128, 128, 2), Variant("tile-per-cta", 128, 128, 2, False),
+          Variant("persist-132", 128, 128, 2, True, 132)],
+    256: [Variant("base", 128, 64, 2), Variant("tile-per-cta", 128, 64, 2, False)],
 }
 
 
@@ -56,8 +56,12 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages)
-    persist = right < 0 if var.persist is None else var.persist
-    grid = hopper_launch.grid(B, Hq, Nq, var.block_m, var.ctas or ops._sm_count(q.device.index), persistent=persist)
+    sms = ops._sm_count(q.device.index)
+    work = B * Hq * -(-Nq // var.block_m)
+    if var.persist is None:
+        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0)
+    else:
+        grid = (min(work, var.ctas or sms) if var.persist else work, 1, 1)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, num_warps=4)
     return out
 

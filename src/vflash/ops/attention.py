@@ -15,6 +15,7 @@ import torch
 from vflash._backend import interpreting
 from vflash.ops import hopper as hopper_launch
 from vflash.ops import plans
+from vflash.ops.direct_launch import direct_launch
 from vflash.ops.scales import score_scales
 from vflash.kernels.attention_fwd import (
     GPU_CONFIGS,
@@ -161,7 +162,7 @@ def attention_forward(
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
-        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), persistent=right < 0)
+        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), causal=right >= 0)
         prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
@@ -191,8 +192,12 @@ def _record_plan(key, kernel, compiled, grid, args, constexprs, out, lse, prepar
         return
     names = kernel.arg_names
     tail = list(args[5:]) + [constexprs[name] for name in names[len(args):]]
-    plans.record(key, plans.LaunchPlan(runner, out.device, out.dtype, tuple(out.shape),
-                                       None if lse is None else tuple(lse.shape), tail, prepare))
+
+    def launch(q, k, v, o, lse_or_out):
+        runner(*((q, k, v, o) if prepare is None else prepare(q, k, v, o)), lse_or_out, *tail)
+    fast = direct_launch(compiled, grid, tail, out.device.index, prepare, launch)
+    plans.record(key, plans.LaunchPlan(fast or launch, out.device.index, tuple(out.shape),
+                                       None if lse is None else tuple(lse.shape)))
 
 
 def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):

@@ -14,7 +14,7 @@ equal value (True, (1, 2)). Calls that would be refused for grad reasons, and th
 interpreter, never use plans.
 """
 
-from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
@@ -26,37 +26,35 @@ _plans: Dict[Hashable, "LaunchPlan"] = {}
 
 
 class LaunchPlan:
-    """A recorded launch: call with (q, k, v) of the key's metadata."""
+    """A recorded launch: call with (q, k, v) of the key's metadata.
 
-    __slots__ = ("runner", "device", "device_index", "dtype", "out_shape", "lse_shape", "tail", "prepare")
+    launch(q, k, v, out, lse) runs the kernel; a call without LSE passes out in
+    lse's place (the kernel does not store it)."""
 
-    def __init__(self, runner: Callable, device: torch.device, dtype: torch.dtype,
-                 out_shape: Tuple[int, ...], lse_shape: Optional[Tuple[int, ...]], tail: Sequence,
-                 prepare: Optional[Callable] = None):
-        # prepare(q, k, v, out) -> the kernel's first four arguments (TMA
-        # descriptors for the Hopper kernel); None passes the tensors.
-        self.runner = runner
-        self.prepare = prepare
-        self.device = device
-        self.device_index = device.index
-        self.dtype = dtype
+    __slots__ = ("launch", "device_index", "out_shape", "lse_shape")
+
+    def __init__(self, launch: Callable, device_index: int, out_shape: Tuple[int, ...],
+                 lse_shape: Optional[Tuple[int, ...]]):
+        self.launch = launch
+        self.device_index = device_index
         self.out_shape = out_shape
         self.lse_shape = lse_shape
-        self.tail = tuple(tail)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        args = (q, k, v, out) if self.prepare is None else self.prepare(q, k, v, out)
+        # The key fixes q's dtype and device: they are out's.
+        out = q.new_empty(self.out_shape)
         if self.lse_shape is None:
-            self.runner(*args, out, *self.tail)
+            self.launch(q, k, v, out, out)
             return out, None
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        self.runner(*args, lse, *self.tail)
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32)
+        self.launch(q, k, v, out, lse)
         return out, lse
 
 
 def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Hashable]:
-    """The call's metadata key, or None where plans do not apply."""
+    """The call's metadata key, or None where plans do not apply. An option that
+    cannot be hashed leaves the key unhashable; lookup and record skip it (hashing
+    here as well would cost every call a second hash of the key)."""
     if interpreting():
         return None
     try:
@@ -67,7 +65,6 @@ def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Ha
                q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
                causal.__class__, causal, scale.__class__, scale, window, softcap.__class__, softcap,
                return_lse.__class__, return_lse)
-        hash(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
         return None
     return key
@@ -75,7 +72,12 @@ def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Ha
 
 def lookup(key: Optional[Hashable], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[LaunchPlan]:
     """The plan recorded for key, if it may run now."""
-    plan = _plans.get(key) if key is not None else None
+    if key is None:
+        return None
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable option: the full path decides
+        return None
     if plan is None:
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -88,7 +90,10 @@ def lookup(key: Optional[Hashable], q: torch.Tensor, k: torch.Tensor, v: torch.T
 def record(key: Hashable, plan: LaunchPlan) -> None:
     if len(_plans) >= MAX_PLANS:
         _plans.clear()
-    _plans[key] = plan
+    try:
+        _plans[key] = plan
+    except TypeError:  # unhashable key: this call's options are never planned
+        pass
 
 
 def clear() -> None:
