@@ -29,7 +29,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
         from vflash.ops import hopper
         variants = [
             dict(head_dim=64, block_m=192, causal=True),  # three consumer warpgroups
-            dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False),
+            dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2),
             dict(head_dim=256, block_n=64),
         ]
         for kw in variants:
@@ -105,12 +105,13 @@ def test_kernel_args_follow_the_signature():
         base = torch.empty(1)
     descs = (Desc(), Desc(), Desc(), Desc())
     args, constexprs = hopper.kernel_args(descs, None, 3, 8, 2, 100, 200, 128, 100, -1, 0, 0.125, None, 128, 128,
-                                         2)
+                                         2, 2)
     by_name = dict(zip(names, args))
     assert len(args) + len(constexprs) == len(names)
     assert by_name["LSE"] is descs[3].base and by_name["kv_group"] == 4 and by_name["off"] == 100
     assert by_name["batch"] == 3 and by_name["n_heads_q"] == 8
     assert constexprs["HAS_RIGHT"] and not constexprs["HAS_LEFT"] and not constexprs["STORE_LSE"]
+    assert constexprs["Q_BUFFERS"] == 2
     assert by_name["qk_scale"] == pytest.approx(0.125 * 1.4426950408889634)
 
 
@@ -154,6 +155,9 @@ def _hopper_cases():
             Case(B=1, Hq=4, Hkv=1, Nq=129, Nk=1037, D=d, causal=True),
             Case(B=1, Hq=4, Hkv=4, Nq=1037, Nk=129, D=d, causal="top_left"),
             Case(B=1, Hq=4, Hkv=4, Nq=1024, Nk=300, D=d, causal=True, tag="fully masked rows"),
+            # Causal on a persistent grid (160 heads >= the coprime stride), with
+            # work tiles that see no key among each CTA's tiles.
+            Case(B=4, Hq=40, Hkv=8, Nq=512, Nk=200, D=d, causal=True, tag="persistent causal, empty tiles"),
             Case(B=2, Hq=4, Hkv=2, Nq=1000, Nk=1100, D=d, window=(128, 0)),
             Case(B=2, Hq=4, Hkv=2, Nq=1000, Nk=1100, D=d, window=(0, 0), causal=True),
             Case(B=2, Hq=4, Hkv=4, Nq=600, Nk=600, D=d, softcap=30.0, amplify=4.0, causal=True),

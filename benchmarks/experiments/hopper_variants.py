@@ -39,11 +39,13 @@ class Variant(NamedTuple):
     stages: int
     persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
+    q_buffers: Optional[int] = None  # Q buffers per consumer; None: HOPPER_CONFIGS's
 
 
 VARIANTS = {
-    64: [Variant("2c", 128, 128, 2), Variant("3c", 192, 128, 2), Variant("3c-n64", 192, 64, 3)],
-    128: [Variant("base", 128, 128, 2), Variant("tile-per-cta", 128, 128, 2, False),
+    64: [Variant("3c", 192, 128, 2), Variant("3c-q1", 192, 128, 2, q_buffers=1), Variant("2c", 128, 128, 2)],
+    128: [Variant("base", 128, 128, 2), Variant("q1", 128, 128, 2, q_buffers=1),
+          Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
           Variant("persist-132", 128, 128, 2, True, 132)],
     256: [Variant("base", 128, 64, 2), Variant("tile-per-cta", 128, 64, 2, False)],
 }
@@ -55,7 +57,8 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     off, left, right = ops.mask_band(Nq, Nk, causal, window)
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
-                                                 var.block_m, var.block_n, var.stages)
+                                                 var.block_m, var.block_n, var.stages,
+                                                 var.q_buffers or hopper.HOPPER_CONFIGS[D][3])
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

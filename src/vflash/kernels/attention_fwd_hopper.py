@@ -13,7 +13,8 @@ shape of FlashAttention-3:
   and two or three consumer warpgroups of 64 query rows each. K and V go through a ring of
   STAGES buffers with ready / empty mbarriers; the ring and the Q buffers carry
   over from one work tile to the next, so the producer loads the next tile while
-  the consumers finish this one. Out-of-range rows are zero-filled by TMA.
+  the consumers finish this one (Q too, where there is room for two Q buffers).
+  Out-of-range rows are zero-filled by TMA.
 - In a consumer, both products are asynchronous warpgroup MMAs (wgmma).
   Iteration j issues S_j = Q K_j^T, rescales O for tile j - 1 meanwhile, issues
   O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of tile j while
@@ -74,10 +75,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Producer: one thread issues every TMA copy. Per work tile, each
-        # consumer's Q rows once the consumer released its buffer (q_empty), then
+        # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
+        # released it (q_empty; with two, while the previous tile computes), then
         # K_i and V_i into ring slot kv % STAGES once both consumers released the
         # slot's previous tile. A fresh barrier counts its parity-1 phase as
         # complete, so the first waits on empty barriers pass at once.
@@ -89,12 +91,13 @@ if HAVE_GLUON:
                 t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                 REVERSE_M)
             for c in gl.static_range(BLOCK_M // ROWS):
-                mbarrier.wait(q_empty.index(c), (done & 1) ^ 1)
+                qb = c * Q_BUFFERS + done % Q_BUFFERS
+                mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
                 if n_tiles > 0:
-                    mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                    _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(c), q_smem.index(c))
+                    mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
+                    _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
                 else:  # nothing to load: hand the buffer straight over for the zero output
-                    mbarrier.arrive(q_ready.index(c), count=1)
+                    mbarrier.arrive(q_ready.index(qb), count=1)
             for i in range(n_tiles):
                 slot = kv % STAGES
                 empty_phase = ((kv // STAGES) & 1) ^ 1
@@ -150,12 +153,21 @@ if HAVE_GLUON:
         return o, m_i, l_i, p, alpha
 
     @gluon.jit
+    def _release_previous_q(q_empty, C: gl.constexpr, done):
+        # Two Q buffers: once this tile's first product is done, wait for the
+        # previous tile's output store to have read its buffer, and hand that
+        # buffer back for the next tile's Q.
+        if done > 0:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
+
+    @gluon.jit
     def _consumer_partition(
         o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
         n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+        STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -170,8 +182,6 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
-        q_buf = q_smem.index(C)
-        q_tile = q_buf.reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
         kv = 0  # ring tiles consumed so far, over all work tiles
@@ -185,7 +195,10 @@ if HAVE_GLUON:
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
             l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
             o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-            mbarrier.wait(q_ready.index(C), done & 1)
+            qb = C * Q_BUFFERS + done % Q_BUFFERS
+            q_buf = q_smem.index(qb)
+            q_tile = q_buf.reshape([ROWS, HEAD_DIM])
+            mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
             if n_tiles > 0:
                 # Key tile 0 on its own (through the masked code, right for any
                 # tile): it fills the pipeline with its P.
@@ -194,6 +207,8 @@ if HAVE_GLUON:
                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                 s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
                 mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
+                if Q_BUFFERS == 2:
+                    _release_previous_q(q_empty, C, done)
                 s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
                 p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
@@ -222,15 +237,19 @@ if HAVE_GLUON:
                 o = warpgroup_mma(p, v_tile, o, is_async=True)
                 o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
                 mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+            elif Q_BUFFERS == 2:
+                _release_previous_q(q_empty, C, done)
             kv += n_tiles
 
             # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
             empty = l_i == 0.0
             inv_l = 1.0 / gl.where(empty, 1.0, l_i)
             o = o * gl.convert_layout(inv_l, o_rows)[:, None]
-            # The output rows go out by TMA from this consumer's Q buffer (no MMA
+            # The output rows go out by TMA from this tile's Q buffer (no MMA
             # reads it any more); rows past n_q are clipped by the TMA unit. The
-            # buffer returns to the producer once the store has read it.
+            # buffer returns to the producer once the store has read it: at once
+            # with one Q buffer; with two, during the next tile (its Q is already
+            # in the other buffer), so the store's latency is hidden too.
             q_tile.store(o.to(dtype))
             fence_async_shared()
             _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
@@ -238,9 +257,11 @@ if HAVE_GLUON:
                 lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
                 lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
                 gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(C), count=1)
+            if Q_BUFFERS == 1:
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(qb), count=1)
             done += 1
+        tma.store_wait(0)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(
@@ -250,7 +271,7 @@ if HAVE_GLUON:
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -259,20 +280,21 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 128 or BLOCK_M == 192, "two or three consumer warpgroups of 64 rows")
+        gl.static_assert(Q_BUFFERS == 1 or Q_BUFFERS == 2, "one or two Q buffers per consumer")
         dtype: gl.constexpr = q_desc.dtype
         n_m = gl.cdiv(n_q, BLOCK_M)
         n_work = n_m * n_heads_q * batch
 
-        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS * Q_BUFFERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_CONSUMERS):
+        for i in gl.static_range(NUM_CONSUMERS * Q_BUFFERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
         for i in gl.static_range(STAGES):
@@ -302,46 +324,55 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
+                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+                                       HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+                                       HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, REVERSE_M)),
+                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+                                       HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+                                       HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
-                                       HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M)),
+                                       HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Tiles per head dim: (block_m, block_n, stages). block_m is two (128) or three
-# (192) consumer warpgroups of 64 rows; stages is the depth of the K/V ring
-# (shared memory: Q block_m * D, K and V stages * block_n * D each, 2 bytes per
-# element). D = 64 takes three consumers: with half of D = 128's MMA work per
+# Tiles per head dim: (block_m, block_n, stages, q_buffers). block_m is two (128)
+# or three (192) consumer warpgroups of 64 rows; stages is the depth of the K/V
+# ring; q_buffers 2 lets the next work tile's Q load, and this tile's output store,
+# run while this tile computes (shared memory: Q q_buffers * block_m * D, K and V
+# stages * block_n * D each, 2 bytes per element; D = 256 has no room for a second
+# Q buffer). D = 64 takes three consumers: with half of D = 128's MMA work per
 # score, a third warpgroup's softmax keeps the tensor cores busy (+6-11 % over
 # two at N >= 4096, benchmarks/NOTES.md).
 HOPPER_CONFIGS = {
-    64: (192, 128, 2),
-    128: (128, 128, 2),
-    256: (128, 64, 2),
+    64: (192, 128, 2, 2),
+    128: (128, 128, 2, 2),
+    256: (128, 64, 2, 1),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest

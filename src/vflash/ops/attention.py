@@ -33,13 +33,15 @@ class TileConfig:
     """block_m query rows per program (two halves of block_m // 2 when split),
     block_n keys per inner step. hopper: run the Gluon sm_90 kernel
     (kernels/attention_fwd_hopper.py; num_stages is its K/V ring depth, num_warps
-    4, its producer warps) instead of the portable Triton one."""
+    4, its producer warps, q_buffers its Q buffers per consumer) instead of the
+    portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     split: bool = False
     hopper: bool = False
+    q_buffers: int = 1
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -94,8 +96,8 @@ def _is_hopper(device_index: int) -> bool:
 
 
 def hopper_config(head_dim: int) -> TileConfig:
-    block_m, block_n, stages = hopper.HOPPER_CONFIGS[head_dim]
-    return TileConfig(block_m, block_n, 4, stages, hopper=True)
+    block_m, block_n, stages, q_buffers = hopper.HOPPER_CONFIGS[head_dim]
+    return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=q_buffers)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -166,7 +168,7 @@ def attention_forward(
         prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
-                                                     cfg.num_stages)
+                                                     cfg.num_stages, cfg.q_buffers)
         options = dict(num_warps=cfg.num_warps)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
