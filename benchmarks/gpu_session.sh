@@ -5,7 +5,7 @@
 # Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -42,7 +42,9 @@ for step in "$@"; do
     hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
               > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
     hvariants) timeout 300 python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
-              --n ${HOPPER_N:-1024,4096,16384} > "$R/hopper_variants.txt" 2>&1; tail -40 "$R/hopper_variants.txt" ;;
+              --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
+              ${HOPPER_TIME_ONLY:+--time-only} >> "$R/hopper_variants.txt" 2>&1; tail -40 "$R/hopper_variants.txt" ;;
+    host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1
