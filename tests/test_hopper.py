@@ -2,6 +2,7 @@
 needed), the launcher only hands it tensors TMA can address, and on an H200 it
 matches the fp64 oracle on every head dim and feature it serves."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -126,7 +127,10 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert cfg.hopper and cfg.num_warps == 4 and cfg.block_m == hopper_kernels.HOPPER_CONFIGS[d][0]
         assert ops.choose_config(d, torch.float16, -1, min_plain, 512, dev, d).hopper
         assert ops.choose_config(d, torch.float16, 0, min_causal, 512, dev, d).hopper
-        assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
+        if min_causal > 1:
+            assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
+        assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
+        assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel
@@ -172,9 +176,12 @@ def _hopper_cases():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case", _hopper_cases(), ids=lambda c: c.name.replace(" ", "_"))
-def test_gpu_hopper_kernel_matches_the_oracle(case):
-    cfg = ops.hopper_config(case.D)
+@pytest.mark.parametrize("case,q_buffers", [
+    # Every Q-buffer count a head dim has room for, on every case, whichever the launcher would pick.
+    pytest.param(c, qb, id=f"{c.name.replace(' ', '_')}-q{qb}")
+    for c in _hopper_cases() for qb in range(1, hopper_kernels.HOPPER_CONFIGS[c.D][3] + 1)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers):
+    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers)
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))

@@ -39,7 +39,7 @@ class Variant(NamedTuple):
     stages: int
     persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
-    q_buffers: Optional[int] = None  # Q buffers per consumer; None: HOPPER_CONFIGS's
+    q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (ops.hopper_config)
 
 
 VARIANTS = {
@@ -58,7 +58,7 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
-                                                 var.q_buffers or hopper.HOPPER_CONFIGS[D][3])
+                                                 var.q_buffers or ops.hopper_config(D, right >= 0).q_buffers)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

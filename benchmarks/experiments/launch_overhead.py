@@ -11,6 +11,7 @@ absorbs the tiny kernels) for:
   6. SDPA with its default dispatch and restricted to flash, the same-run yardsticks.
 """
 
+import statistics
 import time
 
 import torch
@@ -21,16 +22,22 @@ import vflash
 import vflash.ops.attention as ops
 
 
-def per_call_us(fn, n=3000):
+def per_call_us(fn, n=3000, rounds=5):
+    """Host microseconds per call: the median over `rounds` rounds of n / rounds
+    calls (a round short enough that the GPU's launch queue does not fill and
+    throttle the host to the kernels' pace), after 100 warm-up calls."""
     for _ in range(100):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    per_round = max(1, n // rounds)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            fn()
+        times.append((time.perf_counter() - t0) / per_round * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 @triton.jit

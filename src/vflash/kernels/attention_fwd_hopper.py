@@ -7,8 +7,10 @@ shape of FlashAttention-3:
 - Persistent (without a right mask edge): one CTA per SM walks work tiles
   t = pid, pid + grid, ... A work tile is BLOCK_M query rows of one (batch,
   q head); tiles of one head are consecutive, so CTAs running side by side share
-  that head's K/V in L2. With a right edge (causal) the launcher gives each work
-  tile its own CTA and the hardware balances their unequal work.
+  that head's K/V in L2. With a right edge (causal) tiles differ in cost: the
+  launcher's grid either strides by a count coprime to the row blocks per head,
+  so every CTA cycles through all of them, or gives each tile its own CTA and
+  lets the hardware balance (`ops/hopper.py:grid`).
 - Warp-specialized: a producer warpgroup (one thread issues every TMA copy)
   and two or three consumer warpgroups of 64 query rows each. K and V go through a ring of
   STAGES buffers with ready / empty mbarriers; the ring and the Q buffers carry
@@ -363,12 +365,14 @@ if HAVE_GLUON:
 
 # Tiles per head dim: (block_m, block_n, stages, q_buffers). block_m is two (128)
 # or three (192) consumer warpgroups of 64 rows; stages is the depth of the K/V
-# ring; q_buffers 2 lets the next work tile's Q load, and this tile's output store,
-# run while this tile computes (shared memory: Q q_buffers * block_m * D, K and V
-# stages * block_n * D each, 2 bytes per element; D = 256 has no room for a second
-# Q buffer). D = 64 takes three consumers: with half of D = 128's MMA work per
-# score, a third warpgroup's softmax keeps the tensor cores busy (+6-11 % over
-# two at N >= 4096, benchmarks/NOTES.md).
+# ring (shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D
+# each, 2 bytes per element). q_buffers 2 lets the next work tile's Q load, and
+# this tile's output store, run while this tile computes: without a right mask
+# edge +13.5 / +6 / +4 % at D = 128 N = 512 / 1024 / 4096 (fp16, NOTES session 6);
+# with one (causal) the launcher takes one buffer, as two measured 1-7 % slower
+# there (not diagnosed); D = 256 has no room for two. D = 64 takes three consumers:
+# with half of D = 128's MMA work per score, a third warpgroup's softmax keeps the
+# tensor cores busy (+6-11 % over two at N >= 4096, benchmarks/NOTES.md).
 HOPPER_CONFIGS = {
     64: (192, 128, 2, 2),
     128: (128, 128, 2, 2),
@@ -377,16 +381,17 @@ HOPPER_CONFIGS = {
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
 # work tiles per SM). From the H200 runs in benchmarks/NOTES.md (fp16, TFLOP/s,
-# same run). D = 128 / 256: ahead from N = 1024 except causal N = 512 (241
-# against 227 at D = 128). D = 64 (192-row tiles): non-causal 440 against 394 at
-# N = 4096 but 370 against 384 at 1024; causal 444 against 410 at 16384 but 355
-# against 380 at 4096 (a 192-row tile wastes more on the diagonal); and a grid
-# of under 4 waves leaves SMs idle in the last one (B = 1, H = 16, N = 2048: 176
-# tiles on 132 SMs, 274 against the portable kernel's 349).
+# same run). D = 128 / 256: ahead at every length since the causal grid went
+# persistent (session 6: causal N = 512, 246 against 242 at D = 128, 315 against
+# 226 at D = 256). D = 64 (192-row tiles): non-causal 440 against 394 at N = 4096
+# but 370 against 384 at 1024; causal 444 against 410 at 16384 but 355 against
+# 380 at 4096 (a 192-row tile wastes more on the diagonal); and a grid of under 4
+# waves leaves SMs idle in the last one (B = 1, H = 16, N = 2048: 176 tiles on 132
+# SMs, 274 against the portable kernel's 349).
 HOPPER_USE = {
     64: (2048, 8192, 4),
-    128: (1, 513, 0),
-    256: (1, 513, 0),
+    128: (1, 1, 0),
+    256: (1, 1, 0),
 }
 # Query rows per consumer warpgroup (one wgmma M); the kernel's ROWS constants.
 CONSUMER_ROWS = 64

@@ -95,9 +95,11 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def hopper_config(head_dim: int) -> TileConfig:
+def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
+    """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
+    one Q buffer (see HOPPER_CONFIGS)."""
     block_m, block_n, stages, q_buffers = hopper.HOPPER_CONFIGS[head_dim]
-    return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=q_buffers)
+    return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=1 if right_edge else q_buffers)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -113,7 +115,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
     if (use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index)
             and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim][0]) >= use[2] * sms):
-        return hopper_config(head_dim)
+        return hopper_config(head_dim, right >= 0)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
         if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
