@@ -46,8 +46,12 @@ VARIANTS = {
     64: [Variant("3c", 192, 128, 2), Variant("3c-q1", 192, 128, 2, q_buffers=1), Variant("2c", 128, 128, 2)],
     128: [Variant("base", 128, 128, 2), Variant("q1", 128, 128, 2, q_buffers=1),
           Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
-          Variant("persist-132", 128, 128, 2, True, 132)],
-    256: [Variant("base", 128, 64, 2), Variant("tile-per-cta", 128, 64, 2, False)],
+          Variant("persist-132", 128, 128, 2, True, 132),
+          # short causal: a deeper ring, or narrower key tiles (less waste on the diagonal)
+          Variant("s3", 128, 128, 3, q_buffers=1), Variant("n64-s4", 128, 64, 4, q_buffers=1),
+          Variant("n64-s3", 128, 64, 3, q_buffers=1)],
+    256: [Variant("base", 128, 64, 2), Variant("tile-per-cta", 128, 64, 2, False),
+          Variant("n32-s4", 128, 32, 4)],
 }
 
 
