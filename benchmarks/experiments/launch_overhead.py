@@ -1,7 +1,7 @@
 """Issue 4 experiment: where the host time of one vflash.attention call goes. GPU only.
 
-Prints per-call host microseconds (CPU timer around many calls; the GPU queue
-absorbs the tiny kernels) for:
+Prints per-call host microseconds (CPU timer around many calls, queued behind a
+sleep kernel so that only host work is timed: `per_call_us`) for:
   1. vflash.attention end to end through the full path (plans off), plain and causal with LSE;
   2. validation + launcher Python with the kernel launch stubbed out;
   3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments, and
@@ -22,16 +22,19 @@ import vflash
 import vflash.ops.attention as ops
 
 
-def per_call_us(fn, n=3000, rounds=5):
+def per_call_us(fn, n=3000, rounds=10):
     """Host microseconds per call: the median over `rounds` rounds of n / rounds
-    calls (a round short enough that the GPU's launch queue does not fill and
-    throttle the host to the kernels' pace), after 100 warm-up calls."""
+    calls, after 100 warm-up calls. Each round first stalls the stream with a
+    sleep kernel longer than the round, so the calls only queue their kernels:
+    the CPU timer then sees the host's work alone, not kernels that a full launch
+    queue would make it wait for (a round of 300 stays well inside the queue)."""
     for _ in range(100):
         fn()
     torch.cuda.synchronize()
     per_round = max(1, n // rounds)
     times = []
     for _ in range(rounds):
+        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU clock cycles: longer than any round
         t0 = time.perf_counter()
         for _ in range(per_round):
             fn()
