@@ -65,3 +65,25 @@ def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
     assert "D = 128, non-causal, N 4096, 8192: 2 rows" in line
     assert "0.94-0.95x of the bar (FA4's anchor is the bar on 2), 0.98-1.02x same-run cuDNN" in line
     assert report.GAP_WHY[("fa", 128, False, True)] in line
+
+
+def test_host_gap_spans_every_run_and_says_whether_the_goal_holds(tmp_path):
+    first, second = tmp_path / "run1", tmp_path / "host"
+    first.mkdir()
+    second.mkdir()
+    (first / "launch_overhead.txt").write_text(
+        "vflash.attention, planned repeat (fast path):    12.5 us per call (host)\n"
+        "             ... D = 128 (Hopper kernel):    14.0 us per call (host)\n"
+        "                              SDPA flash:    24.0 us per call (host)\n")
+    (second / "host_hopper.txt").write_text(
+        "planned repeat, portable kernel (D 64) [launch_pointers]:    16.0 us per call (host)\n"
+        "                            q.new_empty(out shape):     3.5 us per call (host)\n"
+        "                                        SDPA flash:    26.0 us per call (host)\n")
+    line = report.host_gap([str(first)])
+    assert "12.5-12.5 us on the portable kernel and 14.0-14.0 us on the Hopper kernel" in line
+    assert ": met." in line
+    line = report.host_gap([str(first), str(second)])
+    assert "12.5-16.0 us on the portable kernel" in line and "SDPA flash's 24.0-26.0 us" in line
+    assert "met on some runs, not on all" in line and "allocation (3.5-3.5 us)" in line
+    assert ": not met." in report.host_gap([str(second)])  # 16.0 us only
+    assert report.host_gap([str(tmp_path)]) is None  # no host rows: nothing to judge
