@@ -40,17 +40,21 @@ class Variant(NamedTuple):
     persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
     q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (ops.hopper_config)
+    pingpong: bool = False  # consumers take turns to issue their products (the kernel's PINGPONG)
 
 
 VARIANTS = {
-    64: [Variant("3c", 192, 128, 2), Variant("3c-q1", 192, 128, 2, q_buffers=1), Variant("2c", 128, 128, 2)],
-    128: [Variant("base", 128, 128, 2), Variant("q1", 128, 128, 2, q_buffers=1),
+    64: [Variant("3c", 192, 128, 2), Variant("3c-q1", 192, 128, 2, q_buffers=1), Variant("2c", 128, 128, 2),
+         Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True)],
+    128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
+          Variant("q1", 128, 128, 2, q_buffers=1),
           Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
           Variant("persist-132", 128, 128, 2, True, 132),
           # short causal: a deeper ring, or narrower key tiles (less waste on the diagonal)
           Variant("s3", 128, 128, 3, q_buffers=1), Variant("n64-s4", 128, 64, 4, q_buffers=1),
           Variant("n64-s3", 128, 64, 3, q_buffers=1)],
-    256: [Variant("base", 128, 64, 2), Variant("tile-per-cta", 128, 64, 2, False),
+    256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
+          Variant("tile-per-cta", 128, 64, 2, False),
           Variant("n32-s4", 128, 32, 4)],
 }
 
@@ -62,7 +66,8 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
-                                                 var.q_buffers or ops.hopper_config(D, right >= 0).q_buffers)
+                                                 var.q_buffers or ops.hopper_config(D, right >= 0).q_buffers,
+                                                 var.pingpong)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

@@ -22,6 +22,9 @@ shape of FlashAttention-3:
   O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of tile j while
   the tensor cores still work on P_{j-1} V_{j-1}. P stays in registers as the A
   operand of the second MMA.
+- PINGPONG (off in the launcher until measured; benchmarks/NOTES.md lead g): the
+  consumers take turns to issue their products, as FlashAttention-3 orders its
+  two warpgroups, so one warpgroup's softmax overlaps another's MMAs.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -123,19 +126,34 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pipelined_tiles(
-        o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+        o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
         kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+        C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1, whose PV product is still
         # to be issued, and alpha the factor o takes before that product.
         # Returns the same state one tile further on.
+        #
+        # PINGPONG (FlashAttention-3's warpgroup ordering): consumers take turns
+        # to issue their two products, C = 0, 1, (2,) 0, ..., so that one
+        # warpgroup's softmax runs while the tensor cores work on the other's
+        # products, instead of all issuing together and then all computing
+        # softmax together. `turn` counts this consumer's turns; consumers of a
+        # CTA walk the same key tiles, so their counts stay in step.
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
             k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
+            if PINGPONG:
+                # A fresh barrier counts its parity-1 phase as complete: consumer 0
+                # goes first, each later one waits for its predecessor's turn.
+                if C == 0:
+                    mbarrier.wait(turns.index(C), (turn & 1) ^ 1)
+                else:
+                    mbarrier.wait(turns.index(C), turn & 1)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
@@ -144,6 +162,9 @@ if HAVE_GLUON:
             o = o * gl.convert_layout(alpha, o_rows)[:, None]
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p, v_tile, o, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
+                turn += 1
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
@@ -152,7 +173,7 @@ if HAVE_GLUON:
             o, p, v_tile = warpgroup_mma_wait(0, deps=(o, p, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
-        return o, m_i, l_i, p, alpha
+        return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
     def _release_previous_q(q_empty, C: gl.constexpr, done):
@@ -165,11 +186,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumer_partition(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
         n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr,
+        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -186,8 +207,10 @@ if HAVE_GLUON:
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
+        NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         kv = 0  # ring tiles consumed so far, over all work tiles
         done = 0
+        turn = 0  # PINGPONG turns taken so far
         for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
                 t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
@@ -216,21 +239,21 @@ if HAVE_GLUON:
                 p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
                 p = gl.convert_layout(p_f32.to(dtype), p_layout)
 
-                o, m_i, l_i, p, alpha = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP)
-                o, m_i, l_i, p, alpha = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG)
+                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP)
-                o, m_i, l_i, p, alpha = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG)
+                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
@@ -274,6 +297,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
+        PINGPONG: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -296,9 +320,12 @@ if HAVE_GLUON:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_CONSUMERS * Q_BUFFERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
+        for i in gl.static_range(NUM_CONSUMERS):
+            mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -329,15 +356,15 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M)),
+                                       REVERSE_M, PINGPONG)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M)),
+                                       REVERSE_M, PINGPONG)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -346,20 +373,20 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M)),
+                                       REVERSE_M, PINGPONG)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M)),
+                                       REVERSE_M, PINGPONG)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M)),
+                                       REVERSE_M, PINGPONG)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
