@@ -25,7 +25,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-DESCRIPTORS_PER_OPERAND = 8  # encoded descriptors cached per plan and operand (q, k, v, out)
+# Encoded descriptors cached per plan and operand (q, k, v, out): enough for a
+# model's layers to share one plan (one q, k, v buffer each) without evictions;
+# a descriptor with its launcher arguments is a few hundred bytes.
+DESCRIPTORS_PER_OPERAND = 64
 
 # torch's current CUDA stream as an integer handle (what Triton's driver reads);
 # absent from CPU-only builds of torch.
