@@ -305,6 +305,8 @@ def main(folders):
           "`scaled_dot_product_attention` restricted to one backend; Flex is `torch.compile(flex_attention)`. "
           "All methods of a row were measured in the same run. `vflash / X` is X's time over vflash's "
           "(above 1: vflash faster). Peak memory is the incremental peak of one call.\n")
+    # Folders without CSVs hold host runs only: the first folder's host line counts them too.
+    host_only = [f for f in folders[1:] if not glob.glob(os.path.join(f, "*.csv"))]
     for i, folder in enumerate(folders):
         csvs = sorted(glob.glob(os.path.join(folder, "*.csv")))
         bench = [(p, _read(p)) for p in csvs if "method" in (_read(p)[0] if _read(p) else {}) and
@@ -333,7 +335,6 @@ def main(folders):
                   "`benchmarks/NOTES.md`.\n")
             print(goal + "\n")
             gaps = gap_summary(bench) if i == 0 else []
-            host_only = [f for f in folders[1:] if not glob.glob(os.path.join(f, "*.csv"))]
             host = host_gap([folder] + host_only) if i == 0 else None
             gaps += [host] if host else []
             if gaps:
