@@ -5,7 +5,7 @@
 # Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host profile
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -44,6 +44,17 @@ for step in "$@"; do
     hvariants) timeout 300 python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
               --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} >> "$R/hopper_variants.txt" 2>&1; tail -40 "$R/hopper_variants.txt" ;;
+    profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal]", PROFILE_SHAPES).
+             for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
+               IFS=: read -r d n c <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}
+               timeout 240 ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 \
+                 --launch-count 1 -f -o "/tmp/$name" python3 benchmarks/experiments/profile_hopper.py --d "$d" \
+                 --n "$n" ${c:+--causal} > "$R/$name.log" 2>&1
+               ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
+               ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
+               ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
+               tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
+             done ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1

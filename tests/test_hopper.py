@@ -131,6 +131,7 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
             assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
+        assert cfg.pingpong == hopper_kernels.HOPPER_CONFIGS[d][4]
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel
@@ -176,12 +177,13 @@ def _hopper_cases():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case,q_buffers", [
-    # Every Q-buffer count a head dim has room for, on every case, whichever the launcher would pick.
-    pytest.param(c, qb, id=f"{c.name.replace(' ', '_')}-q{qb}")
-    for c in _hopper_cases() for qb in range(1, hopper_kernels.HOPPER_CONFIGS[c.D][3] + 1)])
-def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers):
-    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers)
+@pytest.mark.parametrize("case,q_buffers,pingpong", [
+    # Every Q-buffer count a head dim has room for, with and without PINGPONG, on
+    # every case, whichever the launcher would pick.
+    pytest.param(c, qb, pp, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}")
+    for c in _hopper_cases() for qb in range(1, hopper_kernels.HOPPER_CONFIGS[c.D][3] + 1) for pp in (False, True)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong):
+    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong)
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))

@@ -22,9 +22,9 @@ shape of FlashAttention-3:
   O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of tile j while
   the tensor cores still work on P_{j-1} V_{j-1}. P stays in registers as the A
   operand of the second MMA.
-- PINGPONG (off in the launcher until measured; benchmarks/NOTES.md lead g): the
-  consumers take turns to issue their products, as FlashAttention-3 orders its
-  two warpgroups, so one warpgroup's softmax overlaps another's MMAs.
+- PINGPONG (per head dim, HOPPER_CONFIGS): the consumers take turns to issue
+  their products, as FlashAttention-3 orders its warpgroups, so one warpgroup's
+  softmax overlaps another's MMAs.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -390,7 +390,7 @@ if HAVE_GLUON:
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Tiles per head dim: (block_m, block_n, stages, q_buffers). block_m is two (128)
+# Tiles per head dim: (block_m, block_n, stages, q_buffers, pingpong). block_m is two (128)
 # or three (192) consumer warpgroups of 64 rows; stages is the depth of the K/V
 # ring (shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D
 # each, 2 bytes per element). q_buffers 2 lets the next work tile's Q load, and
@@ -400,10 +400,13 @@ if HAVE_GLUON:
 # there (not diagnosed); D = 256 has no room for two. D = 64 takes three consumers:
 # with half of D = 128's MMA work per score, a third warpgroup's softmax keeps the
 # tensor cores busy (+6-11 % over two at N >= 4096, benchmarks/NOTES.md).
+# pingpong (PINGPONG: consumers take turns to issue their products) gained 2-3.5 %
+# at D = 64 without a right edge and was even with one; at D = 128 it lost 0-2 %
+# (NOTES session 7).
 HOPPER_CONFIGS = {
-    64: (192, 128, 2, 2),
-    128: (128, 128, 2, 2),
-    256: (128, 64, 2, 1),
+    64: (192, 128, 2, 2, True),
+    128: (128, 128, 2, 2, False),
+    256: (128, 64, 2, 1, False),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
