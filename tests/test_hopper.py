@@ -29,7 +29,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
         from vflash.kernels import attention_fwd_hopper as hopper_kernels
         from vflash.ops import hopper
         variants = [
-            dict(head_dim=64, block_m=192, causal=True, pingpong=True),  # three consumers taking turns
+            # three consumers taking turns, the first with its exponentials on the FMA pipes
+            dict(head_dim=64, block_m=192, causal=True, pingpong=True, exp2_fma_consumers=1),
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2),
             dict(head_dim=256, block_n=64),
         ]

@@ -40,13 +40,19 @@ class Variant(NamedTuple):
     persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
     q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (ops.hopper_config)
-    pingpong: bool = False  # consumers take turns to issue their products (the kernel's PINGPONG)
+    pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
+    exp2_fma: int = 0  # consumers whose unmasked exponentials run on the FMA pipes (EXP2_FMA_CONSUMERS)
 
 
 VARIANTS = {
-    64: [Variant("3c", 192, 128, 2), Variant("3c-q1", 192, 128, 2, q_buffers=1), Variant("2c", 128, 128, 2),
-         Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True)],
+    64: [Variant("3c", 192, 128, 2, pingpong=False), Variant("3c-q1", 192, 128, 2, q_buffers=1, pingpong=False),
+         Variant("2c", 128, 128, 2, pingpong=False),
+         Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True),
+         Variant("3c-pp-f1", 192, 128, 2, pingpong=True, exp2_fma=1),
+         Variant("3c-pp-f2", 192, 128, 2, pingpong=True, exp2_fma=2),
+         Variant("2c-pp-f1", 128, 128, 2, pingpong=True, exp2_fma=1)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
+          Variant("f1", 128, 128, 2, exp2_fma=1),
           Variant("q1", 128, 128, 2, q_buffers=1),
           Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
           Variant("persist-132", 128, 128, 2, True, 132),
@@ -64,10 +70,11 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     Hkv, Nk = k.shape[1], k.shape[2]
     off, left, right = ops.mask_band(Nq, Nk, causal, window)
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
+    pingpong = ops.hopper_config(D).pingpong if var.pingpong is None else var.pingpong
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
                                                  var.q_buffers or ops.hopper_config(D, right >= 0).q_buffers,
-                                                 var.pingpong)
+                                                 pingpong, var.exp2_fma)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:
