@@ -29,8 +29,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
         from vflash.kernels import attention_fwd_hopper as hopper_kernels
         from vflash.ops import hopper
         variants = [
-            # three consumers taking turns, the first with its exponentials on the FMA pipes
-            dict(head_dim=64, block_m=192, causal=True, pingpong=True, exp2_fma_consumers=1),
+            # three consumers taking turns, P carried in fp32
+            dict(head_dim=64, block_m=192, causal=True, pingpong=True, p_fp32=True),
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2),
             dict(head_dim=256, block_n=64),
         ]
@@ -132,7 +132,7 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
             assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
-        assert cfg.pingpong == hopper_kernels.HOPPER_CONFIGS[d][4]
+        assert (cfg.pingpong, cfg.p_fp32) == hopper_kernels.HOPPER_CONFIGS[d][4:]
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel
@@ -176,15 +176,21 @@ def _hopper_cases():
     return cases
 
 
+def _schedules(d):
+    # Every Q-buffer count a head dim has room for, each with the launcher's
+    # switches and with PINGPONG, then P_FP32, flipped from them.
+    cfg = ops.hopper_config(d)
+    return [(qb, pp, p32) for qb in range(1, hopper_kernels.HOPPER_CONFIGS[d][3] + 1)
+            for pp, p32 in ((cfg.pingpong, cfg.p_fp32), (not cfg.pingpong, cfg.p_fp32), (cfg.pingpong, not cfg.p_fp32))]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case,q_buffers,pingpong", [
-    # Every Q-buffer count a head dim has room for, with and without PINGPONG, on
-    # every case, whichever the launcher would pick.
-    pytest.param(c, qb, pp, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}")
-    for c in _hopper_cases() for qb in range(1, hopper_kernels.HOPPER_CONFIGS[c.D][3] + 1) for pp in (False, True)])
-def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong):
-    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong)
+@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32", [
+    pytest.param(c, qb, pp, p32, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}{'-p32' if p32 else ''}")
+    for c in _hopper_cases() for qb, pp, p32 in _schedules(c.D)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32):
+    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32)
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))

@@ -79,31 +79,12 @@ def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap
 
 
 @triton.jit
-def exp2_fma(x):
-    # 2^x for x <= 0 on the FMA and integer pipes instead of the MUFU unit, whose
-    # ex2 rate (16 per SM per clock on Hopper) matches the tensor cores' at
-    # D = 64: x = j + f with j = round(x) (adding 1.5 * 2^23 rounds to an
-    # integer and leaves it in the low mantissa bits), 2^f for |f| <= 0.5 by a
-    # cubic with p(0) = 1 (relative error <= 1.02e-4, a fifth of fp16's rounding
-    # of P), and j added to the exponent field. x is clamped at -126 so that
-    # field stays positive: results below 2^-126 are tiny, not exact zeros, so
-    # this is only for scores with no -inf (unmasked tiles).
-    x = tl.maximum(x, -126.0)
-    t = x + 12582912.0
-    f = x - (t - 12582912.0)
-    p = tl.fma(tl.fma(tl.fma(f, 0.05500869, 0.24221063), f, 0.6932829), f, 1.0)
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EXP2_FMA: tl.constexpr = False):
+def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
     # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N]:
     # returns p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and
     # the new m, l [rows] (m in log2 units). Without softcap, s is raw q.k and
     # qk_scale (> 0, log2(e) folded in) commutes with the row max, so the scale is
-    # applied to the max and fused into exp2's operand. EXP2_FMA computes p with
-    # exp2_fma. Shared with the Hopper kernel.
+    # applied to the max and fused into exp2's operand. Shared with the Hopper kernel.
     if SOFTCAP:
         m_new = tl.maximum(m_i, tl.max(s, 1))
     else:
@@ -115,15 +96,9 @@ def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.conste
     else:
         m_ref = m_new
     if SOFTCAP:
-        x = s - m_ref[:, None]
+        p = tl.exp2(s - m_ref[:, None])
     else:
-        x = s * qk_scale - m_ref[:, None]
-    if EXP2_FMA:
-        # Unmasked tiles only: exp2_fma does not return exact zeros for -inf.
-        tl.static_assert(not MASKED)
-        p = exp2_fma(x)
-    else:
-        p = tl.exp2(x)
+        p = tl.exp2(s * qk_scale - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i

@@ -25,9 +25,9 @@ shape of FlashAttention-3:
 - PINGPONG (per head dim, HOPPER_CONFIGS): the consumers take turns to issue
   their products, as FlashAttention-3 orders its warpgroups, so one warpgroup's
   softmax overlaps another's MMAs.
-- EXP2_FMA_CONSUMERS (0: off): the first k consumers compute the exponentials
-  of unmasked key tiles with exp2_fma (a polynomial on the FMA pipes) instead
-  of the MUFU unit, whose rate equals the tensor cores' at D = 64.
+- P_FP32 (per head dim): P goes from one iteration to the next in fp32 and is
+  packed into the PV product's operand where that product is issued (see
+  _carried_p).
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -128,17 +128,29 @@ if HAVE_GLUON:
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
-    def _p_operand(p_f32, p_layout: gl.constexpr, dtype: gl.constexpr):
-        # P [ROWS, BLOCK_N] as the A operand of the PV product, converted in the
-        # iteration that issues that product. Carried across the loop in fp16,
-        # P's 64 halves per thread were paired into registers by ptxas in the
-        # opposite order to the product's operand, which cost a PRMT per register
-        # (32 per tile); carried in fp32 they are packed right before use. The
-        # empty non-pure asm pins the packing here: left free, LLVM sinks it
-        # below the S_j issue, where the fp32 P, S_j and O do not fit in a
-        # three-consumer register budget (2.7 KB of spills at D = 64).
-        p = gl.convert_layout(p_f32.to(dtype), p_layout)
-        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)
+    def _carried_p(p_f32, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
+        # P [ROWS, BLOCK_N] as carried to the iteration that issues its PV
+        # product: fp32 in the S layout with P_FP32, else the fp16 / bf16 operand.
+        # Carried in 16 bits, ptxas pairs P's halves into registers in the
+        # opposite order to the product's operand and swaps each pair back with
+        # a PRMT before the product (32 per tile, Nsight profile, NOTES session 7).
+        if P_FP32:
+            return p_f32
+        else:
+            return gl.convert_layout(p_f32.to(dtype), p_layout)
+
+    @gluon.jit
+    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
+        # The PV product's A operand from the carried P. With P_FP32 it is packed
+        # here, in the iteration that issues the product; the empty non-pure asm
+        # pins the packing before the S_j issue: left free, LLVM sinks it below,
+        # where the fp32 P, S_j and O do not fit in a three-consumer register
+        # budget (2.7 KB of spills at D = 64).
+        if P_FP32:
+            p = gl.convert_layout(p.to(dtype), p_layout)
+            return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)
+        else:
+            return p
 
     @gluon.jit
     def _pipelined_tiles(
@@ -147,12 +159,12 @@ if HAVE_GLUON:
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, EXP2_FMA_CONSUMERS: gl.constexpr,
+        C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
-        # tile kv; on entry p holds P of tile first - 1 (fp32, s_layout), whose
-        # PV product is still to be issued, and alpha the factor o takes before
-        # that product.
+        # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
+        # it), whose PV product is still to be issued, and alpha the factor o
+        # takes before that product.
         # Returns the same state one tile further on.
         #
         # PINGPONG (FlashAttention-3's warpgroup ordering): consumers take turns
@@ -163,7 +175,7 @@ if HAVE_GLUON:
         # CTA walk the same key tiles, so their counts stay in step.
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            p_op = _p_operand(p, p_layout, q_tile.dtype)
+            p_op = _p_operand(p, p_layout, q_tile.dtype, P_FP32)
             k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
             if PINGPONG:
                 # A fresh barrier counts its parity-1 phase as complete: consumer 0
@@ -187,10 +199,10 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP,
-                                              C < EXP2_FMA_CONSUMERS and not MASKED)
+            p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
+            p = _carried_p(p_f32, p_layout, q_tile.dtype, P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
@@ -209,7 +221,7 @@ if HAVE_GLUON:
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        EXP2_FMA_CONSUMERS: gl.constexpr,
+        P_FP32: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -255,29 +267,30 @@ if HAVE_GLUON:
                     _release_previous_q(q_empty, C, done)
                 s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
+                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
+                p = _carried_p(p_f32, p_layout, dtype, P_FP32)
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, EXP2_FMA_CONSUMERS)
+                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, EXP2_FMA_CONSUMERS)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, EXP2_FMA_CONSUMERS)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
                 o = o * gl.convert_layout(alpha, o_rows)[:, None]
-                p_op = _p_operand(p, p_layout, dtype)
+                p_op = _p_operand(p, p_layout, dtype, P_FP32)
                 o = warpgroup_mma(p_op, v_tile, o, is_async=True)
                 o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
                 mbarrier.arrive(v_empty.index(last % STAGES), count=1)
@@ -316,7 +329,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-        PINGPONG: gl.constexpr, EXP2_FMA_CONSUMERS: gl.constexpr,
+        PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -378,12 +391,12 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, EXP2_FMA_CONSUMERS)),
+                                       REVERSE_M, PINGPONG, P_FP32)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, EXP2_FMA_CONSUMERS)),
+                                       REVERSE_M, PINGPONG, P_FP32)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -395,21 +408,21 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, EXP2_FMA_CONSUMERS)),
+                                       REVERSE_M, PINGPONG, P_FP32)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, EXP2_FMA_CONSUMERS)),
+                                       REVERSE_M, PINGPONG, P_FP32)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, EXP2_FMA_CONSUMERS)),
+                                       REVERSE_M, PINGPONG, P_FP32)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Tiles per head dim: (block_m, block_n, stages, q_buffers, pingpong). block_m is two (128)
+# Tiles per head dim: (block_m, block_n, stages, q_buffers, pingpong, p_fp32). block_m is two (128)
 # or three (192) consumer warpgroups of 64 rows; stages is the depth of the K/V
 # ring (shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D
 # each, 2 bytes per element). q_buffers 2 lets the next work tile's Q load, and
@@ -421,11 +434,11 @@ if HAVE_GLUON:
 # tensor cores busy (+6-11 % over two at N >= 4096, benchmarks/NOTES.md).
 # pingpong (PINGPONG: consumers take turns to issue their products) gained 2-3.5 %
 # at D = 64 without a right edge and was even with one; at D = 128 it lost 0-2 %
-# (NOTES session 7).
+# (NOTES session 7). p_fp32 (P_FP32): P carried between iterations in fp32.
 HOPPER_CONFIGS = {
-    64: (192, 128, 2, 2, True),
-    128: (128, 128, 2, 2, False),
-    256: (128, 64, 2, 1, False),
+    64: (192, 128, 2, 2, True, True),
+    128: (128, 128, 2, 2, False, True),
+    256: (128, 64, 2, 1, False, True),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest

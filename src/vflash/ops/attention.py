@@ -34,8 +34,8 @@ class TileConfig:
     block_n keys per inner step. hopper: run the Gluon sm_90 kernel
     (kernels/attention_fwd_hopper.py; num_stages is its K/V ring depth, num_warps
     4, its producer warps, q_buffers its Q buffers per consumer, pingpong whether
-    its consumers take turns to issue their products) instead of the portable
-    Triton one."""
+    its consumers take turns to issue their products, p_fp32 whether P goes from
+    one iteration to the next in fp32) instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
@@ -44,6 +44,7 @@ class TileConfig:
     hopper: bool = False
     q_buffers: int = 1
     pingpong: bool = False
+    p_fp32: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -100,9 +101,9 @@ def _is_hopper(device_index: int) -> bool:
 def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
     one Q buffer (see HOPPER_CONFIGS)."""
-    block_m, block_n, stages, q_buffers, pingpong = hopper.HOPPER_CONFIGS[head_dim]
+    block_m, block_n, stages, q_buffers, pingpong, p_fp32 = hopper.HOPPER_CONFIGS[head_dim]
     return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=1 if right_edge else q_buffers,
-                      pingpong=pingpong)
+                      pingpong=pingpong, p_fp32=p_fp32)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -173,7 +174,8 @@ def attention_forward(
         prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
-                                                     cfg.num_stages, cfg.q_buffers, cfg.pingpong)
+                                                     cfg.num_stages, cfg.q_buffers, cfg.pingpong,
+                                                     cfg.p_fp32)
         options = dict(num_warps=cfg.num_warps)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
