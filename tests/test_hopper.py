@@ -132,7 +132,8 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
             assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
-        assert (cfg.pingpong, cfg.p_fp32) == hopper_kernels.HOPPER_CONFIGS[d][4:]
+        assert cfg.pingpong == hopper_kernels.HOPPER_CONFIGS[d][4] and not cfg.p_fp32
+        assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).p_fp32 == hopper_kernels.HOPPER_CONFIGS[d][5]
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel

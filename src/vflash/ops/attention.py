@@ -100,10 +100,10 @@ def _is_hopper(device_index: int) -> bool:
 
 def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
-    one Q buffer (see HOPPER_CONFIGS)."""
+    one Q buffer, and P in fp32 where the table says so (see HOPPER_CONFIGS)."""
     block_m, block_n, stages, q_buffers, pingpong, p_fp32 = hopper.HOPPER_CONFIGS[head_dim]
     return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=1 if right_edge else q_buffers,
-                      pingpong=pingpong, p_fp32=p_fp32)
+                      pingpong=pingpong, p_fp32=p_fp32 and right_edge)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
