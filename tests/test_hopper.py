@@ -133,7 +133,7 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
         assert cfg.pingpong == hopper_kernels.HOPPER_CONFIGS[d][4] and not cfg.p_fp32
-        assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).p_fp32 == hopper_kernels.HOPPER_CONFIGS[d][5]
+        assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).p_fp32 == hopper_kernels.HOPPER_CONFIGS[d][5]
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel
