@@ -137,20 +137,24 @@ _PORTABLE = ("the portable kernel's softmax is not overlapped with its MMAs, sin
 _D64_SHORT = ("the portable kernel runs these: the Hopper kernel's 192-row tiles measured behind it below "
               "N = 2048 (370 against 384 at N = 1024); " + _PORTABLE)
 _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with or above cuDNN at long N and below "
-               "FA4's anchors: one exp2 per score on the MUFU (16 per SM per clock) takes as many cycles as that "
-               "score's MMA work at peak, and vflash has neither FA4's polynomial exp2 offload nor its conditional "
-               "rescale (NOTES leads b, c)")
+               "FA4's anchors. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe 57 % active, MUFU (exp2) "
+               "pipe 59 %: one exp2 per score at 16 per SM per clock takes as many cycles as that score's MMA work "
+               "at peak, and the two overlap only in part. Measured and ruled out: moving a consumer's exponentials "
+               "to the FMA pipes (a cubic, FA4's offload) lost 7-20 % (the issue slots then bind); PINGPONG gained "
+               "2-3.5 % and is on. Found, not yet fixed: ptxas puts each consumer's wait for its PV product before "
+               "its softmax, since it reuses P's registers, so softmax and PV do not overlap within a warpgroup "
+               "(NOTES lead h)")
 _SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
           "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
           "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
           "no room for them")
 _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 512), so each tile's serial chain "
-                 "(first QK^T, its softmax, last PV, output store) is exposed. Measured and ruled out as the main "
-                 "cost (NOTES session 6, D = 128 N = 512): a deeper K/V ring (237 against 243), two Q buffers "
-                 "(229 against 246), 64-key tiles with less waste on the diagonal (264, but 405 against 449 at "
-                 "N = 2048); the persistent grid with a stride coprime to the row blocks gained 3 %. Not yet "
-                 "tried: ordering the two consumer warpgroups' MMAs and softmax against each other, as "
-                 "FlashAttention-3's ping-pong does (NOTES lead g)")
+                 "(first QK^T, its softmax, last PV, output store) is exposed; Nsight Compute at D = 128, N = 512: "
+                 "tensor pipe 33 % active. Measured and ruled out as the main cost (NOTES sessions 6-7, D = 128 "
+                 "N = 512-1024): a deeper K/V ring (237 against 243), two Q buffers (229 against 246), 64-key tiles "
+                 "with less waste on the diagonal (264, but 405 against 449 at N = 2048), FlashAttention-3's "
+                 "ping-pong order of the consumers (359 against 362 at N = 1024); the persistent grid with a stride "
+                 "coprime to the row blocks gained 3 %")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT,
     ("fa", 64, True, False): ("the portable kernel runs these: Hopper 192-row tiles measured 153-355 against "
@@ -160,9 +164,11 @@ GAP_WHY = {
     ("fa", 128, False, False): _SHORT,
     ("fa", 128, True, False): _SHORT_CAUSAL,
     ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is level with cuDNN at long N; FA4's "
-                               "anchors stay ahead. Not diagnosed further; candidates: three warpgroup barriers "
-                               "per key tile that Triton inserts, the O rescale on every tile (FA4 skips most), "
-                               "128-key tiles (FA3 uses 176; Gluon tensor shapes are powers of two)"),
+                               "anchors stay ahead. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe "
+                               "75.5 % active; ptxas puts each consumer's wait for its PV product before its "
+                               "softmax (it reuses P's registers), so softmax and PV do not overlap within a "
+                               "warpgroup as in FA3 (NOTES lead h, not yet fixed). PINGPONG lost 0-2 % here; other "
+                               "candidates: the O rescale on every tile (FA4 skips most), 128-key tiles"),
     ("fa", 128, True, True): ("as the non-causal long rows; causal work tiles also get one CTA each at these "
                               "lengths (fewer heads than the persistent stride, whose static order would "
                               "unbalance them: NOTES session 4, step 5)"),
