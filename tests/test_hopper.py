@@ -31,7 +31,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
         variants = [
             # three consumers taking turns, P carried in fp32
             dict(head_dim=64, block_m=192, causal=True, pingpong=True, p_fp32=True),
-            dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2),
+            dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
+                 late_pv_wait=True),
             dict(head_dim=256, block_n=64),
         ]
         for kw in variants:
@@ -125,19 +126,20 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
     dev = torch.device("cuda", 0)
     for d, (min_plain, min_causal, min_waves) in hopper_kernels.HOPPER_USE.items():
         cfg = ops.choose_config(d, torch.float16, -1, max(min_plain, 4096), 32, dev, d)
-        assert cfg.hopper and cfg.num_warps == 4 and cfg.block_m == hopper_kernels.HOPPER_CONFIGS[d][0]
+        assert cfg.hopper and cfg.num_warps == 4 and cfg.block_m == hopper_kernels.HOPPER_CONFIGS[d].block_m
         assert ops.choose_config(d, torch.float16, -1, min_plain, 512, dev, d).hopper
         assert ops.choose_config(d, torch.float16, 0, min_causal, 512, dev, d).hopper
         if min_causal > 1:
             assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
-        assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d][3]
-        assert cfg.pingpong == hopper_kernels.HOPPER_CONFIGS[d][4] and not cfg.p_fp32
-        assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).p_fp32 == hopper_kernels.HOPPER_CONFIGS[d][5]
+        assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d].q_buffers
+        tiles = hopper_kernels.HOPPER_CONFIGS[d]
+        assert (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait) == (tiles.pingpong, False, tiles.late_pv_wait)
+        assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).p_fp32 == tiles.p_fp32_causal
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel
-            block_m = hopper_kernels.HOPPER_CONFIGS[d][0]
+            block_m = hopper_kernels.HOPPER_CONFIGS[d].block_m
             assert not ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d).hopper  # 176 tiles, 132 SMs
             assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).hopper
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
@@ -179,19 +181,22 @@ def _hopper_cases():
 
 def _schedules(d):
     # Every Q-buffer count a head dim has room for, each with the launcher's
-    # switches and with PINGPONG, then P_FP32, flipped from them.
+    # switches and with PINGPONG, P_FP32 and LATE_PV_WAIT, one at a time, flipped.
     cfg = ops.hopper_config(d)
-    return [(qb, pp, p32) for qb in range(1, hopper_kernels.HOPPER_CONFIGS[d][3] + 1)
-            for pp, p32 in ((cfg.pingpong, cfg.p_fp32), (not cfg.pingpong, cfg.p_fp32), (cfg.pingpong, not cfg.p_fp32))]
+    base = (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait)
+    flips = [base] + [tuple(not x if i == k else x for i, x in enumerate(base)) for k in range(3)]
+    return [(qb, *f) for qb in range(1, hopper_kernels.HOPPER_CONFIGS[d].q_buffers + 1) for f in flips]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32", [
-    pytest.param(c, qb, pp, p32, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}{'-p32' if p32 else ''}")
-    for c in _hopper_cases() for qb, pp, p32 in _schedules(c.D)])
-def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32):
-    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32)
+@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait", [
+    pytest.param(c, qb, pp, p32, late, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
+                                          f"{'-p32' if p32 else ''}{'-late' if late else ''}")
+    for c in _hopper_cases() for qb, pp, p32, late in _schedules(c.D)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait):
+    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32,
+                              late_pv_wait=late_pv_wait)
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))

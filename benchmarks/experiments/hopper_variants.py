@@ -42,6 +42,7 @@ class Variant(NamedTuple):
     q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (ops.hopper_config)
     pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
+    late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
 
 
 VARIANTS = {
@@ -49,9 +50,13 @@ VARIANTS = {
          Variant("2c", 128, 128, 2, pingpong=False),
          Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True),
          Variant("3c-pp-p16", 192, 128, 2, pingpong=True, p_fp32=False),
-         Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True)],
+         Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
+         Variant("late", 192, 128, 2, p_fp32=False, late=True)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
+          Variant("late", 128, 128, 2, p_fp32=False, late=True),
+          Variant("late-p32", 128, 128, 2, p_fp32=True, late=True),
+          Variant("late-pp", 128, 128, 2, pingpong=True, p_fp32=False, late=True),
           Variant("q1", 128, 128, 2, q_buffers=1),
           Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
           Variant("persist-132", 128, 128, 2, True, 132),
@@ -60,6 +65,7 @@ VARIANTS = {
           Variant("n64-s3", 128, 64, 3, q_buffers=1)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
+          Variant("late", 128, 64, 2, late=True),
           Variant("tile-per-cta", 128, 64, 2, False),
           Variant("n32-s4", 128, 32, 4)],
 }
@@ -70,13 +76,14 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     Hkv, Nk = k.shape[1], k.shape[2]
     off, left, right = ops.mask_band(Nq, Nk, causal, window)
     descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
-    cfg = ops.hopper_config(D)
+    cfg = ops.hopper_config(D, right >= 0)  # the launcher's choices, where a variant leaves one open
     pingpong = cfg.pingpong if var.pingpong is None else var.pingpong
     p_fp32 = cfg.p_fp32 if var.p_fp32 is None else var.p_fp32
+    late = cfg.late_pv_wait if var.late is None else var.late
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
-                                                 var.q_buffers or ops.hopper_config(D, right >= 0).q_buffers,
-                                                 pingpong, p_fp32)
+                                                 var.q_buffers or cfg.q_buffers,
+                                                 pingpong, p_fp32, late)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

@@ -28,11 +28,15 @@ shape of FlashAttention-3:
 - P_FP32 (per head dim): P goes from one iteration to the next in fp32 and is
   packed into the PV product's operand where that product is issued (see
   _carried_p).
+- LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
+  softmax of tile j in the SASS too, where ptxas would otherwise move it up.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
 only for what it covers (see `ops/attention.py`).
 """
+
+from typing import NamedTuple
 
 from vflash.kernels.attention_fwd import key_range, masked_logits, softmax_step
 
@@ -154,12 +158,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pipelined_tiles(
-        o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+        o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, anchor,
         kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
+        LATE_PV_WAIT: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -200,6 +205,13 @@ if HAVE_GLUON:
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
             p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+            if LATE_PV_WAIT:
+                # ptxas otherwise hoists the PV_{j-1} wait below to the start of
+                # this softmax (it fills a latency gap with it), so the softmax
+                # would not overlap P_{j-1} V_{j-1}. It keeps the wait after a
+                # shared-memory store: the row sums, the softmax's last result,
+                # go to a scratch row that nothing reads (NOTES session 7, lead h).
+                anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
             p = _carried_p(p_f32, p_layout, q_tile.dtype, P_FP32)
@@ -216,12 +228,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumer_partition(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
         n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr,
+        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -272,19 +284,22 @@ if HAVE_GLUON:
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                    anchor,
                     kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
+                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                    anchor,
                     kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                    anchor,
                     kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
@@ -329,7 +344,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-        PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
+        PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -353,6 +368,9 @@ if HAVE_GLUON:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turns = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        # Written, never read: LATE_PV_WAIT's scratch rows, one per consumer (room
+        # for four: Gluon's shapes are powers of two).
+        anchor = gl.allocate_shared_memory(gl.float32, [4 * ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         for i in gl.static_range(NUM_CONSUMERS * Q_BUFFERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
@@ -388,15 +406,17 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32)),
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32)),
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -405,43 +425,57 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32)),
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32)),
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left,
                                        right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M, BLOCK_N,
                                        HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32)),
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-# Tiles per head dim: (block_m, block_n, stages, q_buffers, pingpong, p_fp32). block_m is two (128)
-# or three (192) consumer warpgroups of 64 rows; stages is the depth of the K/V
-# ring (shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D
-# each, 2 bytes per element). q_buffers 2 lets the next work tile's Q load, and
-# this tile's output store, run while this tile computes: without a right mask
-# edge +13.5 / +6 / +4 % at D = 128 N = 512 / 1024 / 4096 (fp16, NOTES session 6);
-# with one (causal) the launcher takes one buffer, as two measured 1-7 % slower
-# there (not diagnosed); D = 256 has no room for two. D = 64 takes three consumers:
-# with half of D = 128's MMA work per score, a third warpgroup's softmax keeps the
-# tensor cores busy (+6-11 % over two at N >= 4096, benchmarks/NOTES.md).
-# pingpong (PINGPONG: consumers take turns to issue their products) gained 2-3.5 %
-# at D = 64 without a right edge and was even with one; at D = 128 it lost 0-2 %
-# (NOTES session 7). p_fp32: P carried between iterations in fp32 (P_FP32) where
-# there is a right mask edge (causal): +5.3 / +2.7 % at D = 64 / 128, N = 16384,
-# while without one the 16-bit carry measured 0-4.4 % faster (same run, session 7);
-# not measured at D = 256.
+class HopperTiles(NamedTuple):
+    """The kernel's tiles and schedule switches for one head dim."""
+    block_m: int  # two (128) or three (192) consumer warpgroups of 64 query rows
+    block_n: int
+    stages: int  # depth of the K/V ring
+    q_buffers: int  # Q buffers per consumer without a right mask edge (one with it)
+    pingpong: bool  # PINGPONG
+    p_fp32_causal: bool  # P_FP32 where there is a right mask edge
+    late_pv_wait: bool  # LATE_PV_WAIT
+
+
+# Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2
+# bytes per element. Measured on the H200 (fp16, benchmarks/NOTES.md):
+# - q_buffers 2 lets the next work tile's Q load, and this tile's output store, run
+#   while this tile computes: without a right mask edge +13.5 / +6 / +4 % at
+#   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) the launcher
+#   takes one buffer, as two measured 1-7 % slower there (not diagnosed); D = 256
+#   has no room for two.
+# - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
+#   warpgroup's softmax keeps the tensor cores busy (+6-11 % over two at N >= 4096).
+# - pingpong gained 2-3.5 % at D = 64 without a right edge and was even with one; at
+#   D = 128 it lost 0-2 %, at D = 256 0-1 % (session 7).
+# - P carried in fp32 under a right edge (causal): +5.3 / +2.7 % at D = 64 / 128,
+#   N = 16384, while without one the 16-bit carry measured 0-4.4 % faster (same
+#   run, session 7); not measured at D = 256.
+# - late_pv_wait: not yet measured (session 7 built it; the SASS has the wait after
+#   the exponentials at every head dim, but at D = 64 with P in fp32 it spills).
 HOPPER_CONFIGS = {
-    64: (192, 128, 2, 2, True, True),
-    128: (128, 128, 2, 2, False, True),
-    256: (128, 64, 2, 1, False, False),
+    64: HopperTiles(192, 128, 2, 2, pingpong=True, p_fp32_causal=True, late_pv_wait=False),
+    128: HopperTiles(128, 128, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False),
+    256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest

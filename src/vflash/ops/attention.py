@@ -35,7 +35,8 @@ class TileConfig:
     (kernels/attention_fwd_hopper.py; num_stages is its K/V ring depth, num_warps
     4, its producer warps, q_buffers its Q buffers per consumer, pingpong whether
     its consumers take turns to issue their products, p_fp32 whether P goes from
-    one iteration to the next in fp32) instead of the portable Triton one."""
+    one iteration to the next in fp32, late_pv_wait whether the PV wait is kept
+    after the softmax) instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
@@ -45,6 +46,7 @@ class TileConfig:
     q_buffers: int = 1
     pingpong: bool = False
     p_fp32: bool = False
+    late_pv_wait: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -101,9 +103,9 @@ def _is_hopper(device_index: int) -> bool:
 def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
     one Q buffer, and P in fp32 where the table says so (see HOPPER_CONFIGS)."""
-    block_m, block_n, stages, q_buffers, pingpong, p_fp32 = hopper.HOPPER_CONFIGS[head_dim]
-    return TileConfig(block_m, block_n, 4, stages, hopper=True, q_buffers=1 if right_edge else q_buffers,
-                      pingpong=pingpong, p_fp32=p_fp32 and right_edge)
+    t = hopper.HOPPER_CONFIGS[head_dim]
+    return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
+                      pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -118,7 +120,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     sms = _sm_count(device.index)
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
     if (use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index)
-            and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim][0]) >= use[2] * sms):
+            and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) >= use[2] * sms):
         return hopper_config(head_dim, right >= 0)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
@@ -175,7 +177,7 @@ def attention_forward(
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages, cfg.q_buffers, cfg.pingpong,
-                                                     cfg.p_fp32)
+                                                     cfg.p_fp32, cfg.late_pv_wait)
         options = dict(num_warps=cfg.num_warps)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)

@@ -97,7 +97,7 @@ def tma_descriptors(block_n: int) -> Callable:
 
 
 def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
-                block_m, block_n, stages, q_buffers, pingpong=False, p_fp32=False):
+                block_m, block_n, stages, q_buffers, pingpong=False, p_fp32=False, late_pv_wait=False):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
     args = (
         *descs, lse if lse is not None else descs[3].base,
@@ -110,14 +110,15 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=right >= 0,
         CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
-        PINGPONG=pingpong, P_FP32=p_fp32,
+        PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
     )
     return args, constexprs
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
                  stages: int = 2, q_buffers: int = 1, causal: bool = False, window_left: bool = False,
-                 softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False):
+                 softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False,
+                 late_pv_wait: bool = False):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
     Gluon code does not run under it."""
@@ -138,7 +139,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                       HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
                       CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
-                      PINGPONG=pingpong, P_FP32=p_fp32)
+                      PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
