@@ -224,4 +224,3 @@ def test_choose_config_picks_tiles_from_mask_and_grid(monkeypatch):
         assert not fp32.split and fp32.block_m == 64 and fp32.num_warps == 4
     finally:
         ops_attention.default_config.cache_clear()
-
