@@ -20,7 +20,8 @@ shape of FlashAttention-3:
 - In a consumer, both products are asynchronous warpgroup MMAs (wgmma).
   Iteration j issues S_j = Q K_j^T, rescales O for tile j - 1 meanwhile, issues
   O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of tile j while
-  the tensor cores still work on P_{j-1} V_{j-1}. P stays in registers as the A
+  the tensor cores still work on P_{j-1} V_{j-1} (so the source orders it; ptxas
+  moves that wait up unless LATE_PV_WAIT pins it). P stays in registers as the A
   operand of the second MMA.
 - PINGPONG (per head dim, HOPPER_CONFIGS): the consumers take turns to issue
   their products, as FlashAttention-3 orders its warpgroups, so one warpgroup's
