@@ -53,6 +53,8 @@ for step in "$@"; do
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
+               python3 benchmarks/experiments/ncu_summary.py "$R/$name.details.txt" "$R/$name.sass.csv" \
+                 > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;

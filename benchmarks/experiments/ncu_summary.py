@@ -1,0 +1,77 @@
+"""Issue 4 tool: a short text summary of one Nsight Compute profile of the Hopper
+kernel, from the pages `gpu_session.sh profile` exports (ncu's details page and
+its per-SASS-instruction source page as CSV): the pipe and scheduler metrics,
+the executed-instruction mix, and the instructions with the most warp-stall
+samples, each with its top stall reasons. Standard library only.
+
+  python3 benchmarks/experiments/ncu_summary.py NAME.details.txt NAME.sass.csv [--top 30]
+"""
+
+import argparse
+import collections
+import csv
+import re
+
+METRICS = re.compile(r"Duration|SM Frequency|Pipe .*Cycles Active|Inst Executed Pipe|Issue Active|Issued Warp Per "
+                     r"Scheduler|Eligible Warps|Warp Cycles Per Issued|Registers Per Thread|Achieved Occupancy|^Stall ")
+
+
+def details(path):
+    """Metric lines of the details page, first occurrence of each metric name."""
+    seen, out = set(), []
+    for line in open(path):
+        text = line.strip()
+        name = re.split(r"\s{2,}", text)[0] if text else ""
+        if name and METRICS.search(name) and name not in seen:
+            seen.add(name)
+            out.append(text)
+    return out
+
+
+def sass_rows(path):
+    rows = list(csv.reader(open(path)))
+    header = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    return rows[header], rows[header + 1:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("details")
+    ap.add_argument("sass")
+    ap.add_argument("--top", type=int, default=30)
+    a = ap.parse_args()
+    print("## Sections (ncu --page details)")
+    print("\n".join(details(a.details)))
+
+    hdr, rows = sass_rows(a.sass)
+    col = {h: i for i, h in enumerate(hdr)}
+    samples = col["Warp Stall Sampling (All Samples)"]
+    stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+
+    def num(r, c):
+        return int(r[c] or 0) if c < len(r) else 0
+
+    def opcode(src):
+        tokens = src.split()
+        return tokens[1] if tokens[0].startswith("@") else tokens[0]
+
+    executed, sampled = collections.Counter(), collections.Counter()
+    for r in rows:
+        if len(r) > 1 and r[1].strip():
+            executed[opcode(r[1])] += num(r, col["Instructions Executed"])
+            sampled[opcode(r[1])] += num(r, samples)
+    total = sum(executed.values()) or 1
+    print("\n## Instruction mix (executed, from the SASS source page)")
+    for op, n in executed.most_common(16):
+        print(f"{op:32s} {n:14d} {100 * n / total:5.1f}%  stall samples {sampled[op]}")
+
+    all_samples = sum(num(r, samples) for r in rows) or 1
+    print(f"\n## Top {a.top} SASS instructions by warp-stall samples (of {all_samples})")
+    for r in sorted(rows, key=lambda r: -num(r, samples))[:a.top]:
+        reasons = sorted(((num(r, col[h]), h[6:]) for h in stalls), reverse=True)[:3]
+        print(f"{r[0][-5:]} {num(r, samples):7d} {100 * num(r, samples) / all_samples:5.1f}%  {r[1].strip()[:60]:60s} "
+              f"{', '.join(f'{name} {n}' for n, name in reasons if n)}")
+
+
+if __name__ == "__main__":
+    main()
