@@ -29,3 +29,25 @@ def test_late_pv_wait_keeps_the_pv_wait_after_the_exponentials_in_the_sass():
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0 and "CHECK PASS" in r.stdout, r.stdout + r.stderr[-3000:]
     assert r.stdout.count("after the exponentials") >= 2 and "before the exponentials" not in r.stdout, r.stdout
+
+
+def test_ncu_summary_ranks_sass_instructions_by_stall_samples(tmp_path):
+    details = tmp_path / "p.details.txt"
+    details.write_text("    Section: GPU Speed Of Light Throughput\n    Duration     ms     4.07\n"
+                       "    SM: Pipe Tensor Cycles Active     %     57.14\n    Something Else   %   1\n")
+    sass = tmp_path / "p.sass.csv"
+    sass.write_text('"Kernel Name","k",\n'
+                    '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+                    '"stall_wait","stall_long_sb","stall_wait (Not Issued)"\n'
+                    '"0x10","      MUFU.EX2 R1, R1","5","100","4","1","0"\n'
+                    '"0x20","@!P0  BRA 0x10","20","50","0","20","0"\n'
+                    '"0x30","      FADD R2, R1, R2","0","100","0","0","0"\n')
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/ncu_summary.py"), str(details),
+                        str(sass), "--top", "2"], capture_output=True, text=True, check=True)
+    lines = r.stdout.splitlines()
+    assert "Duration     ms     4.07" in lines and not any("Something Else" in x for x in lines)
+    top = lines[lines.index("## Top 2 SASS instructions by warp-stall samples (of 25)") + 1:]
+    assert top[0].split()[:3] == ["0x20", "20", "80.0%"] and "long_sb 20" in top[0]
+    assert "MUFU.EX2" in top[1] and "wait 4, long_sb 1" in top[1]
+    mix = lines[lines.index("## Instruction mix (executed, from the SASS source page)") + 1:]
+    assert mix[0].split()[:2] in (["MUFU.EX2", "100"], ["FADD", "100"])
