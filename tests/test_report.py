@@ -51,6 +51,21 @@ def test_goal_table_marks_rows_against_the_better_engine(tmp_path):
     assert any("| 4096 | 480 | 470 | 613 | 613 | 0.78x | >= 1.00x | no |" in line for line in lines)
 
 
+def test_goal_table_does_not_count_a_row_with_unsteady_timings(tmp_path):
+    rows = ["date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,ms_median,ms_p20,ms_p80,tflops"]
+    # Both rows beat cuDNN; at N = 1024 cuDNN's repetitions spread 1.6x (p80 / p20), so its median is no bar.
+    for n, p80 in ((1024, 0.064), (2048, 0.041)):
+        rows.append(f"d,g,article,vflash,fp16,1,16,16,{n},{n},64,True,ok,0.019,0.0188,0.0195,200.0")
+        rows.append(f"d,g,article,sdpa_cudnn,fp16,1,16,16,{n},{n},64,True,ok,0.05,0.04,{p80},100.0")
+    path = tmp_path / "article.csv"
+    path.write_text("\n".join(rows) + "\n")
+    lines = report.goal_table([(str(path), report._read(str(path)))]).splitlines()
+    assert "**1 of 2**" in lines[0]
+    assert any("| 1024 | 200 | 100 | - | 100 | 2.00x | >= 1.00x | no (unsteady: p80/p20 1.60) |" in line
+               for line in lines)
+    assert any("| 2048 | 200 | 100 | - | 100 | 2.00x | >= 1.00x | yes |" in line for line in lines)
+
+
 def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
     rows = ["date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,ms_median,tflops"]
     # D = 128 non-causal: N 4096 and 8192 below FA4's anchors (613, 639), N 1024 above both bars.

@@ -54,15 +54,14 @@ def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def masked_logits(qk, offs_m, cols, first_key, n_k, off, left, right, softcap_in, softcap_out,
+def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                   MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                   SOFTCAP: tl.constexpr):
     # qk [rows, BLOCK_N] raw q.k in fp32 -> scores, -inf where the key is not
-    # visible; offs_m [rows] are the query rows, key first_key + cols [BLOCK_N]
-    # the tile's keys. With softcap the scores come out capped and in log2 units;
-    # without, they stay raw q.k, and softmax_step applies the scale inside the
-    # exp2's operand (one FMA per score instead of a multiply and a subtract).
-    # Shared with the Hopper kernel.
+    # visible. With softcap they come out capped and in log2 units; without, they
+    # stay raw q.k, and softmax_step applies the scale inside the exp2's operand
+    # (one FMA per score instead of a multiply and a subtract). Shared with the
+    # Hopper kernel.
     LOG2E: tl.constexpr = 1.4426950408889634
     if SOFTCAP:
         # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
@@ -70,16 +69,20 @@ def masked_logits(qk, offs_m, cols, first_key, n_k, off, left, right, softcap_in
         x = qk * softcap_in
         qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
     if MASKED:
-        # The key count and the band's edges fold into each row's last (and first)
-        # visible column of this tile, so a score costs one compare per edge: the
-        # per-row bounds are a few scalar ops (two rows a thread in the Hopper
-        # kernel) against 32 key columns a thread.
-        last_col = offs_m * 0 + (n_k - 1 - first_key)
+        # With a right edge the key count folds into each row's last visible key,
+        # so a score costs one compare per edge, not one more for the count (the
+        # row bounds are a few ops per row, two rows a thread in the Hopper kernel;
+        # a masked loop there drops from 720 to 621 instructions at D = 128 causal).
+        # The key indices stay per column: moving the bounds to the tile's columns
+        # instead changed the schedule of D = 64's unmasked loops too (-1.6 to -4 %
+        # on the H200, benchmarks/NOTES.md session 8); this form leaves those loops
+        # as they were.
         if HAS_RIGHT:
-            last_col = tl.minimum(last_col, offs_m + (off + right - first_key))
-        visible = cols[None, :] <= last_col[:, None]
+            visible = offs_n[None, :] <= tl.minimum(offs_m + off + right, n_k - 1)[:, None]
+        else:
+            visible = offs_n[None, :] < n_k
         if HAS_LEFT:
-            visible = visible & (cols[None, :] >= (offs_m + (off - left - first_key))[:, None])
+            visible = visible & (offs_n[None, :] >= (offs_m + off - left)[:, None])
         qk = tl.where(visible, qk, float("-inf"))
     return qk
 
@@ -142,7 +145,7 @@ def _online_update(
 ):
     # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
-    qk = masked_logits(qk, offs_m, offs_n, 0, n_k, off, left, right, softcap_in, softcap_out,
+    qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, qk_scale, MASKED, SOFTCAP)
     acc = acc * alpha[:, None]

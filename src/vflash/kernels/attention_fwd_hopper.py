@@ -203,8 +203,8 @@ if HAVE_GLUON:
                 turn += 1
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
-            s = masked_logits(s, offs_m, cols, lo + j * BLOCK_N, n_k, off, left, right, softcap_in, softcap_out,
-                              MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
+                              softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
             p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             if LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
@@ -278,7 +278,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
                 if Q_BUFFERS == 2:
                     _release_previous_q(q_empty, C, done)
-                s = masked_logits(s, offs_m, cols, lo, n_k, off, left, right, softcap_in, softcap_out,
+                s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
                 p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
                 p = _carried_p(p_f32, p_layout, dtype, P_FP32)
@@ -468,8 +468,8 @@ class HopperTiles(NamedTuple):
 # - P carried in fp32 under a right edge (causal): +5.3 / +2.7 % at D = 64 / 128,
 #   N = 16384, while without one the 16-bit carry measured 0-4.4 % faster (same
 #   run, session 7); not measured at D = 256.
-# - late_pv_wait: not yet measured (session 7 built it; the SASS has the wait after
-#   the exponentials at every head dim, but at D = 64 with P in fp32 it spills).
+# - late_pv_wait: even to -1.7 % at D = 128 (session 8: the other consumer's products
+#   already fill the tensor cores during a softmax); not timed at D = 64 / 256.
 HOPPER_CONFIGS = {
     64: HopperTiles(192, 128, 2, 2, pingpong=True, p_fp32_causal=True, late_pv_wait=False),
     128: HopperTiles(128, 128, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False),
