@@ -237,9 +237,9 @@ def host_gap(folders):
 
 
 # A row whose vflash or cuDNN timing spreads wider than this (p80 / p20 of the
-# repetitions) is not counted as meeting the bar: at 20 us, SDPA cuDNN's host work
-# can outlast its kernel, and its median then swings from run to run (article
-# N = 1024 causal: 121 TFLOP/s in -s7, 43 in -s8 with p80 / p20 = 1.60).
+# repetitions) is not counted as meeting the bar: its median is no yardstick. SDPA
+# cuDNN's calls of about 20 us swing so from run to run (article N = 1024 causal:
+# 121 TFLOP/s in -s7, 43 in -s8 with p80 / p20 = 1.60).
 UNSTEADY = 1.5
 
 

@@ -7,7 +7,8 @@ shapes (16k tokens, model width 2048). Run it alternately from the two trees in
 one device call, e.g. a copy of the old sources made with
 `git archive HEAD src | tar -x -C .ab/old` (`.ab/` is ignored; carry it):
 
-  for r in 1 2; do for t in .ab/old/src src; do PYTHONPATH=$t python3 ab_trees.py --label $t; done; done
+  for r in 1 2; do for t in .ab/old/src src; do
+    PYTHONPATH=$t python3 benchmarks/experiments/ab_trees.py --label $t; done; done
 
 GPU only:  PYTHONPATH=src python3 benchmarks/experiments/ab_trees.py --label new [--shapes 128:512:c,64:4096]
 """
