@@ -5,7 +5,7 @@
 # Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host profile
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -57,6 +57,11 @@ for step in "$@"; do
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
+    ab) # ab_trees.py from each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"), alternating, two rounds
+        for r in 1 2; do for t in ${AB_TREES:-src}; do
+          PYTHONPATH=$PWD/$t timeout 80 python3 benchmarks/experiments/ab_trees.py --label "$t" \
+            ${AB_SHAPES:+--shapes "$AB_SHAPES"}
+        done; done >> "$R/ab.txt" 2>&1; tail -40 "$R/ab.txt" ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1

@@ -58,6 +58,7 @@ VARIANTS = {
           Variant("late-p32", 128, 128, 2, p_fp32=True, late=True),
           Variant("late-pp", 128, 128, 2, pingpong=True, p_fp32=False, late=True),
           Variant("q1", 128, 128, 2, q_buffers=1), Variant("q2", 128, 128, 2, q_buffers=2),
+          Variant("q2-p16", 128, 128, 2, q_buffers=2, p_fp32=False),
           Variant("tile-per-cta", 128, 128, 2, False), Variant("q1-tile-per-cta", 128, 128, 2, False, q_buffers=1),
           Variant("persist-132", 128, 128, 2, True, 132),
           # short causal: a deeper ring, or narrower key tiles (less waste on the diagonal)
