@@ -105,14 +105,19 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
         off, left, right,
         *score_scales(scale, softcap),
     )
-    constexprs = dict(
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
-        STORE_LSE=lse is not None, REVERSE_M=right >= 0,
-        CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
-        PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
-    )
-    return args, constexprs
+    return args, _constexprs(D, block_m, block_n, stages, q_buffers, left >= 0, right >= 0, softcap is not None,
+                             lse is not None, pingpong, p_fp32, late_pv_wait)
+
+
+def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
+                pingpong, p_fp32, late_pv_wait) -> dict:
+    """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
+    compile_sm90 alike: causal tiles run longest first (REVERSE_M), and the
+    consumer count sets the consumers' register budget."""
+    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_LEFT=has_left,
+                HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
+                CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
+                PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
@@ -136,10 +141,8 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
                  "LSE": "*fp32", "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                      HAS_LEFT=window_left, HAS_RIGHT=causal, SOFTCAP=softcap, STORE_LSE=lse, REVERSE_M=causal,
-                      CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
-                      PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait)
+    constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
+                             pingpong, p_fp32, late_pv_wait)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
