@@ -2,8 +2,8 @@
 
 A kernel change that touches every variant (a shared helper, say) cannot be a
 hopper_variants.py variant; this times `vflash.attention` from whichever tree is
-on PYTHONPATH, with SDPA cuDNN in the same process as the yardstick, on fa sweep
-shapes (16k tokens, model width 2048). Run it alternately from the two trees in
+on PYTHONPATH, with SDPA cuDNN in the same process as the yardstick, on the fa and d256
+sweeps' shapes (16k tokens). Run it alternately from the two trees in
 one device call, e.g. a copy of the old sources made with
 `git archive HEAD src | tar -x -C .ab/old` (`.ab/` is ignored; carry it):
 
@@ -19,7 +19,7 @@ import sys
 import torch
 
 from vflash import attention
-from vflash.harness.bench import Shape, attention_flops, gemm_warmup
+from vflash.harness.bench import attention_flops, gemm_warmup, sweep_shapes
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from hopper_path import make, sdpa_calls, tflops  # noqa: E402
@@ -34,16 +34,20 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     a = ap.parse_args()
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
-    gemm_warmup()
+    sweep = {(s.D, s.Nq, s.causal): s for s in sweep_shapes("fa") + sweep_shapes("d256")}
+    shapes = []
     for spec in a.shapes.split(","):
         d, n, *c = spec.split(":")
-        d, n, causal = int(d), int(n), bool(c)
-        B, H = 16384 // n, 2048 // d
-        q, k, v = make(B, H, H, n, n, d, dtype, "bhnd")
-        flops = attention_flops(Shape(B, H, H, n, n, d, causal))
-        res = tflops([("vflash", lambda: attention(q, k, v, causal=causal))] +
-                     [(name, fn) for name, fn in sdpa_calls(q, k, v, causal) if "cudnn" in name], flops)
-        print(f"{a.label} D{d} N{n} causal={int(causal)}: " + "  ".join(f"{nm}:{t:.0f}" for nm, t in res), flush=True)
+        if (int(d), int(n), bool(c)) not in sweep:
+            ap.error(f"{spec}: not a shape of the fa or d256 sweep")
+        shapes.append(sweep[(int(d), int(n), bool(c))])
+    gemm_warmup()
+    for s in shapes:
+        q, k, v = make(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, dtype, "bhnd")
+        res = tflops([("vflash", lambda: attention(q, k, v, causal=s.causal))] +
+                     [(name, fn) for name, fn in sdpa_calls(q, k, v, s.causal) if "cudnn" in name], attention_flops(s))
+        print(f"{a.label} D{s.D} N{s.Nq} causal={int(s.causal)}: " + "  ".join(f"{nm}:{t:.0f}" for nm, t in res),
+              flush=True)
     return 0
 
 

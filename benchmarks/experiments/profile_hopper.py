@@ -13,6 +13,7 @@ import argparse
 import torch
 
 import vflash
+from vflash.harness.bench import sweep_shapes
 
 
 def main() -> None:
@@ -22,9 +23,12 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
     a = ap.parse_args()
-    # The fa sweep's shapes: 16k tokens, 2048 model width.
-    b, h = 16384 // a.n, 2048 // a.d
-    q, k, v = (torch.randn(b, h, a.n, a.d, device="cuda", dtype=torch.float16) for _ in range(3))
+    # The bench sweeps' shape of this head dim, length and masking.
+    sweep = {(s.D, s.Nq, s.causal): s for s in sweep_shapes("fa") + sweep_shapes("d256")}
+    if (a.d, a.n, a.causal) not in sweep:
+        ap.error(f"D = {a.d}, N = {a.n}: not a shape of the fa or d256 sweep")
+    s = sweep[(a.d, a.n, a.causal)]
+    q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
     for _ in range(a.calls):
         vflash.attention(q, k, v, causal="bottom_right" if a.causal else False)
     torch.cuda.synchronize()
