@@ -134,8 +134,12 @@ def _fa4_anchors():
 # sweeps share the key "fa".
 _PORTABLE = ("the portable kernel's softmax is not overlapped with its MMAs, since Triton 3.6 does not "
              "warp-specialize it on Hopper")
-_D64_SHORT = ("the portable kernel runs these: the Hopper kernel's 192-row tiles measured behind it below "
-              "N = 2048 (370 against 384 at N = 1024); " + _PORTABLE)
+_D64_SHORT = ("the portable kernel runs these: a grid of under 4 waves of the Hopper kernel's 192-row tiles leaves "
+              "SMs idle in the last one (B = 1, H = 16, N = 2048: 176 tiles on 132 SMs, 274 against the portable "
+              "kernel's 349); " + _PORTABLE)
+_D64_SHORT_HOPPER = ("the Hopper kernel with three consumer warpgroups runs these since P's packed carry (NOTES "
+                     "session 9: 368 / 409 against the portable kernel's 345 / 386 at N 512 / 1024); a work tile "
+                     "has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one CTA per SM")
 _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with or above cuDNN at long N and below "
                "FA4's anchors. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe 57 % active, MUFU (exp2) "
                "pipe 59 %: one exp2 per score at 16 per SM per clock takes as many cycles as that score's MMA work "
@@ -144,7 +148,8 @@ _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with o
                "2-3.5 % and is on. ptxas puts each consumer's wait for its PV product before its softmax, so softmax "
                "and PV do not overlap within a warpgroup; pinning the wait after the softmax (LATE_PV_WAIT) "
                "gained nothing at D = 128 (NOTES session 8), as the other consumers' products already fill the "
-               "tensor cores meanwhile")
+               "tensor cores meanwhile. Carrying P packed two halves to a register took the PRMTs out of the loop "
+               "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9)")
 _SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
           "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
           "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
@@ -159,7 +164,7 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "an unmasked one; folding the key count into each row's edge gained 3-6 % at D = 128 N 512-2048 "
                  "(NOTES session 8)")
 GAP_WHY = {
-    ("fa", 64, False, False): _D64_SHORT,
+    ("fa", 64, False, False): _D64_SHORT_HOPPER,
     ("fa", 64, True, False): ("the portable kernel runs these: Hopper 192-row tiles measured 153-355 against "
                               "295-380 at N = 1024-4096 (the diagonal tiles waste more); " + _PORTABLE),
     ("fa", 64, False, True): _D64_HOPPER,
@@ -171,7 +176,9 @@ GAP_WHY = {
                                "75.5 % active. Measured and ruled out: keeping each consumer's PV wait after its "
                                "softmax (LATE_PV_WAIT, FA3's intra-warpgroup overlap: 0 to -1.7 %, NOTES session "
                                "8; the other consumer's products already fill the tensor cores), PINGPONG (0 to "
-                               "-2 %). Other candidates: the O rescale on every tile (FA4 skips most)"),
+                               "-2 %). Carrying P packed two halves to a register (491 -> 459 instructions a key "
+                               "tile) gained 2-3 % (NOTES session 9). Other candidates: the O rescale on every tile "
+                               "(FA4 skips most)"),
     ("fa", 128, True, True): ("as the non-causal long rows; causal work tiles also get one CTA each at these "
                               "lengths (fewer heads than the persistent stride, whose static order would "
                               "unbalance them: NOTES session 4, step 5)"),

@@ -31,6 +31,20 @@ def test_late_pv_wait_keeps_the_pv_wait_after_the_exponentials_in_the_sass():
     assert r.stdout.count("after the exponentials") >= 2 and "before the exponentials" not in r.stdout, r.stdout
 
 
+def test_p_carried_between_key_tiles_needs_no_byte_shuffles_in_the_sass():
+    # The 16-bit P goes from one key tile to the next packed two to a 32-bit
+    # register: carried as separate halves, ptxas paired them in the opposite order
+    # to the PV product's operand and swapped each pair back with a PRMT (32 a key
+    # tile at D = 64, 7 % of the loop; NOTES session 9). The build is the three-
+    # consumer D = 64 kernel the launcher runs without a right mask edge.
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/sass_schedule.py"), "--check",
+                        "--variants", "[dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False)]"],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0 and "CHECK PASS" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert r.stdout.count(" 0 PRMT") >= 2 and "loop:" in r.stdout, r.stdout
+
+
 def test_ncu_summary_ranks_sass_instructions_by_stall_samples(tmp_path):
     details = tmp_path / "p.details.txt"
     details.write_text("    Section: GPU Speed Of Light Throughput\n    Duration     ms     4.07\n"

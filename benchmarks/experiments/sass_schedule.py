@@ -7,7 +7,9 @@ kind): its instruction count, spill instructions (local memory), PRMTs, the span
 of its MUFU.EX2s, and where the PV wait (WARPGROUP.DEPBAR.LE gsb0, 0x0) sits.
 LATE_PV_WAIT exists because ptxas hoisted that wait above the softmax
 (benchmarks/NOTES.md session 7, lead h); --check exits 1 unless every loop of a
-late_pv_wait build has its wait after its last MUFU.EX2.
+late_pv_wait build has its wait after its last MUFU.EX2, and unless no loop holds a
+PRMT (the byte shuffles ptxas put before each PV product while P was carried as
+16-bit values: 32 a key tile, 7 % of the loop, NOTES session 9).
 
 CPU:  PYTHONPATH=src python3 benchmarks/experiments/sass_schedule.py [--check] [--variants "[dict(...)]"]
 """
@@ -71,7 +73,8 @@ def inner_loops(text: str):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", help="a Python list of compile_sm90 keyword dicts")
-    ap.add_argument("--check", action="store_true", help="fail unless late_pv_wait builds wait after the softmax")
+    ap.add_argument("--check", action="store_true",
+                    help="fail unless late_pv_wait builds wait after the softmax and no loop has a PRMT")
     a = ap.parse_args()
     ok = True
     for kw in eval(a.variants) if a.variants else DEFAULT_VARIANTS:
@@ -83,7 +86,7 @@ def main() -> int:
             print(f"  loop: {lp['instructions']} instructions, {lp['spills']} spill, {lp['prmt']} PRMT, "
                   f"MUFU.EX2 at {lp['mufu'][0]}-{lp['mufu'][1]}, PV wait at {lp['pv_wait']}"
                   f" ({'after' if late else 'before'} the exponentials)")
-            if kw.get("late_pv_wait") and not late:
+            if (kw.get("late_pv_wait") and not late) or lp["prmt"]:
                 ok = False
         if not loops:
             print("  no key-tile loop found")

@@ -27,8 +27,9 @@ shape of FlashAttention-3:
   their products, as FlashAttention-3 orders its warpgroups, so one warpgroup's
   softmax overlaps another's MMAs.
 - P_FP32 (per head dim): P goes from one iteration to the next in fp32 and is
-  packed into the PV product's operand where that product is issued (see
-  _carried_p).
+  packed into the PV product's operand where that product is issued; without
+  it, P is rounded where it is computed and carried packed two halves to a
+  32-bit register (see _carried_p).
 - LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
 
@@ -62,6 +63,8 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
 
 
 if HAVE_GLUON:
+    _F16_PAIR = gl.constexpr((gl.float16, gl.float16))
+    _BF16_PAIR = gl.constexpr((gl.bfloat16, gl.bfloat16))
 
     @gluon.jit
     def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
@@ -133,16 +136,28 @@ if HAVE_GLUON:
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
-    def _carried_p(p_f32, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
+    def _carried_p(p_f32, dtype: gl.constexpr, P_FP32: gl.constexpr):
         # P [ROWS, BLOCK_N] as carried to the iteration that issues its PV
-        # product: fp32 in the S layout with P_FP32, else the fp16 / bf16 operand.
-        # Carried in 16 bits, ptxas pairs P's halves into registers in the
-        # opposite order to the product's operand and swaps each pair back with
-        # a PRMT before the product (32 per tile, Nsight profile, NOTES session 7).
+        # product: fp32 in the S layout with P_FP32, else rounded to 16 bits and
+        # packed two to a 32-bit register, [ROWS, BLOCK_N // 2] int32. Carried as
+        # separate 16-bit values, ptxas paired P's halves into registers in the
+        # opposite order to the product's operand and swapped each pair back with
+        # a PRMT before the product (32 per tile, NOTES sessions 7 and 9); a
+        # 32-bit carry leaves it nothing to pair.
         if P_FP32:
             return p_f32
         else:
-            return gl.convert_layout(p_f32.to(dtype), p_layout)
+            ROWS: gl.constexpr = p_f32.shape[0]
+            BLOCK_N: gl.constexpr = p_f32.shape[1]
+            # Columns 2c and 2c + 1 are held by one thread (the wgmma accumulator
+            # layout), so the split stays in registers.
+            lo, hi = gl.split(gl.reshape(p_f32, [ROWS, BLOCK_N // 2, 2]))
+            if dtype == gl.bfloat16:
+                return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                                 dtype=gl.int32, is_pure=True, pack=1)
+            else:
+                return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                                 dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
     def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
@@ -155,7 +170,12 @@ if HAVE_GLUON:
             p = gl.convert_layout(p.to(dtype), p_layout)
             return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)
         else:
-            return p
+            ROWS: gl.constexpr = p.shape[0]
+            HALF_N: gl.constexpr = p.shape[1]
+            lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
+                                               dtype=_F16_PAIR if dtype == gl.float16 else _BF16_PAIR,
+                                               is_pure=True, pack=1)
+            return gl.convert_layout(gl.reshape(gl.join(lo, hi), [ROWS, 2 * HALF_N]), p_layout)
 
     @gluon.jit
     def _pipelined_tiles(
@@ -215,7 +235,7 @@ if HAVE_GLUON:
                 anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
-            p = _carried_p(p_f32, p_layout, q_tile.dtype, P_FP32)
+            p = _carried_p(p_f32, q_tile.dtype, P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
@@ -281,7 +301,7 @@ if HAVE_GLUON:
                 s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
                 p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
-                p = _carried_p(p_f32, p_layout, dtype, P_FP32)
+                p = _carried_p(p_f32, dtype, P_FP32)
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
@@ -462,7 +482,12 @@ class HopperTiles(NamedTuple):
 #   D = 128 it lost 0-2 %, at D = 256 0-1 % (session 7).
 # - P carried in fp32 under a right edge (causal): +5.3 / +2.7 % at D = 64 / 128,
 #   N = 16384, while without one the 16-bit carry measured 0-4.4 % faster (same
-#   run, session 7); not measured at D = 256.
+#   run, session 7); not measured at D = 256. Both against the 16-bit carry of
+#   separate halves; packing the halves into 32-bit registers (session 9) took
+#   the PRMTs out of the loops (D = 64 458 -> 426 instructions a key tile, D = 128
+#   491 -> 459) and gained 1-5 % without a right edge (same-run A/B: D = 64
+#   N = 16384 483 -> 508, D = 128 N = 4096 / 16384 588 / 592 -> 607 / 610).
+#   Causal keeps P_FP32: the packed carry was not timed there.
 # - late_pv_wait: even to -1.7 % at D = 128 (session 8: the other consumer's products
 #   already fill the tensor cores during a softmax); not timed at D = 64 / 256.
 HOPPER_CONFIGS = {
@@ -475,13 +500,14 @@ HOPPER_CONFIGS = {
 # work tiles per SM). From the H200 runs in benchmarks/NOTES.md (fp16, TFLOP/s,
 # same run). D = 128 / 256: ahead at every length since the causal grid went
 # persistent (session 6: causal N = 512, 246 against 242 at D = 128, 315 against
-# 226 at D = 256). D = 64 (192-row tiles): non-causal 440 against 394 at N = 4096
-# but 370 against 384 at 1024; causal 444 against 410 at 16384 but 355 against
+# 226 at D = 256). D = 64 (192-row tiles): non-causal ahead from N = 512 since P's
+# packed carry (session 9: 368 against the portable kernel's 345 at N = 512, 409
+# against 386 at 1024); causal 444 against 410 at 16384 but 355 against
 # 380 at 4096 (a 192-row tile wastes more on the diagonal); and a grid of under 4
 # waves leaves SMs idle in the last one (B = 1, H = 16, N = 2048: 176 tiles on 132
 # SMs, 274 against the portable kernel's 349).
 HOPPER_USE = {
-    64: (2048, 8192, 4),
+    64: (512, 8192, 4),
     128: (1, 1, 0),
     256: (1, 1, 0),
 }
