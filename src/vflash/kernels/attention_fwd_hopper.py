@@ -32,6 +32,10 @@ shape of FlashAttention-3:
   32-bit register (see _carried_p).
 - LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
+- LAZY_RESCALE (an experiment, off in the launcher until measured): FlashAttention-4's
+  lazy reference max (a row's max moves only when a tile's exceeds it by more
+  than LAZY_SLACK), and each warp branches over O's rescale when all its rows
+  have alpha == 1 (see _lazy_softmax_step, _rescale).
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -62,7 +66,20 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
     HAVE_GLUON = False
 
 
+# _rescale's asm over 16 accumulator values: outputs $0-$15 tied to inputs $16-$31,
+# alphas $32-$47.
+_RESCALE_ASM_TEXT = ("{\n.reg .pred same;\nsetp.eq.f32 same, $32, 0f3F800000;\n"
+                "setp.eq.and.f32 same, $34, 0f3F800000, same;\nvote.sync.all.pred same, same, 0xffffffff;\n"
+                "@same bra.uni SKIP;\n" + "".join(f"mul.f32 ${i}, ${i}, ${32 + i};\n" for i in range(16))
+                + "SKIP:\n}")
+_RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] + ["r"] * 16)
+
 if HAVE_GLUON:
+    _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
+    _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
+    # FlashAttention-4's bound on how far a row's max may run ahead of its
+    # reference (log2 units; p <= 2^8).
+    LAZY_SLACK = gl.constexpr(8.0)
     _F16_PAIR = gl.constexpr((gl.float16, gl.float16))
     _BF16_PAIR = gl.constexpr((gl.bfloat16, gl.bfloat16))
 
@@ -178,6 +195,44 @@ if HAVE_GLUON:
             return gl.convert_layout(gl.reshape(gl.join(lo, hi), [ROWS, 2 * HALF_N]), p_layout)
 
     @gluon.jit
+    def _lazy_softmax_step(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, SOFTCAP: gl.constexpr):
+        # softmax_step with FlashAttention-4's lazy reference max: a row's m moves
+        # only when the tile's max exceeds it by more than LAZY_SLACK (log2 units),
+        # so p <= 2^LAZY_SLACK and alpha is exactly 1 on most tiles, which lets
+        # _rescale skip O's multiply. Exact either way: O, l and the LSE all use the
+        # same m; only the rounding differs.
+        if SOFTCAP:
+            m_tile = gl.max(s, 1)
+        else:
+            m_tile = gl.max(s, 1) * qk_scale
+        m_new = gl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
+        if MASKED:
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        if SOFTCAP:
+            p = gl.exp2(s - m_ref[:, None])
+        else:
+            p = gl.exp2(s * qk_scale - m_ref[:, None])
+        alpha = gl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _rescale(o, alpha, LAZY: gl.constexpr):
+        # o [ROWS, HEAD_DIM] * alpha [ROWS] (o's row layout). LAZY: a warp whose
+        # rows all have alpha == 1 branches over the multiply (a vote makes the
+        # branch warp-uniform). The asm takes 16 of a thread's accumulator values
+        # at a time, in the wgmma layout's order: per 8 columns (r, c), (r, c + 1),
+        # (r + 8, c), (r + 8, c + 1), so values 0 and 2 carry both of its rows' alphas.
+        if LAZY:
+            a = gl.zeros_like(o) + alpha[:, None]
+            return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS, [o, a], dtype=gl.float32,
+                                             is_pure=True, pack=16)
+        else:
+            return o * alpha[:, None]
+
+    @gluon.jit
     def _pipelined_tiles(
         o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, anchor,
         kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
@@ -185,7 +240,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
-        LATE_PV_WAIT: gl.constexpr,
+        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -215,7 +270,7 @@ if HAVE_GLUON:
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait, benchmarks/NOTES.md).
-            o = o * gl.convert_layout(alpha, o_rows)[:, None]
+            o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             if PINGPONG:
@@ -225,7 +280,10 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+            if LAZY_RESCALE:
+                p_f32, alpha, m_i, l_i = _lazy_softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+            else:
+                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             if LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
                 # this softmax (it fills a latency gap with it), so the softmax
@@ -254,7 +312,7 @@ if HAVE_GLUON:
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr,
+        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -307,22 +365,25 @@ if HAVE_GLUON:
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
+                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT)
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
-                o = o * gl.convert_layout(alpha, o_rows)[:, None]
+                o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
                 p_op = _p_operand(p, p_layout, dtype, P_FP32)
                 o = warpgroup_mma(p_op, v_tile, o, is_async=True)
                 o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
@@ -362,7 +423,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-        PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr,
+        PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -427,12 +488,12 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -444,17 +505,17 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
