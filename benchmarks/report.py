@@ -162,7 +162,8 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "ping-pong order of the consumers (359 against 362 at N = 1024); the persistent grid with a stride "
                  "coprime to the row blocks gained 3 %. Each masked (diagonal) tile cost 58 % more instructions than "
                  "an unmasked one; folding the key count into each row's edge gained 3-6 % at D = 128 N 512-2048 "
-                 "(NOTES session 8)")
+                 "(NOTES session 8; 1-5 % in session 9's A/B). Two Q buffers with P in 16 bits, a build without "
+                 "spills, also lost (240 against 259 at N = 512, NOTES session 9)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
     ("fa", 64, True, False): ("the portable kernel runs these: Hopper 192-row tiles measured 153-355 against "
