@@ -69,9 +69,9 @@ except (ImportError, AttributeError):  # a Triton without Gluon: the portable ke
 # _rescale's asm over 16 accumulator values: outputs $0-$15 tied to inputs $16-$31,
 # alphas $32-$47.
 _RESCALE_ASM_TEXT = ("{\n.reg .pred same;\nsetp.eq.f32 same, $32, 0f3F800000;\n"
-                "setp.eq.and.f32 same, $34, 0f3F800000, same;\nvote.sync.all.pred same, same, 0xffffffff;\n"
-                "@same bra.uni SKIP;\n" + "".join(f"mul.f32 ${i}, ${i}, ${32 + i};\n" for i in range(16))
-                + "SKIP:\n}")
+                     "setp.eq.and.f32 same, $34, 0f3F800000, same;\nvote.sync.all.pred same, same, 0xffffffff;\n"
+                     "@same bra.uni SKIP;\n" + "".join(f"mul.f32 ${i}, ${i}, ${32 + i};\n" for i in range(16))
+                     + "SKIP:\n}")
 _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] + ["r"] * 16)
 
 if HAVE_GLUON:
