@@ -36,7 +36,7 @@ for step in "$@"; do
     d256) timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
-           VFLASH_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider -n 8 \
+           VFLASH_TEST_DEVICE=cuda timeout 480 python3 -m pytest -q -p no:cacheprovider -n 8 \
              tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \

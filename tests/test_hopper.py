@@ -134,7 +134,9 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d].q_buffers
         tiles = hopper_kernels.HOPPER_CONFIGS[d]
-        assert (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait) == (tiles.pingpong, False, tiles.late_pv_wait)
+        assert (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale) == (tiles.pingpong, False,
+                                                                                  tiles.late_pv_wait,
+                                                                                  tiles.lazy_rescale)
         assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).p_fp32 == tiles.p_fp32_causal
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
@@ -181,22 +183,26 @@ def _hopper_cases():
 
 def _schedules(d):
     # Every Q-buffer count a head dim has room for, each with the launcher's
-    # switches and with PINGPONG, P_FP32 and LATE_PV_WAIT, one at a time, flipped.
+    # switches and with PINGPONG, P_FP32 and LATE_PV_WAIT, one at a time, flipped;
+    # LAZY_RESCALE flipped with the table's Q buffers only (it touches no buffer).
     cfg = ops.hopper_config(d)
-    base = (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait)
-    flips = [base] + [tuple(not x if i == k else x for i, x in enumerate(base)) for k in range(3)]
-    return [(qb, *f) for qb in range(1, hopper_kernels.HOPPER_CONFIGS[d].q_buffers + 1) for f in flips]
+    base = (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale)
+    flip = lambda k: tuple(not x if i == k else x for i, x in enumerate(base))  # noqa: E731
+    table_qb = hopper_kernels.HOPPER_CONFIGS[d].q_buffers
+    return ([(qb, *f) for qb in range(1, table_qb + 1) for f in [base, flip(0), flip(1), flip(2)]]
+            + [(table_qb, *flip(3))])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait", [
-    pytest.param(c, qb, pp, p32, late, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
-                                          f"{'-p32' if p32 else ''}{'-late' if late else ''}")
-    for c in _hopper_cases() for qb, pp, p32, late in _schedules(c.D)])
-def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait):
+@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait,lazy_rescale", [
+    pytest.param(c, qb, pp, p32, late, lazy, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
+                                                f"{'-p32' if p32 else ''}{'-late' if late else ''}"
+                                                f"{'-lazy' if lazy else ''}")
+    for c in _hopper_cases() for qb, pp, p32, late, lazy in _schedules(c.D)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale):
     cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32,
-                              late_pv_wait=late_pv_wait)
+                              late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale)
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))

@@ -528,6 +528,7 @@ class HopperTiles(NamedTuple):
     pingpong: bool  # PINGPONG
     p_fp32_causal: bool  # P_FP32 where there is a right mask edge
     late_pv_wait: bool  # LATE_PV_WAIT
+    lazy_rescale: bool = False  # LAZY_RESCALE (not yet measured: off everywhere)
 
 
 # Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2

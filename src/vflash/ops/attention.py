@@ -36,7 +36,8 @@ class TileConfig:
     4, its producer warps, q_buffers its Q buffers per consumer, pingpong whether
     its consumers take turns to issue their products, p_fp32 whether P goes from
     one iteration to the next in fp32, late_pv_wait whether the PV wait is kept
-    after the softmax) instead of the portable Triton one."""
+    after the softmax, lazy_rescale whether a row's reference max moves lazily and
+    O's rescale is skipped where it is 1) instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
@@ -47,6 +48,7 @@ class TileConfig:
     pingpong: bool = False
     p_fp32: bool = False
     late_pv_wait: bool = False
+    lazy_rescale: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -105,7 +107,8 @@ def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
     one Q buffer, and P in fp32 where the table says so (see HOPPER_CONFIGS)."""
     t = hopper.HOPPER_CONFIGS[head_dim]
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
-                      pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait)
+                      pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
+                      lazy_rescale=t.lazy_rescale)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -177,7 +180,7 @@ def attention_forward(
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages, cfg.q_buffers, cfg.pingpong,
-                                                     cfg.p_fp32, cfg.late_pv_wait)
+                                                     cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale)
         options = dict(num_warps=cfg.num_warps)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
