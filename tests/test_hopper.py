@@ -32,7 +32,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
             # three consumers taking turns, P carried in fp32
             dict(head_dim=64, block_m=192, causal=True, pingpong=True, p_fp32=True),
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
-                 late_pv_wait=True, lazy_rescale=True),
+                 late_pv_wait=True, lazy_rescale=True, tree_max=True),
             dict(head_dim=256, block_n=64),
         ]
         for kw in variants:

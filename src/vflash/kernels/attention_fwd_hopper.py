@@ -35,7 +35,9 @@ shape of FlashAttention-3:
 - LAZY_RESCALE (an experiment, off in the launcher until measured): FlashAttention-4's
   lazy reference max (a row's max moves only when a tile's exceeds it by more
   than LAZY_SLACK), and each warp branches over O's rescale when all its rows
-  have alpha == 1 (see _lazy_softmax_step, _rescale).
+  have alpha == 1 (see _softmax_step, _rescale).
+- TREE_MAX (an experiment, off in the launcher until measured): the softmax's row
+  max as a tree of independent FMNMX instead of one serial chain (_tree_row_max).
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -195,17 +197,51 @@ if HAVE_GLUON:
             return gl.convert_layout(gl.reshape(gl.join(lo, hi), [ROWS, 2 * HALF_N]), p_layout)
 
     @gluon.jit
-    def _lazy_softmax_step(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, SOFTCAP: gl.constexpr):
-        # softmax_step with FlashAttention-4's lazy reference max: a row's m moves
-        # only when the tile's max exceeds it by more than LAZY_SLACK (log2 units),
-        # so p <= 2^LAZY_SLACK and alpha is exactly 1 on most tiles, which lets
-        # _rescale skip O's multiply. Exact either way: O, l and the LSE all use the
-        # same m; only the rounding differs.
-        if SOFTCAP:
-            m_tile = gl.max(s, 1)
+    def _halve_max(x):
+        # [ROWS, N] -> [ROWS, N / 2]: the max of the two column halves, elementwise.
+        ROWS: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        return gl.max(gl.reshape(x, [ROWS, 2, N // 2]), 1)
+
+    @gluon.jit
+    def _tree_row_max(x):
+        # gl.max over each row of a wgmma accumulator [ROWS, N], as a tree. gl.max
+        # folds a thread's 2 * N / 8 values of a row in one serial chain of FMNMX
+        # (31 deep at N = 128) before the softmax's exponentials can start; the
+        # column index's top bits are a thread's own registers, so halving the
+        # columns pairs values within the thread: independent FMNMX, 5 deep.
+        N: gl.constexpr = x.shape[1]
+        rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
+        if N >= 128:
+            x = _halve_max(x)
+        if N >= 64:
+            x = _halve_max(x)
+        if N >= 32:
+            x = _halve_max(x)
+        if N >= 16:
+            x = _halve_max(x)
+        return gl.convert_layout(gl.max(x, 1), rows)
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, SOFTCAP: gl.constexpr, LAZY: gl.constexpr,
+                      TREE_MAX: gl.constexpr):
+        # softmax_step (the portable kernel's, shared) with two experiments:
+        # - LAZY: FlashAttention-4's lazy reference max. A row's m moves only when
+        #   the tile's max exceeds it by more than LAZY_SLACK (log2 units), so
+        #   p <= 2^LAZY_SLACK and alpha is exactly 1 on most tiles, which lets
+        #   _rescale skip O's multiply. Exact either way: O, l and the LSE all use
+        #   the same m; only the rounding differs.
+        # - TREE_MAX: the row max as a tree (_tree_row_max); the same result.
+        if TREE_MAX:
+            m_tile = _tree_row_max(s)
         else:
-            m_tile = gl.max(s, 1) * qk_scale
-        m_new = gl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
+            m_tile = gl.max(s, 1)
+        if not SOFTCAP:
+            m_tile = m_tile * qk_scale
+        if LAZY:
+            m_new = gl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
+        else:
+            m_new = gl.maximum(m_i, m_tile)
         if MASKED:
             m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
@@ -240,7 +276,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
-        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, TREE_MAX: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -280,8 +316,9 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            if LAZY_RESCALE:
-                p_f32, alpha, m_i, l_i = _lazy_softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+            if LAZY_RESCALE or TREE_MAX:
+                p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP, LAZY_RESCALE,
+                                                       TREE_MAX)
             else:
                 p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
             if LATE_PV_WAIT:
@@ -312,7 +349,7 @@ if HAVE_GLUON:
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, TREE_MAX: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -366,19 +403,19 @@ if HAVE_GLUON:
                     anchor, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
                     SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
+                    LAZY_RESCALE, TREE_MAX)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
+                    LAZY_RESCALE, TREE_MAX)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
+                    LAZY_RESCALE, TREE_MAX)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
@@ -424,6 +461,7 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+        TREE_MAX: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -488,12 +526,14 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
+                                       TREE_MAX)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
+                                       TREE_MAX)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -505,17 +545,20 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
+                                       TREE_MAX)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
+                                       TREE_MAX)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
+                                       TREE_MAX)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
