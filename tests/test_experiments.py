@@ -19,15 +19,21 @@ def test_fwd_variants_check_half_passes_under_the_interpreter():
     assert r.stdout.count("PASS") == 12 and "FAIL" not in r.stdout and "ERROR" not in r.stdout
 
 
+def _sass_check(variants: str) -> subprocess.CompletedProcess:
+    # sass_schedule.py --check on compile_sm90 builds (a Python list of keyword
+    # dicts), with the ptxas that Triton ships; asserts the check passed.
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/sass_schedule.py"), "--check",
+                        "--variants", variants], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0 and "CHECK PASS" in r.stdout, r.stdout + r.stderr[-3000:]
+    return r
+
+
 def test_late_pv_wait_keeps_the_pv_wait_after_the_exponentials_in_the_sass():
     # LATE_PV_WAIT's whole point is a ptxas scheduling decision: compiled for sm_90
     # with the ptxas that Triton ships, every key-tile loop must wait for its PV
     # product only after its last MUFU.EX2 (benchmarks/NOTES.md session 7, lead h).
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/sass_schedule.py"), "--check",
-                        "--variants", "[dict(head_dim=128, q_buffers=2, lse=False, late_pv_wait=True)]"],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0 and "CHECK PASS" in r.stdout, r.stdout + r.stderr[-3000:]
+    r = _sass_check("[dict(head_dim=128, q_buffers=2, lse=False, late_pv_wait=True)]")
     assert r.stdout.count("after the exponentials") >= 2 and "before the exponentials" not in r.stdout, r.stdout
 
 
@@ -37,11 +43,7 @@ def test_p_carried_between_key_tiles_needs_no_byte_shuffles_in_the_sass():
     # to the PV product's operand and swapped each pair back with a PRMT (32 a key
     # tile at D = 64, 7 % of the loop; NOTES session 9). The build is the three-
     # consumer D = 64 kernel the launcher runs without a right mask edge.
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks/experiments/sass_schedule.py"), "--check",
-                        "--variants", "[dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False)]"],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0 and "CHECK PASS" in r.stdout, r.stdout + r.stderr[-3000:]
+    r = _sass_check("[dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False)]")
     assert r.stdout.count(" 0 PRMT") >= 2 and "loop:" in r.stdout, r.stdout
 
 

@@ -87,17 +87,31 @@ def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap
     return qk
 
 
+# The lazy reference max's bound on how far a row's max may run ahead of its m
+# (log2 units, so p <= 2^8; FlashAttention-4's).
+LAZY_SLACK = tl.constexpr(8.0)
+
+
 @triton.jit
-def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
-    # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N]:
-    # returns p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and
-    # the new m, l [rows] (m in log2 units). Without softcap, s is raw q.k and
-    # qk_scale (> 0, log2(e) folded in) commutes with the row max, so the scale is
-    # applied to the max and fused into exp2's operand. Shared with the Hopper kernel.
+def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, LAZY: tl.constexpr):
+    # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N], whose
+    # row max s_max [rows] the caller takes (tl.max(s, 1); the Hopper kernel may
+    # take it as a tree): returns p [rows, BLOCK_N] fp32, the accumulator's
+    # rescale alpha [rows], and the new m, l [rows] (m in log2 units). Without
+    # softcap, s is raw q.k and qk_scale (> 0, log2(e) folded in) commutes with the
+    # row max, so the scale is applied to the max and fused into exp2's operand.
+    # LAZY (FlashAttention-4's lazy reference max): a row's m moves only when the
+    # tile's max exceeds it by more than LAZY_SLACK, so alpha is exactly 1 on most
+    # tiles and the Hopper kernel can skip O's rescale there. Exact either way (O,
+    # l and the LSE share m); only the rounding differs. Shared with the Hopper kernel.
     if SOFTCAP:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_tile = s_max
     else:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_tile = s_max * qk_scale
+    if LAZY:
+        m_new = tl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
+    else:
+        m_new = tl.maximum(m_i, m_tile)
     if MASKED:
         # A row that has seen no visible key yet keeps m = -inf; subtracting 0
         # instead makes its p and alpha exactly 0 rather than NaN.
@@ -147,7 +161,7 @@ def _online_update(
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
     qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-    p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+    p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, False)
     acc = acc * alpha[:, None]
     p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
     if UPCAST_DOT:

@@ -33,9 +33,8 @@ shape of FlashAttention-3:
 - LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
 - LAZY_RESCALE (an experiment, off in the launcher until measured): FlashAttention-4's
-  lazy reference max (a row's max moves only when a tile's exceeds it by more
-  than LAZY_SLACK), and each warp branches over O's rescale when all its rows
-  have alpha == 1 (see _softmax_step, _rescale).
+  lazy reference max (softmax_step's LAZY), and each warp branches over O's
+  rescale when all its rows have alpha == 1 (_rescale).
 - TREE_MAX (an experiment, off in the launcher until measured): the softmax's row
   max as a tree of independent FMNMX instead of one serial chain (_tree_row_max).
 
@@ -79,9 +78,9 @@ _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] +
 if HAVE_GLUON:
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
     _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
-    # FlashAttention-4's bound on how far a row's max may run ahead of its
-    # reference (log2 units; p <= 2^8).
-    LAZY_SLACK = gl.constexpr(8.0)
+    # _carried_p's packing of (lo, hi) into one register, lo in the low half.
+    _CVT_F16X2 = gl.constexpr("cvt.rn.f16x2.f32 $0, $2, $1;")
+    _CVT_BF16X2 = gl.constexpr("cvt.rn.bf16x2.f32 $0, $2, $1;")
     _F16_PAIR = gl.constexpr((gl.float16, gl.float16))
     _BF16_PAIR = gl.constexpr((gl.bfloat16, gl.bfloat16))
 
@@ -171,12 +170,8 @@ if HAVE_GLUON:
             # Columns 2c and 2c + 1 are held by one thread (the wgmma accumulator
             # layout), so the split stays in registers.
             lo, hi = gl.split(gl.reshape(p_f32, [ROWS, BLOCK_N // 2, 2]))
-            if dtype == gl.bfloat16:
-                return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                                 dtype=gl.int32, is_pure=True, pack=1)
-            else:
-                return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                                 dtype=gl.int32, is_pure=True, pack=1)
+            return gl.inline_asm_elementwise(_CVT_BF16X2 if dtype == gl.bfloat16 else _CVT_F16X2, "=r,r,r",
+                                             [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
     def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
@@ -223,36 +218,12 @@ if HAVE_GLUON:
         return gl.convert_layout(gl.max(x, 1), rows)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, SOFTCAP: gl.constexpr, LAZY: gl.constexpr,
-                      TREE_MAX: gl.constexpr):
-        # softmax_step (the portable kernel's, shared) with two experiments:
-        # - LAZY: FlashAttention-4's lazy reference max. A row's m moves only when
-        #   the tile's max exceeds it by more than LAZY_SLACK (log2 units), so
-        #   p <= 2^LAZY_SLACK and alpha is exactly 1 on most tiles, which lets
-        #   _rescale skip O's multiply. Exact either way: O, l and the LSE all use
-        #   the same m; only the rounding differs.
-        # - TREE_MAX: the row max as a tree (_tree_row_max); the same result.
+    def _row_max(s, TREE_MAX: gl.constexpr):
+        # softmax_step's s_max: gl.max, or with TREE_MAX (an experiment) the tree.
         if TREE_MAX:
-            m_tile = _tree_row_max(s)
+            return _tree_row_max(s)
         else:
-            m_tile = gl.max(s, 1)
-        if not SOFTCAP:
-            m_tile = m_tile * qk_scale
-        if LAZY:
-            m_new = gl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
-        else:
-            m_new = gl.maximum(m_i, m_tile)
-        if MASKED:
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        if SOFTCAP:
-            p = gl.exp2(s - m_ref[:, None])
-        else:
-            p = gl.exp2(s * qk_scale - m_ref[:, None])
-        alpha = gl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        return p, alpha, m_new, l_i
+            return gl.max(s, 1)
 
     @gluon.jit
     def _rescale(o, alpha, LAZY: gl.constexpr):
@@ -316,11 +287,8 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            if LAZY_RESCALE or TREE_MAX:
-                p_f32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP, LAZY_RESCALE,
-                                                       TREE_MAX)
-            else:
-                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, _row_max(s, TREE_MAX), m_i, l_i, qk_scale, MASKED, SOFTCAP,
+                                                  LAZY_RESCALE)
             if LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
                 # this softmax (it fills a latency gap with it), so the softmax
@@ -395,7 +363,7 @@ if HAVE_GLUON:
                     _release_previous_q(q_empty, C, done)
                 s = masked_logits(s, offs_m, lo + cols, n_k, off, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_f32, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, SOFTCAP)
+                p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
                 p = _carried_p(p_f32, dtype, P_FP32)
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
