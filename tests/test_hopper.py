@@ -32,7 +32,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
             # three consumers taking turns, P carried in fp32
             dict(head_dim=64, block_m=192, causal=True, pingpong=True, p_fp32=True),
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
-                 late_pv_wait=True, lazy_rescale=True, tree_max=True),
+                 late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
         ]
         for kw in variants:
@@ -137,7 +137,8 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale) == (tiles.pingpong, False,
                                                                                   tiles.late_pv_wait,
                                                                                   tiles.lazy_rescale)
-        assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).p_fp32 == tiles.p_fp32_causal
+        causal_cfg = ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d)
+        assert (causal_cfg.p_fp32, causal_cfg.lazy_rescale) == (tiles.p_fp32_causal, tiles.lazy_rescale_causal)
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves stays on the portable kernel

@@ -43,8 +43,7 @@ class Variant(NamedTuple):
     pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
-    lazy: bool = False  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
-    tree: bool = False  # the softmax's row max as a tree (TREE_MAX)
+    lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
 
 
 VARIANTS = {
@@ -54,9 +53,7 @@ VARIANTS = {
          Variant("3c-pp-p16", 192, 128, 2, pingpong=True, p_fp32=False),
          Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
-         Variant("3c-pp-lazy", 192, 128, 2, pingpong=True, lazy=True),
-         Variant("3c-pp-tree", 192, 128, 2, pingpong=True, tree=True),
-         Variant("3c-pp-lazy-tree", 192, 128, 2, pingpong=True, lazy=True, tree=True)],
+         Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -69,8 +66,7 @@ VARIANTS = {
           # short causal: a deeper ring, or narrower key tiles (less waste on the diagonal)
           Variant("s3", 128, 128, 3, q_buffers=1), Variant("n64-s4", 128, 64, 4, q_buffers=1),
           Variant("n64-s3", 128, 64, 3, q_buffers=1), Variant("lazy", 128, 128, 2, lazy=True),
-          Variant("p16-lazy", 128, 128, 2, p_fp32=False, lazy=True), Variant("tree", 128, 128, 2, tree=True),
-          Variant("lazy-tree", 128, 128, 2, lazy=True, tree=True)],
+          Variant("nolazy", 128, 128, 2, lazy=False), Variant("p16-lazy", 128, 128, 2, p_fp32=False, lazy=True)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),
@@ -88,10 +84,11 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     pingpong = cfg.pingpong if var.pingpong is None else var.pingpong
     p_fp32 = cfg.p_fp32 if var.p_fp32 is None else var.p_fp32
     late = cfg.late_pv_wait if var.late is None else var.late
+    lazy = cfg.lazy_rescale if var.lazy is None else var.lazy
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
                                                  var.q_buffers or cfg.q_buffers,
-                                                 pingpong, p_fp32, late, var.lazy, var.tree)
+                                                 pingpong, p_fp32, late, lazy)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

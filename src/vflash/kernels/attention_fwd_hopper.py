@@ -32,11 +32,9 @@ shape of FlashAttention-3:
   32-bit register (see _carried_p).
 - LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
-- LAZY_RESCALE (an experiment, off in the launcher until measured): FlashAttention-4's
+- LAZY_RESCALE (per head dim and mask): FlashAttention-4's
   lazy reference max (softmax_step's LAZY), and each warp branches over O's
   rescale when all its rows have alpha == 1 (_rescale).
-- TREE_MAX (an experiment, off in the launcher until measured): the softmax's row
-  max as a tree of independent FMNMX instead of one serial chain (_tree_row_max).
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -192,40 +190,6 @@ if HAVE_GLUON:
             return gl.convert_layout(gl.reshape(gl.join(lo, hi), [ROWS, 2 * HALF_N]), p_layout)
 
     @gluon.jit
-    def _halve_max(x):
-        # [ROWS, N] -> [ROWS, N / 2]: the max of the two column halves, elementwise.
-        ROWS: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        return gl.max(gl.reshape(x, [ROWS, 2, N // 2]), 1)
-
-    @gluon.jit
-    def _tree_row_max(x):
-        # gl.max over each row of a wgmma accumulator [ROWS, N], as a tree. gl.max
-        # folds a thread's 2 * N / 8 values of a row in one serial chain of FMNMX
-        # (31 deep at N = 128) before the softmax's exponentials can start; the
-        # column index's top bits are a thread's own registers, so halving the
-        # columns pairs values within the thread: independent FMNMX, 5 deep.
-        N: gl.constexpr = x.shape[1]
-        rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-        if N >= 128:
-            x = _halve_max(x)
-        if N >= 64:
-            x = _halve_max(x)
-        if N >= 32:
-            x = _halve_max(x)
-        if N >= 16:
-            x = _halve_max(x)
-        return gl.convert_layout(gl.max(x, 1), rows)
-
-    @gluon.jit
-    def _row_max(s, TREE_MAX: gl.constexpr):
-        # softmax_step's s_max: gl.max, or with TREE_MAX (an experiment) the tree.
-        if TREE_MAX:
-            return _tree_row_max(s)
-        else:
-            return gl.max(s, 1)
-
-    @gluon.jit
     def _rescale(o, alpha, LAZY: gl.constexpr):
         # o [ROWS, HEAD_DIM] * alpha [ROWS] (o's row layout). LAZY: a warp whose
         # rows all have alpha == 1 branches over the multiply (a vote makes the
@@ -247,7 +211,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
-        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, TREE_MAX: gl.constexpr,
+        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -287,7 +251,7 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
             s = masked_logits(s, offs_m, lo + j * BLOCK_N + cols, n_k, off, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, _row_max(s, TREE_MAX), m_i, l_i, qk_scale, MASKED, SOFTCAP,
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP,
                                                   LAZY_RESCALE)
             if LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
@@ -317,7 +281,7 @@ if HAVE_GLUON:
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, TREE_MAX: gl.constexpr,
+        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -371,19 +335,19 @@ if HAVE_GLUON:
                     anchor, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
                     SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE, TREE_MAX)
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE, TREE_MAX)
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
                     anchor, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE, TREE_MAX)
+                    LAZY_RESCALE)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
@@ -429,7 +393,6 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        TREE_MAX: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -494,14 +457,12 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                                       TREE_MAX)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                                       TREE_MAX)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -513,20 +474,17 @@ if HAVE_GLUON:
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                                       TREE_MAX)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                                       TREE_MAX)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                                       TREE_MAX)),
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -539,7 +497,8 @@ class HopperTiles(NamedTuple):
     pingpong: bool  # PINGPONG
     p_fp32_causal: bool  # P_FP32 where there is a right mask edge
     late_pv_wait: bool  # LATE_PV_WAIT
-    lazy_rescale: bool = False  # LAZY_RESCALE (not yet measured: off everywhere)
+    lazy_rescale: bool  # LAZY_RESCALE without a right mask edge
+    lazy_rescale_causal: bool  # LAZY_RESCALE with one
 
 
 # Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2
@@ -560,13 +519,22 @@ class HopperTiles(NamedTuple):
 #   the PRMTs out of the loops (D = 64 458 -> 426 instructions a key tile, D = 128
 #   491 -> 459) and gained 1-5 % without a right edge (same-run A/B: D = 64
 #   N = 16384 483 -> 508, D = 128 N = 4096 / 16384 588 / 592 -> 607 / 610).
-#   Causal keeps P_FP32: the packed carry was not timed there.
+#   Under a right edge the packed carry measured +1-2 % over P_FP32 at D = 128
+#   (N = 512-16384, session 10); D = 64 keeps P_FP32 until timed there.
 # - late_pv_wait: even to -1.7 % at D = 128 (session 8: the other consumer's products
 #   already fill the tensor cores during a softmax); not timed at D = 64 / 256.
+# - lazy_rescale (session 10, same run, TFLOP/s at N = 1024 / 4096 / 16384): D = 64
+#   412 / 472 / 515 -> 413 / 490 / 528 without a right edge, causal 365 / 467 ->
+#   382 / 488 at N = 4096 / 16384; D = 128 without one 569 / 613 / 617 -> 584 /
+#   628 / 640. It lost at D = 128 causal (-1 to -2 % against the packed carry,
+#   N = 512-16384) and was even to -2.7 % at D = 256.
 HOPPER_CONFIGS = {
-    64: HopperTiles(192, 128, 2, 2, pingpong=True, p_fp32_causal=True, late_pv_wait=False),
-    128: HopperTiles(128, 128, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False),
-    256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False),
+    64: HopperTiles(192, 128, 2, 2, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
+                    lazy_rescale_causal=True),
+    128: HopperTiles(128, 128, 2, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
+                     lazy_rescale_causal=False),
+    256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
+                     lazy_rescale_causal=False),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest

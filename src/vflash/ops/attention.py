@@ -104,11 +104,12 @@ def _is_hopper(device_index: int) -> bool:
 
 def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
-    one Q buffer, and P in fp32 where the table says so (see HOPPER_CONFIGS)."""
+    one Q buffer, and P in fp32 and the lazy rescale where the table says so for
+    it (see HOPPER_CONFIGS)."""
     t = hopper.HOPPER_CONFIGS[head_dim]
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
-                      lazy_rescale=t.lazy_rescale)
+                      lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
