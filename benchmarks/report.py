@@ -149,7 +149,9 @@ _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with o
                "and PV do not overlap within a warpgroup; pinning the wait after the softmax (LATE_PV_WAIT) "
                "gained nothing at D = 128 (NOTES session 8), as the other consumers' products already fill the "
                "tensor cores meanwhile. Carrying P packed two halves to a register took the PRMTs out of the loop "
-               "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9)")
+               "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9); FA4's lazy "
+               "rescale (O rescaled only when a row's max grows by more than 2^8) gained 2.5-4.5 % more (NOTES "
+               "session 10)")
 _SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
           "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
           "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
@@ -178,8 +180,8 @@ GAP_WHY = {
                                "softmax (LATE_PV_WAIT, FA3's intra-warpgroup overlap: 0 to -1.7 %, NOTES session "
                                "8; the other consumer's products already fill the tensor cores), PINGPONG (0 to "
                                "-2 %). Carrying P packed two halves to a register (491 -> 459 instructions a key "
-                               "tile) gained 2-3 % (NOTES session 9). Other candidates: the O rescale on every tile "
-                               "(FA4 skips most)"),
+                               "tile) gained 2-3 % (NOTES session 9); FA4's lazy rescale, which skips O's rescale "
+                               "on most tiles, 2.5-3.7 % (NOTES session 10)"),
     ("fa", 128, True, True): ("as the non-causal long rows; causal work tiles also get one CTA each at these "
                               "lengths (fewer heads than the persistent stride, whose static order would "
                               "unbalance them: NOTES session 4, step 5)"),
