@@ -73,10 +73,11 @@ def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap
         # so a score costs one compare per edge, not one more for the count (the
         # row bounds are a few ops per row, two rows a thread in the Hopper kernel;
         # a masked loop there drops from 720 to 621 instructions at D = 128 causal).
-        # The key indices stay per column: moving the bounds to the tile's columns
-        # instead changed the schedule of D = 64's unmasked loops too (-1.6 to -4 %
-        # on the H200, benchmarks/NOTES.md session 8); this form leaves those loops
-        # as they were.
+        # offs_n may be relative to the tile's first key, with n_k and off shifted
+        # by it: the Hopper kernel passes its loop-invariant columns that way (NOTES
+        # session 10). Clamping the bounds to the tile's columns instead changed
+        # the schedule of D = 64's unmasked loops (-1.6 to -4 % on the H200, NOTES
+        # session 8).
         if HAS_RIGHT:
             visible = offs_n[None, :] <= tl.minimum(offs_m + off + right, n_k - 1)[:, None]
         else:
@@ -95,8 +96,8 @@ LAZY_SLACK = tl.constexpr(8.0)
 @triton.jit
 def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, LAZY: tl.constexpr):
     # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N], whose
-    # row max s_max [rows] the caller takes (tl.max(s, 1); the Hopper kernel may
-    # take it as a tree): returns p [rows, BLOCK_N] fp32, the accumulator's
+    # row max s_max [rows] the caller takes (tl.max(s, 1), or gl.max in the Hopper
+    # kernel): returns p [rows, BLOCK_N] fp32, the accumulator's
     # rescale alpha [rows], and the new m, l [rows] (m in log2 units). Without
     # softcap, s is raw q.k and qk_scale (> 0, log2(e) folded in) commutes with the
     # row max, so the scale is applied to the max and fused into exp2's operand.
