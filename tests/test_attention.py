@@ -6,9 +6,12 @@ with every value finite and -inf LSE exactly on the rows that see no key."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import vflash
 from vflash.harness.cases import Case, make_inputs, run_case
+from vflash.kernels.attention_fwd import masked_logits
 from vflash.ops import attention as ops_attention
 from vflash.ops.attention import TileConfig, attention_forward, mask_band
 from vflash.reference import attention_explicit
@@ -168,6 +171,44 @@ def test_mask_band_folds_causal_into_window():
     assert mask_band(4, 10, None, (9, 3)) == (6, -1, -1)
     assert mask_band(4, 10, None, (8, 2)) == (6, 8, 2)
     assert mask_band(4, 10, "top_left", (100, 5)) == (0, -1, 0)
+
+
+@triton.jit
+def _masked_logits_kernel(Out, start, n_k, off, left, right, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          RELATIVE: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    offs_m = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    ptrs = Out + offs_m[:, None] * BLOCK_N + cols[None, :]
+    qk = tl.load(ptrs)  # zeros (tl.zeros would be the compiled JIT function: triton imported before vflash here)
+    if RELATIVE:  # as the Hopper kernel calls it: columns from the tile's first key, bounds shifted
+        s = masked_logits(qk, offs_m, cols, n_k - start, off - start, left, right, 1.0, 1.0, True, HAS_LEFT,
+                          HAS_RIGHT, False)
+    else:
+        s = masked_logits(qk, offs_m, start + cols, n_k, off, left, right, 1.0, 1.0, True, HAS_LEFT, HAS_RIGHT,
+                          False)
+    tl.store(ptrs, s)
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative):
+    # Row i sees key j iff i + off - left <= j <= i + off + right and j < n_k (a
+    # negative side unbounded); with key indices taken relative to the tile's first
+    # key (the Hopper kernel's form) the tile must hide the same keys.
+    rows, block_n = 16, 32
+    for start, n_k, off, left, right in [(0, 20, 0, -1, 0), (32, 50, 10, -1, 0), (64, 70, 40, 5, 2),
+                                         (32, 64, -20, 3, -1), (96, 100, 90, -1, -1), (0, 32, 7, 0, 0)]:
+        out = torch.zeros(rows, block_n)
+        _masked_logits_kernel[(1,)](out, start, n_k, off, left, right, ROWS=rows, BLOCK_N=block_n,
+                                    RELATIVE=relative, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0)
+        i = torch.arange(rows)[:, None]
+        j = start + torch.arange(block_n)[None, :]
+        visible = (j < n_k).expand(rows, block_n)
+        if left >= 0:
+            visible = visible & (j >= i + off - left)
+        if right >= 0:
+            visible = visible & (j <= i + off + right)
+        assert torch.equal(torch.isneginf(out), ~visible), (start, n_k, off, left, right)
+        assert torch.equal(out[visible], torch.zeros(int(visible.sum())))
 
 
 @pytest.mark.parametrize("nq,nk,causal,window", [
