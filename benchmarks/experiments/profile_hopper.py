@@ -5,15 +5,17 @@ and tiles as it does for users.
 
 GPU only, under ncu, e.g.:
   ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 --launch-count 1 \
-      -o d64 python3 benchmarks/experiments/profile_hopper.py --d 64 --n 16384
+      -o d64 python3 benchmarks/experiments/profile_hopper.py --d 64 --n 16384 [--causal] [--q-buffers 2]
 """
 
 import argparse
+import dataclasses
 
 import torch
 
 import vflash
 from vflash.harness.bench import sweep_shapes
+from vflash.ops import attention as ops
 
 
 def main() -> None:
@@ -22,6 +24,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.
     sweep = {(s.D, s.Nq, s.causal): s for s in sweep_shapes("fa") + sweep_shapes("d256")}
@@ -29,8 +32,16 @@ def main() -> None:
         ap.error(f"D = {a.d}, N = {a.n}: not a shape of the fa or d256 sweep")
     s = sweep[(a.d, a.n, a.causal)]
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
+    causal = "bottom_right" if a.causal else None
+    config = None
+    if a.q_buffers:  # the launcher's Hopper tiles with another Q buffer count (e.g. two under a right edge)
+        config = dataclasses.replace(ops.hopper_config(a.d, a.causal), q_buffers=a.q_buffers)
     for _ in range(a.calls):
-        vflash.attention(q, k, v, causal="bottom_right" if a.causal else False)
+        if config is None:
+            vflash.attention(q, k, v, causal=causal)
+        else:
+            ops.attention_forward(q, k, v, causal=causal, scale=a.d ** -0.5, window=(-1, -1), softcap=None,
+                                  return_lse=False, config=config)
     torch.cuda.synchronize()
 
 
