@@ -179,7 +179,7 @@ def _masked_logits_kernel(Out, start, n_k, off, left, right, ROWS: tl.constexpr,
     offs_m = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     ptrs = Out + offs_m[:, None] * BLOCK_N + cols[None, :]
-    qk = tl.load(ptrs)  # zeros (tl.zeros would be the compiled JIT function: triton imported before vflash here)
+    qk = tl.load(ptrs)  # zeros
     if RELATIVE:  # as the Hopper kernel calls it: columns from the tile's first key, bounds shifted
         s = masked_logits(qk, offs_m, cols, n_k - start, off - start, left, right, 1.0, 1.0, True, HAS_LEFT,
                           HAS_RIGHT, False)
