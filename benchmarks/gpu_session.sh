@@ -11,6 +11,8 @@ set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
 R=$OUT/results
+# A second invocation in the same call adds to the first one's archive instead of replacing it.
+if [ -f "$OUT/results.tar.gz" ] && [ ! -d "$R" ]; then tar -C "$OUT" -xzf "$OUT/results.tar.gz"; fi
 mkdir -p "$R"
 python3 -m vflash env --json > "$R/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
