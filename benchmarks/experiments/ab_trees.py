@@ -19,10 +19,10 @@ import sys
 import torch
 
 from vflash import attention
-from vflash.harness.bench import attention_flops, gemm_warmup, sweep_shapes
+from vflash.harness.bench import attention_flops, gemm_warmup
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import make, sdpa_calls, tflops  # noqa: E402
+from hopper_path import make, sdpa_calls, sweep_shape, tflops  # noqa: E402
 
 DEFAULT_SHAPES = "128:512:c,128:1024:c,128:2048:c,64:1024:c,64:4096:c,64:16384:c,128:16384"
 
@@ -34,13 +34,12 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     a = ap.parse_args()
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
-    sweep = {(s.D, s.Nq, s.causal): s for s in sweep_shapes("fa") + sweep_shapes("d256")}
     shapes = []
     for spec in a.shapes.split(","):
         d, n, *c = spec.split(":")
-        if (int(d), int(n), bool(c)) not in sweep:
+        shapes.append(sweep_shape(int(d), int(n), bool(c)))
+        if shapes[-1] is None:
             ap.error(f"{spec}: not a shape of the fa or d256 sweep")
-        shapes.append(sweep[(int(d), int(n), bool(c))])
     gemm_warmup()
     for s in shapes:
         q, k, v = make(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, dtype, "bhnd")

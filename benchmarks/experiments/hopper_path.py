@@ -8,10 +8,11 @@ GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_path.py [--check
 import argparse
 import itertools
 import sys
+from typing import Optional
 
 import torch
 
-from vflash.harness.bench import Shape, attention_flops, gemm_warmup, time_call
+from vflash.harness.bench import Shape, attention_flops, gemm_warmup, sweep_shapes, time_call
 from vflash.harness.oracle import compare
 from vflash.ops import attention as ops
 from vflash.reference import attention_explicit
@@ -36,6 +37,13 @@ CASES = [
     (2, 4, 2, 300, 333, 256, None, None, None, True, torch.float16, "bhsd"),
     (2, 4, 2, 300, 333, 256, "bottom_right", (100, -1), 20.0, True, torch.bfloat16, "bshd"),
 ]
+
+
+def sweep_shape(d: int, n: int, causal: bool) -> Optional[Shape]:
+    """The fa or d256 bench sweep's shape of this head dim, length and masking;
+    None where neither sweep has one."""
+    return next((s for s in sweep_shapes("fa") + sweep_shapes("d256") if (s.D, s.Nq, s.causal) == (d, n, causal)),
+                None)
 
 
 def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0):

@@ -10,12 +10,15 @@ GPU only, under ncu, e.g.:
 
 import argparse
 import dataclasses
+import sys
 
 import torch
 
 import vflash
-from vflash.harness.bench import sweep_shapes
 from vflash.ops import attention as ops
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from hopper_path import sweep_shape  # noqa: E402
 
 
 def main() -> None:
@@ -27,10 +30,9 @@ def main() -> None:
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.
-    sweep = {(s.D, s.Nq, s.causal): s for s in sweep_shapes("fa") + sweep_shapes("d256")}
-    if (a.d, a.n, a.causal) not in sweep:
+    s = sweep_shape(a.d, a.n, a.causal)
+    if s is None:
         ap.error(f"D = {a.d}, N = {a.n}: not a shape of the fa or d256 sweep")
-    s = sweep[(a.d, a.n, a.causal)]
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
     causal = "bottom_right" if a.causal else None
     config = None
