@@ -190,9 +190,10 @@ def _attend_tiles(
         k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n, n_k, off, left, right, qk_scale,
-                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       UPCAST_DOT, DOT_PRECISION)
+        # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
+        acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
+                                       right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
+                                       SOFTCAP, UPCAST_DOT, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -218,10 +219,12 @@ def _attend_tiles_split(
         qk0 = _scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
         qk1 = _scores(q1, k, UPCAST_DOT, DOT_PRECISION)
         v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n, n_k, off, left, right, qk_scale,
+        acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
+                                      left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
                                       UPCAST_DOT, DOT_PRECISION)
-        acc1, l1, m1 = _online_update(acc1, l1, m1, qk1, v, offs_m1, offs_n, n_k, off, left, right, qk_scale,
+        acc1, l1, m1 = _online_update(acc1, l1, m1, qk1, v, offs_m1, offs_n0, n_k - start_n, off - start_n,
+                                      left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
                                       UPCAST_DOT, DOT_PRECISION)
     return acc0, l0, m0, acc1, l1, m1
