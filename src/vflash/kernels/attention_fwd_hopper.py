@@ -133,8 +133,8 @@ if HAVE_GLUON:
                 else:  # nothing to load: hand the buffer straight over for the zero output
                     mbarrier.arrive(q_ready.index(qb), count=1)
             for i in range(n_tiles):
-                slot = kv % STAGES
-                empty_phase = ((kv // STAGES) & 1) ^ 1
+                slot, phase = _ring(kv, STAGES)
+                empty_phase = phase ^ 1
                 key = lo + i * BLOCK_N
                 mbarrier.wait(k_empty.index(slot), empty_phase)
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
@@ -146,11 +146,18 @@ if HAVE_GLUON:
             done += 1
 
     @gluon.jit
+    def _ring(tile, STAGES: gl.constexpr):
+        # (slot, phase) of ring tile `tile` >= 0, in unsigned arithmetic: signed
+        # % and // cost sign fix-ups in the uniform datapath (NOTES session 9).
+        t = tile.to(gl.uint32)
+        return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
+
+    @gluon.jit
     def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         # Wait for ring tile `tile` (counted over all work tiles) to land and
         # return its [BLOCK_N, HEAD_DIM] view.
-        slot = tile % STAGES
-        mbarrier.wait(ready.index(slot), (tile // STAGES) & 1)
+        slot, phase = _ring(tile, STAGES)
+        mbarrier.wait(ready.index(slot), phase)
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
@@ -276,7 +283,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
                 turn += 1
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
-            mbarrier.arrive(k_empty.index((kv + j) % STAGES), count=1)
+            mbarrier.arrive(k_empty.index(_ring(kv + j, STAGES)[0]), count=1)
             # The key indices relative to the tile's first key: the columns stay
             # loop-invariant and the shift goes into the row bounds (two rows a
             # thread) instead of into every score's index; ptxas then compares
@@ -298,7 +305,7 @@ if HAVE_GLUON:
                 # go to a scratch row that nothing reads (NOTES session 7, lead h).
                 anchor.slice(C * ROWS, ROWS).store(l_tile)
             o, l_i, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, l_i, p_op, v_tile))
-            mbarrier.arrive(v_empty.index((kv + j - 1) % STAGES), count=1)
+            mbarrier.arrive(v_empty.index(_ring(kv + j - 1, STAGES)[0]), count=1)
             p = _carried_p(p_f32, q_tile.dtype, P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
@@ -365,7 +372,7 @@ if HAVE_GLUON:
                 s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                 s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
-                mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
+                mbarrier.arrive(k_empty.index(_ring(kv, STAGES)[0]), count=1)
                 if Q_BUFFERS == 2:
                     _release_previous_q(q_empty, C, done)
                 s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, left, right, softcap_in, softcap_out,
@@ -402,7 +409,7 @@ if HAVE_GLUON:
                 l_i = _row_sums_mma(l_i, p_op, ones, alpha, ROWSUM_MMA)
                 o = warpgroup_mma(p_op, v_tile, o, is_async=True)
                 o, l_i, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, l_i, p_op, v_tile))
-                mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+                mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
             elif Q_BUFFERS == 2:
                 _release_previous_q(q_empty, C, done)
             kv += n_tiles
