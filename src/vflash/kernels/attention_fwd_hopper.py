@@ -215,7 +215,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _row_sums_mma(l_acc, p_op, ones, alpha, ROWSUM_MMA: gl.constexpr):
         # ROWSUM_MMA (an experiment): the softmax's row sums as a product on the
-        # tensor cores, l_acc [ROWS, 8] = l_acc * alpha + P @ ones [BLOCK_N, 8],
+        # tensor cores, l_acc [ROWS, 8] = l_acc * alpha + P @ ones^T ([8, BLOCK_N] in smem),
         # issued before P V so that S_j's wait (one group left pending) covers
         # it. Replaces a row sum of FADDs on the CUDA cores (64 a thread and key
         # tile at BLOCK_N = 128) with a few wgmma instructions; l then sums P as
@@ -224,7 +224,7 @@ if HAVE_GLUON:
             l_layout: gl.constexpr = l_acc.type.layout
             l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
             p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2))
-            l_acc = warpgroup_mma(p_l, ones, l_acc, is_async=True)
+            l_acc = warpgroup_mma(p_l, ones.permute((1, 0)), l_acc, is_async=True)
         return l_acc
 
     @gluon.jit
@@ -475,12 +475,14 @@ if HAVE_GLUON:
         # Written, never read: LATE_PV_WAIT's scratch rows, one per consumer (room
         # for four: Gluon's shapes are powers of two).
         anchor = gl.allocate_shared_memory(gl.float32, [4 * ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        # ROWSUM_MMA's B operand: a [BLOCK_N, 8] tile of ones (a [16, 8] stub when off).
-        ONES_ROWS: gl.constexpr = BLOCK_N if ROWSUM_MMA else 16
-        ones = gl.allocate_shared_memory(dtype, [ONES_ROWS, 8],
-                                         gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+        # ROWSUM_MMA's B operand, stored K-major as K's tiles are: [8, BLOCK_N] ones,
+        # read through a transposed view (an [8, 64] stub when off). (A row-major
+        # [BLOCK_N, 8] tile without swizzle gave NaN and illegal addresses on the H200.)
+        ONES_COLS: gl.constexpr = BLOCK_N if ROWSUM_MMA else 64
+        ones = gl.allocate_shared_memory(dtype, [8, ONES_COLS],
+                                         gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         if ROWSUM_MMA:
-            ones.store(gl.full([ONES_ROWS, 8], 1.0, dtype, gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])))
+            ones.store(gl.full([8, ONES_COLS], 1.0, dtype, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         for i in gl.static_range(NUM_CONSUMERS * Q_BUFFERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
