@@ -34,8 +34,6 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
                  late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
-            # the row sums on the tensor cores (ROWSUM_MMA, an experiment)
-            dict(head_dim=64, block_m=192, pingpong=True, lazy_rescale=True, rowsum_mma=True),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
@@ -50,7 +48,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("built") == 4
+    assert run.stdout.count("built") == 3
 
 
 def test_grid_persistence_and_stride():

@@ -44,7 +44,6 @@ class Variant(NamedTuple):
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
-    rowsum: bool = False  # the row sums as P @ ones on the tensor cores (ROWSUM_MMA)
 
 
 VARIANTS = {
@@ -54,9 +53,7 @@ VARIANTS = {
          Variant("3c-pp-p16", 192, 128, 2, pingpong=True, p_fp32=False),
          Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
-         Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False),
-         Variant("3c-pp-rowsum", 192, 128, 2, pingpong=True, rowsum=True),
-         Variant("3c-pp-p16-rowsum", 192, 128, 2, pingpong=True, p_fp32=False, rowsum=True)],
+         Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -69,14 +66,12 @@ VARIANTS = {
           # short causal: a deeper ring, or narrower key tiles (less waste on the diagonal)
           Variant("s3", 128, 128, 3, q_buffers=1), Variant("n64-s4", 128, 64, 4, q_buffers=1),
           Variant("n64-s3", 128, 64, 3, q_buffers=1), Variant("lazy", 128, 128, 2, lazy=True),
-          Variant("nolazy", 128, 128, 2, lazy=False), Variant("p16-lazy", 128, 128, 2, p_fp32=False, lazy=True),
-          Variant("rowsum", 128, 128, 2, rowsum=True)],
+          Variant("nolazy", 128, 128, 2, lazy=False), Variant("p16-lazy", 128, 128, 2, p_fp32=False, lazy=True)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),
           Variant("tile-per-cta", 128, 64, 2, False),
-          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True),
-          Variant("rowsum", 128, 64, 2, rowsum=True)],
+          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True)],
 }
 
 
@@ -93,7 +88,7 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
                                                  var.q_buffers or cfg.q_buffers,
-                                                 pingpong, p_fp32, late, lazy, var.rowsum)
+                                                 pingpong, p_fp32, late, lazy)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:

@@ -35,8 +35,6 @@ shape of FlashAttention-3:
 - LAZY_RESCALE (per head dim and mask): FlashAttention-4's
   lazy reference max (softmax_step's LAZY), and each warp branches over O's
   rescale when all its rows have alpha == 1 (_rescale).
-- ROWSUM_MMA (an experiment, off in the launcher until measured): the softmax's
-  row sums as P @ ones on the tensor cores (_row_sums_mma) instead of FADDs.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
@@ -213,44 +211,19 @@ if HAVE_GLUON:
             return o * alpha[:, None]
 
     @gluon.jit
-    def _row_sums_mma(l_acc, p_op, ones, alpha, ROWSUM_MMA: gl.constexpr):
-        # ROWSUM_MMA (an experiment): the softmax's row sums as a product on the
-        # tensor cores, l_acc [ROWS, 8] = l_acc * alpha + P @ ones^T ([8, BLOCK_N] in smem),
-        # issued before P V so that S_j's wait (one group left pending) covers
-        # it. Replaces a row sum of FADDs on the CUDA cores (64 a thread and key
-        # tile at BLOCK_N = 128) with a few wgmma instructions; l then sums P as
-        # rounded for the PV product. Without the switch, l_acc passes through.
-        if ROWSUM_MMA:
-            l_layout: gl.constexpr = l_acc.type.layout
-            l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
-            p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2))
-            l_acc = warpgroup_mma(p_l, ones.permute((1, 0)), l_acc, is_async=True)
-        return l_acc
-
-    @gluon.jit
-    def _rows(l_i, m_i, ROWSUM_MMA: gl.constexpr):
-        # softmax_step's l input: the row sums, or with ROWSUM_MMA (whose sums
-        # are on the tensor cores, so softmax_step's are dropped) zeros.
-        if ROWSUM_MMA:
-            return gl.zeros_like(m_i)
-        else:
-            return l_i
-
-    @gluon.jit
     def _pipelined_tiles(
         o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        ones, kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
         MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
-        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
+        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
         # it), whose PV product is still to be issued, and alpha the factor o
-        # takes before that product; l_i holds the row sums ([ROWS], or with
-        # ROWSUM_MMA the [ROWS, 8] accumulator of _row_sums_mma).
+        # takes before that product.
         # Returns the same state one tile further on.
         #
         # PINGPONG (FlashAttention-3's warpgroup ordering): consumers take turns
@@ -276,7 +249,6 @@ if HAVE_GLUON:
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait, benchmarks/NOTES.md).
             o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
-            l_i = _row_sums_mma(l_i, p_op, ones, alpha, ROWSUM_MMA)
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             if PINGPONG:
@@ -293,18 +265,16 @@ if HAVE_GLUON:
             base = lo + j * BLOCK_N
             s = masked_logits(s, offs_m, cols, n_k - base, off - base, left, right, softcap_in,
                               softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_tile = softmax_step(s, gl.max(s, 1), m_i, _rows(l_i, m_i, ROWSUM_MMA), qk_scale,
-                                                     MASKED, SOFTCAP, LAZY_RESCALE)
-            if not ROWSUM_MMA:
-                l_i = l_tile
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP,
+                                                  LAZY_RESCALE)
             if LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
                 # this softmax (it fills a latency gap with it), so the softmax
                 # would not overlap P_{j-1} V_{j-1}. It keeps the wait after a
                 # shared-memory store: the row sums, the softmax's last result,
                 # go to a scratch row that nothing reads (NOTES session 7, lead h).
-                anchor.slice(C * ROWS, ROWS).store(l_tile)
-            o, l_i, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, l_i, p_op, v_tile))
+                anchor.slice(C * ROWS, ROWS).store(l_i)
+            o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(v_empty.index(_ring(kv + j - 1, STAGES)[0]), count=1)
             p = _carried_p(p_f32, q_tile.dtype, P_FP32)
         return o, m_i, l_i, p, alpha, turn
@@ -321,12 +291,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer_partition(
         o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        ones, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
         P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        ROWSUM_MMA: gl.constexpr,
     ):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
@@ -337,8 +306,6 @@ if HAVE_GLUON:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 8, 16])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         LN2: gl.constexpr = 0.6931471805599453
@@ -356,10 +323,7 @@ if HAVE_GLUON:
             row0 = start_m + C * ROWS
             offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-            if ROWSUM_MMA:  # the row sums accumulate on the tensor cores, 8 equal columns
-                l_i = gl.zeros([ROWS, 8], gl.float32, layout=l_layout)
-            else:
-                l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+            l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
             o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
             qb = C * Q_BUFFERS + done % Q_BUFFERS
             q_buf = q_smem.index(qb)
@@ -377,45 +341,40 @@ if HAVE_GLUON:
                     _release_previous_q(q_empty, C, done)
                 s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, left, right, softcap_in, softcap_out,
                                   True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_f32, alpha, m_i, l_tile = softmax_step(s, gl.max(s, 1), m_i, _rows(l_i, m_i, ROWSUM_MMA), qk_scale,
-                                                         True, SOFTCAP, False)
-                if not ROWSUM_MMA:
-                    l_i = l_tile
+                p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
                 p = _carried_p(p_f32, dtype, P_FP32)
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, ones, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                    s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, C,
-                    NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)
+                    anchor, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                    s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
+                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, ones, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale,
-                    softcap_in, softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False,
-                    HAS_LEFT, HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                    ROWSUM_MMA)
+                    anchor, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, ones, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale,
-                    softcap_in, softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True,
-                    HAS_LEFT, HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE,
-                    ROWSUM_MMA)
+                    anchor, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
+                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                    LAZY_RESCALE)
 
                 # The last key tile's PV product.
                 last = kv + n_tiles - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
                 o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
                 p_op = _p_operand(p, p_layout, dtype, P_FP32)
-                l_i = _row_sums_mma(l_i, p_op, ones, alpha, ROWSUM_MMA)
                 o = warpgroup_mma(p_op, v_tile, o, is_async=True)
-                o, l_i, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, l_i, p_op, v_tile))
+                o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
                 mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
             elif Q_BUFFERS == 2:
                 _release_previous_q(q_empty, C, done)
             kv += n_tiles
 
-            if ROWSUM_MMA:
-                l_i = gl.convert_layout(gl.max(l_i, 1), s_rows)
             # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
             empty = l_i == 0.0
             inv_l = 1.0 / gl.where(empty, 1.0, l_i)
@@ -448,7 +407,6 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        ROWSUM_MMA: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
@@ -475,14 +433,6 @@ if HAVE_GLUON:
         # Written, never read: LATE_PV_WAIT's scratch rows, one per consumer (room
         # for four: Gluon's shapes are powers of two).
         anchor = gl.allocate_shared_memory(gl.float32, [4 * ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        # ROWSUM_MMA's B operand, stored K-major as K's tiles are: [8, BLOCK_N] ones,
-        # read through a transposed view (an [8, 64] stub when off). (A row-major
-        # [BLOCK_N, 8] tile without swizzle gave NaN and illegal addresses on the H200.)
-        ONES_COLS: gl.constexpr = BLOCK_N if ROWSUM_MMA else 64
-        ones = gl.allocate_shared_memory(dtype, [8, ONES_COLS],
-                                         gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        if ROWSUM_MMA:
-            ones.store(gl.full([8, ONES_COLS], 1.0, dtype, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         for i in gl.static_range(NUM_CONSUMERS * Q_BUFFERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)
@@ -518,15 +468,15 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, ones, n_work, n_m, n_heads_q, kv_group, n_q,
-                                       n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0),
-                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)),
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, ones, n_work, n_m, n_heads_q, kv_group, n_q,
-                                       n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1),
-                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)),
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -535,20 +485,20 @@ if HAVE_GLUON:
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
                                    REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, ones, n_work, n_m, n_heads_q, kv_group, n_q,
-                                       n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0),
-                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)),
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, ones, n_work, n_m, n_heads_q, kv_group, n_q,
-                                       n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1),
-                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)),
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, ones, n_work, n_m, n_heads_q, kv_group, n_q,
-                                       n_k, off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2),
-                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, ROWSUM_MMA)),
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
