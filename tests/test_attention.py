@@ -190,16 +190,17 @@ def _masked_logits_kernel(Out, start, n_k, off, left, right, ROWS: tl.constexpr,
 
 
 @pytest.mark.parametrize("relative", [False, True])
-def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative):
+def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative, device):
     # Row i sees key j iff i + off - left <= j <= i + off + right and j < n_k (a
     # negative side unbounded); with key indices taken relative to the tile's first
     # key (the Hopper kernel's form) the tile must hide the same keys.
     rows, block_n = 16, 32
     for start, n_k, off, left, right in [(0, 20, 0, -1, 0), (32, 50, 10, -1, 0), (64, 70, 40, 5, 2),
                                          (32, 64, -20, 3, -1), (96, 100, 90, -1, -1), (0, 32, 7, 0, 0)]:
-        out = torch.zeros(rows, block_n)
+        out = torch.zeros(rows, block_n, device=device)
         _masked_logits_kernel[(1,)](out, start, n_k, off, left, right, ROWS=rows, BLOCK_N=block_n,
                                     RELATIVE=relative, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0)
+        out = out.cpu()
         i = torch.arange(rows)[:, None]
         j = start + torch.arange(block_n)[None, :]
         visible = (j < n_k).expand(rows, block_n)

@@ -414,7 +414,8 @@ if HAVE_GLUON:
         # HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
-        gl.static_assert(BLOCK_M == 128 or BLOCK_M == 192, "two or three consumer warpgroups of 64 rows")
+        gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
+                         "one, two or three consumer warpgroups of 64 rows")
         gl.static_assert(Q_BUFFERS == 1 or Q_BUFFERS == 2, "one or two Q buffers per consumer")
         dtype: gl.constexpr = q_desc.dtype
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -461,7 +462,19 @@ if HAVE_GLUON:
         softcap_in = gl.to_tensor(softcap_in)
         softcap_out = gl.to_tensor(softcap_out)
         # One warp_specialize per consumer count: the partition list is spelled out.
-        if NUM_CONSUMERS == 2:
+        if NUM_CONSUMERS == 1:
+            gl.warp_specialize([
+                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
+                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+            ], [4], [CONSUMER_REGS])
+        elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
@@ -571,4 +584,4 @@ CONSUMER_ROWS = 64
 # Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
 # count; the producer warpgroup keeps what is left of the 64 K register file
 # (24 and 32).
-CONSUMER_REGS = {2: 240, 3: 160}
+CONSUMER_REGS = {1: 224, 2: 240, 3: 160}
