@@ -34,6 +34,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
                  late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
+            # one consumer, two CTAs an SM (HOPPER_SHORT_CAUSAL): half the register file each
+            dict(head_dim=128, block_m=64, block_n=64, causal=True),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
@@ -42,13 +44,15 @@ def test_kernel_compiles_for_sm90(tmp_path):
             # the consumers' register share, as the table gives it for their count
             regs = hopper_kernels.CONSUMER_REGS[kw.get("block_m", 128) // hopper_kernels.CONSUMER_ROWS]
             assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
+            if kw.get("block_m") == 64:
+                assert re.search(r"\.maxnreg 128\b", ptx), kw
             assert len(k.asm["cubin"]) > 0, kw
             print("built", kw["head_dim"], k.metadata.shared)
     """)
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("built") == 3
+    assert run.stdout.count("built") == 4
 
 
 def test_grid_persistence_and_stride():
@@ -64,6 +68,11 @@ def test_grid_persistence_and_stride():
     assert hopper.grid(3, 64, 66 * 128, 128, 132, causal=True) == (131, 1, 1)  # 66 row blocks
     assert hopper.grid(1, 129, 640, 128, 130, causal=True) == (129, 1, 1)  # heads == stride: each CTA sees 5 tiles
     assert hopper.grid(1, 128, 640, 128, 130, causal=True) == (128 * 5, 1, 1)  # fewer heads: one CTA per tile
+    # One consumer a CTA (64 rows): two CTAs an SM.
+    assert hopper.grid(2, 4, 4096, 64, 132, causal=False) == (264, 1, 1)  # 512 work tiles
+    assert hopper.grid(32, 16, 512, 64, 132, causal=True) == (263, 1, 1)  # 8 row blocks, stride coprime <= 264
+    assert hopper.launch_options(64) == dict(num_warps=4, maxnreg=128)
+    assert hopper.launch_options(128) == dict(num_warps=4)
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
@@ -146,6 +155,11 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
             assert not ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d).hopper  # 176 tiles, 132 SMs
             assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).hopper
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
+    for d, (longest, tiles) in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
+        short = ops.choose_config(d, torch.float16, 0, longest, 512, dev, d)
+        assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
+        assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
+        assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table
     monkeypatch.setattr(ops, "_is_hopper", lambda index: False)
@@ -207,6 +221,26 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
 
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))
+        mode = {False: None, True: "bottom_right"}.get(causal, causal)
+        return ops.attention_forward(q, k, v, causal=mode, scale=q.shape[-1] ** -0.5 if scale is None else scale,
+                                     window=window or (-1, -1), softcap=softcap, return_lse=return_lse,
+                                     config=cfg)
+    for v in case.run(torch.device("cuda"), attention):
+        assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
+                                  if c.D in hopper_kernels.HOPPER_SHORT_CAUSAL])
+def test_gpu_hopper_short_causal_tiles_match_the_oracle(case):
+    # HOPPER_SHORT_CAUSAL's one-consumer tiles (two CTAs an SM) on every case of the
+    # head dim, whatever its mask: the launcher takes them for short rows with a
+    # right edge, and the kernel must be right for any.
+    cfg = ops.hopper_config(case.D, True, 1)
+    assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
+
+    def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
         return ops.attention_forward(q, k, v, causal=mode, scale=q.shape[-1] ** -0.5 if scale is None else scale,
                                      window=window or (-1, -1), softcap=softcap, return_lse=return_lse,

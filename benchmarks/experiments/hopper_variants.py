@@ -44,7 +44,6 @@ class Variant(NamedTuple):
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
-    ctas_per_sm: int = 1  # CTAs an SM holds: one consumer warpgroup (block_m 64) leaves room for two
 
 
 VARIANTS = {
@@ -56,8 +55,8 @@ VARIANTS = {
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
          Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False),
          # one consumer a CTA, two CTAs an SM (lead k: their serial chains overlap)
-         Variant("c1", 64, 128, 2, q_buffers=1, pingpong=False, ctas_per_sm=2),
-         Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False, ctas_per_sm=2)],
+         Variant("c1", 64, 128, 2, q_buffers=1, pingpong=False),
+         Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -72,7 +71,7 @@ VARIANTS = {
           Variant("n64-s3", 128, 64, 3, q_buffers=1), Variant("lazy", 128, 128, 2, lazy=True),
           Variant("nolazy", 128, 128, 2, lazy=False), Variant("p16-lazy", 128, 128, 2, p_fp32=False, lazy=True),
           # one consumer a CTA, two CTAs an SM (82 KB of shared memory each with 64-key tiles)
-          Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False, ctas_per_sm=2)],
+          Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),
@@ -98,13 +97,10 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     if var.persist is None:
-        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms * var.ctas_per_sm, causal=right >= 0)
+        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0)
     else:
-        grid = (min(work, var.ctas or sms * var.ctas_per_sm) if var.persist else work, 1, 1)
-    # Two CTAs an SM need at most half the register file each (the consumer then
-    # takes 224 a thread by setmaxnreg, the producer 32).
-    regs = {} if var.ctas_per_sm == 1 else dict(maxnreg=65536 // (var.ctas_per_sm * 256))
-    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, num_warps=4, **regs)
+        grid = (min(work, var.ctas or sms * hopper_launch.ctas_per_sm(var.block_m)) if var.persist else work, 1, 1)
+    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **hopper_launch.launch_options(var.block_m))
     return out
 
 

@@ -12,7 +12,8 @@ shape of FlashAttention-3:
   so every CTA cycles through all of them, or gives each tile its own CTA and
   lets the hardware balance (`ops/hopper.py:grid`).
 - Warp-specialized: a producer warpgroup (one thread issues every TMA copy)
-  and two or three consumer warpgroups of 64 query rows each. K and V go through a ring of
+  and one, two or three consumer warpgroups of 64 query rows each (one: two
+  CTAs share an SM, for short causal rows). K and V go through a ring of
   STAGES buffers with ready / empty mbarriers; the ring and the Q buffers carry
   over from one work tile to the next, so the producer loads the next tile while
   the consumers finish this one (Q too, where there is room for two Q buffers).
@@ -409,7 +410,7 @@ if HAVE_GLUON:
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
-        # producer; BLOCK_M / 64 more warpgroups (2 or 3) are the consumers.
+        # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
         # Descriptors are 4-D over [B, H, N, D] with blocks [1, 1, 64 or BLOCK_N,
         # HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
         ROWS: gl.constexpr = 64
@@ -517,7 +518,7 @@ if HAVE_GLUON:
 
 class HopperTiles(NamedTuple):
     """The kernel's tiles and schedule switches for one head dim."""
-    block_m: int  # two (128) or three (192) consumer warpgroups of 64 query rows
+    block_m: int  # one (64), two (128) or three (192) consumer warpgroups of 64 query rows
     block_n: int
     stages: int  # depth of the K/V ring
     q_buffers: int  # Q buffers per consumer without a right mask edge (one with it)
@@ -563,6 +564,20 @@ HOPPER_CONFIGS = {
     256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
+# With a right mask edge and at most n_q query rows (per head dim): one consumer
+# warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82 KB of shared
+# memory at D = 128), instead of one CTA of two consumers. Short causal work tiles
+# hold 1-8 key tiles, so each tile's serial chain (first QK^T and its softmax,
+# last PV, output store) is exposed; two consumers of one tile walk the same
+# chain in step and leave the tensor cores idle together, two CTAs walk theirs
+# apart (lead k, NOTES session 11). H200, fp16 causal, same run: N = 512 304
+# against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against 476.
+# D = 64 measured level with the portable kernel (305 / 345 / 382 against
+# 301 / 354 / 366 at N 1024-4096) and stays there; D = 256 has no room for two.
+HOPPER_SHORT_CAUSAL = {
+    128: (512, HopperTiles(64, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
+                           lazy_rescale=False, lazy_rescale_causal=False)),
+}
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
 # work tiles per SM). From the H200 runs in benchmarks/NOTES.md (fp16, TFLOP/s,
@@ -582,6 +597,6 @@ HOPPER_USE = {
 # Query rows per consumer warpgroup (one wgmma M); the kernel's ROWS constants.
 CONSUMER_ROWS = 64
 # Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
-# count; the producer warpgroup keeps what is left of the 64 K register file
-# (24 and 32).
+# count; the producer warpgroup keeps what is left of the CTA's share of the
+# 64 K register file (24 and 32; one consumer: half the file, two CTAs an SM).
 CONSUMER_REGS = {1: 224, 2: 240, 3: 160}

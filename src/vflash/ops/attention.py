@@ -102,11 +102,15 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def hopper_config(head_dim: int, right_edge: bool = False) -> TileConfig:
+def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
     one Q buffer, and P in fp32 and the lazy rescale where the table says so for
-    it (see HOPPER_CONFIGS)."""
+    it (see HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, that
+    table's one-consumer tiles."""
     t = hopper.HOPPER_CONFIGS[head_dim]
+    short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
+    if right_edge and short and n_q is not None and n_q <= short[0]:
+        t = short[1]
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
                       lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale)
@@ -125,7 +129,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
     if (use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index)
             and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) >= use[2] * sms):
-        return hopper_config(head_dim, right >= 0)
+        return hopper_config(head_dim, right >= 0, n_q)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
         if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
@@ -182,7 +186,7 @@ def attention_forward(
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages, cfg.q_buffers, cfg.pingpong,
                                                      cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale)
-        options = dict(num_warps=cfg.num_warps)
+        options = hopper_launch.launch_options(cfg.block_m)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
         kernel = attention_fwd_kernel
