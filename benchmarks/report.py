@@ -165,11 +165,17 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "coprime to the row blocks gained 3 %. Each masked (diagonal) tile cost 58 % more instructions than "
                  "an unmasked one; folding the key count into each row's edge gained 3-6 % at D = 128 N 512-2048 "
                  "(NOTES session 8; 1-5 % in session 9's A/B). Two Q buffers with P in 16 bits, a build without "
-                 "spills, also lost (240 against 259 at N = 512, NOTES session 9)")
+                 "spills, also lost (240 against 259 at N = 512, NOTES session 9). Since session 11, D = 128 "
+                 "causal rows up to N = 512 run one consumer warpgroup a CTA and two CTAs an SM, whose serial chains "
+                 "overlap (304 against 273 at N = 512); at N = 1024 that lost (365 against 406) and two consumers "
+                 "a CTA stay; D = 256 cannot run that way (ptxas needs more than 128 registers a thread for its "
+                 "64 x 256 products)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
     ("fa", 64, True, False): ("the portable kernel runs these: Hopper 192-row tiles measured 153-355 against "
-                              "295-380 at N = 1024-4096 (the diagonal tiles waste more); " + _PORTABLE),
+                              "295-380 at N = 1024-4096 (the diagonal tiles waste more), and one consumer a CTA "
+                              "with two CTAs an SM level with it (305 / 345 / 382 against 301 / 354 / 366 at "
+                              "N 1024-4096, NOTES session 11); " + _PORTABLE),
     ("fa", 64, False, True): _D64_HOPPER,
     ("fa", 64, True, True): "below N = 8192 the portable kernel runs these (" + _PORTABLE + "); above, " + _D64_HOPPER,
     ("fa", 128, False, False): _SHORT,

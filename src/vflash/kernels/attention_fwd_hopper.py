@@ -573,7 +573,8 @@ HOPPER_CONFIGS = {
 # apart (lead k, NOTES session 11). H200, fp16 causal, same run: N = 512 304
 # against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against 476.
 # D = 64 measured level with the portable kernel (305 / 345 / 382 against
-# 301 / 354 / 366 at N 1024-4096) and stays there; D = 256 has no room for two.
+# 301 / 354 / 366 at N 1024-4096) and stays there. D = 256 cannot: ptxas needs
+# more than the 128 registers a thread (half the file a CTA) for a 64 x 256 wgmma.
 HOPPER_SHORT_CAUSAL = {
     128: (512, HopperTiles(64, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
                            lazy_rescale=False, lazy_rescale_causal=False)),
