@@ -47,13 +47,13 @@ for step in "$@"; do
     hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
               --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} >> "$R/hopper_variants.txt" 2>&1; tail -40 "$R/hopper_variants.txt" ;;
-    profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers]]",
-             # PROFILE_SHAPES; e.g. 128:512:causal:2).
+    profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers[:tiles]]]",
+             # PROFILE_SHAPES; e.g. 128:512:causal:2, or 128:1024:causal::short for one consumer a CTA).
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
-               IFS=: read -r d n c qb <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}
+               IFS=: read -r d n c qb tl <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}${tl:+_$tl}
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 \
                  --launch-count 1 -f -o "/tmp/$name" python3 benchmarks/experiments/profile_hopper.py --d "$d" \
-                 --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} > "$R/$name.log" 2>&1
+                 --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1

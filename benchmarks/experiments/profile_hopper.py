@@ -5,7 +5,8 @@ and tiles as it does for users.
 
 GPU only, under ncu, e.g.:
   ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 --launch-count 1 \
-      -o d64 python3 benchmarks/experiments/profile_hopper.py --d 64 --n 16384 [--causal] [--q-buffers 2]
+      -o d64 python3 benchmarks/experiments/profile_hopper.py --d 64 --n 16384 [--causal] [--q-buffers 2] \
+      [--tiles main|short]
 """
 
 import argparse
@@ -28,6 +29,9 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
+    ap.add_argument("--tiles", choices=["main", "short"],
+                    help="HOPPER_CONFIGS' tiles or HOPPER_SHORT_CAUSAL's (one consumer a CTA), whatever the length "
+                         "(default: the launcher's choice)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.
     s = sweep_shape(a.d, a.n, a.causal)
@@ -36,8 +40,11 @@ def main() -> None:
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
     causal = "bottom_right" if a.causal else None
     config = None
-    if a.q_buffers:  # the launcher's Hopper tiles with another Q buffer count (e.g. two under a right edge)
-        config = dataclasses.replace(ops.hopper_config(a.d, a.causal), q_buffers=a.q_buffers)
+    if a.tiles or a.q_buffers:
+        n_q = {"main": None, "short": 1}.get(a.tiles, s.Nq)  # hopper_config takes the short tiles up to a length
+        config = ops.hopper_config(a.d, a.causal, n_q)
+    if a.q_buffers:  # another Q buffer count (e.g. two under a right edge)
+        config = dataclasses.replace(config, q_buffers=a.q_buffers)
     for _ in range(a.calls):
         if config is None:
             vflash.attention(q, k, v, causal=causal)
