@@ -44,6 +44,7 @@ class Variant(NamedTuple):
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
+    per_sm: Optional[int] = None  # CTAs an SM (None: ops/hopper.py's); the register caps follow
 
 
 VARIANTS = {
@@ -56,7 +57,11 @@ VARIANTS = {
          Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False),
          # one consumer a CTA, two CTAs an SM (lead k: their serial chains overlap)
          Variant("c1", 64, 128, 2, q_buffers=1, pingpong=False),
-         Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False)],
+         Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False),
+         # three CTAs an SM (41 KB each; registers 80 a thread, the consumer 136: 2 spill instructions in
+         # Triton 3.6's SASS; 128-key tiles do not compile under 80)
+         Variant("c1-n64-x3", 64, 64, 2, q_buffers=1, pingpong=False, per_sm=3),
+         Variant("c1-n64-s3-x3", 64, 64, 3, q_buffers=1, pingpong=False, per_sm=3)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -98,11 +103,17 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
                                                  pingpong, p_fp32, late, lazy)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
+    options = hopper_launch.launch_options(var.block_m)
+    per_sm = hopper_launch.ctas_per_sm(var.block_m)
+    if var.per_sm:  # another CTA count an SM: each CTA's register share, and the consumers' (producer: 24)
+        options["maxnreg"] = 65536 // (var.per_sm * 256) // 8 * 8
+        constexprs["CONSUMER_REGS"] = (options["maxnreg"] * 256 - 24 * 128) // (128 * (var.block_m // 64)) // 8 * 8
+        sms, per_sm = sms * var.per_sm // per_sm, var.per_sm  # grid() multiplies the SMs by its own count
     if var.persist is None:
         grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0)
     else:
-        grid = (min(work, var.ctas or sms * hopper_launch.ctas_per_sm(var.block_m)) if var.persist else work, 1, 1)
-    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **hopper_launch.launch_options(var.block_m))
+        grid = (min(work, var.ctas or sms * per_sm) if var.persist else work, 1, 1)
+    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **options)
     return out
 
 
