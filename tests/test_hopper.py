@@ -208,17 +208,8 @@ def _schedules(d):
             + [(table_qb, *flip(3))])
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
-@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait,lazy_rescale", [
-    pytest.param(c, qb, pp, p32, late, lazy, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
-                                                f"{'-p32' if p32 else ''}{'-late' if late else ''}"
-                                                f"{'-lazy' if lazy else ''}")
-    for c in _hopper_cases() for qb, pp, p32, late, lazy in _schedules(c.D)])
-def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale):
-    cfg = dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32,
-                              late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale)
-
+def _assert_case_with(case, cfg):
+    # The case through the launcher with the Hopper kernel's tiles and switches forced to cfg.
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(hopper.tma_ready, (q, k, v)))
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
@@ -231,6 +222,18 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait,lazy_rescale", [
+    pytest.param(c, qb, pp, p32, late, lazy, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
+                                                f"{'-p32' if p32 else ''}{'-late' if late else ''}"
+                                                f"{'-lazy' if lazy else ''}")
+    for c in _hopper_cases() for qb, pp, p32, late, lazy in _schedules(c.D)])
+def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale):
+    _assert_case_with(case, dataclasses.replace(ops.hopper_config(case.D), q_buffers=q_buffers, pingpong=pingpong,
+                                                p_fp32=p_fp32, late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
                                   if c.D in hopper_kernels.HOPPER_SHORT_CAUSAL])
 def test_gpu_hopper_short_causal_tiles_match_the_oracle(case):
@@ -239,11 +242,4 @@ def test_gpu_hopper_short_causal_tiles_match_the_oracle(case):
     # right edge, and the kernel must be right for any.
     cfg = ops.hopper_config(case.D, True, 1)
     assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
-
-    def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
-        mode = {False: None, True: "bottom_right"}.get(causal, causal)
-        return ops.attention_forward(q, k, v, causal=mode, scale=q.shape[-1] ** -0.5 if scale is None else scale,
-                                     window=window or (-1, -1), softcap=softcap, return_lse=return_lse,
-                                     config=cfg)
-    for v in case.run(torch.device("cuda"), attention):
-        assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
+    _assert_case_with(case, cfg)
