@@ -150,11 +150,13 @@ def check(dims, names) -> bool:
     return ok
 
 
-def timing(ns, dims, causals, names) -> None:
+def timing(ns, dims, causals, names, article=False) -> None:
+    # Shapes of the fa / d256 sweeps (16k tokens, 2048 / D heads), or with `article`
+    # the article sweep's (B = 1, H = 16: few work tiles).
     gemm_warmup()
     sms = ops._sm_count(0)
     for d, causal, n in itertools.product(dims, causals, ns):
-        s = Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
+        s = Shape(1, 16, 16, n, n, d, causal) if article else Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         out = torch.empty_like(q)
@@ -165,14 +167,16 @@ def timing(ns, dims, causals, names) -> None:
             split = ops.default_config(d, q.dtype, "split")
             if split.split and s.B * s.Hq * -(-n // split.block_m) >= sms:
                 portable = split
-        cands = [("portable", lambda: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
-                                                            softcap=None, return_lse=False, config=portable))]
+        cands = [(name, lambda cfg=cfg: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
+                                                               softcap=None, return_lse=False, config=cfg))
+                 for name, cfg in (("launcher", None), ("portable", portable))]
         for var in VARIANTS[d]:
             if names and var.name not in names:
                 continue
             cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
         res = tflops(cands + sdpa_calls(q, k, v, causal), flops)
-        print(f"D{d} causal={causal:d} N{n}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
+        label = f"D{d} causal={causal:d} N{n}{' B1 H16' if article else ''}"
+        print(f"{label}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
 
 
 def main() -> int:
@@ -182,6 +186,7 @@ def main() -> int:
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--variants", default="", help="comma-separated variant names to time (default: all)")
     ap.add_argument("--time-only", action="store_true")
+    ap.add_argument("--article", action="store_true", help="time the article sweep's shapes (B = 1, H = 16)")
     a = ap.parse_args()
     dims = [int(x) for x in a.dims.split(",")]
     names = set(a.variants.split(",")) - {""}
@@ -189,7 +194,7 @@ def main() -> int:
     if not a.time_only:
         ok = check(dims, names)
         print("CHECK", "PASS" if ok else "FAIL", flush=True)
-    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names)
+    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names, a.article)
     return 0 if ok else 1
 
 
