@@ -73,6 +73,8 @@ def test_grid_persistence_and_stride():
     assert hopper.grid(32, 16, 512, 64, 132, causal=True) == (263, 1, 1)  # 8 row blocks, stride coprime <= 264
     assert hopper.launch_options(64) == dict(num_warps=4, maxnreg=128)
     assert hopper.launch_options(128) == dict(num_warps=4)
+    assert hopper.launch_options(64, per_sm=3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
+    assert hopper.grid(2, 4, 4096, 64, 132, causal=False, per_sm=3) == (396, 1, 1)
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():

@@ -103,15 +103,14 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
                                                  pingpong, p_fp32, late, lazy)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
-    options = hopper_launch.launch_options(var.block_m)
-    per_sm = hopper_launch.ctas_per_sm(var.block_m)
-    if var.per_sm:  # another CTA count an SM: each CTA's register share, and the consumers' (producer: 24)
-        options["maxnreg"] = 65536 // (var.per_sm * 256) // 8 * 8
-        constexprs["CONSUMER_REGS"] = (options["maxnreg"] * 256 - 24 * 128) // (128 * (var.block_m // 64)) // 8 * 8
-        sms, per_sm = sms * var.per_sm // per_sm, var.per_sm  # grid() multiplies the SMs by its own count
+    options = hopper_launch.launch_options(var.block_m, var.per_sm)
+    if var.per_sm:  # another CTA count an SM: the consumers take the CTA's registers but the producer's 24
+        consumers = var.block_m // hopper.CONSUMER_ROWS
+        constexprs["CONSUMER_REGS"] = (options["maxnreg"] * (consumers + 1) - 24) // consumers // 8 * 8
     if var.persist is None:
-        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0)
+        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, per_sm=var.per_sm)
     else:
+        per_sm = var.per_sm or hopper_launch.ctas_per_sm(var.block_m)
         grid = (min(work, var.ctas or sms * per_sm) if var.persist else work, 1, 1)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **options)
     return out

@@ -13,7 +13,8 @@ from vflash.ops.scales import score_scales
 _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool) -> Tuple[int, int, int]:
+def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
+         per_sm: Optional[int] = None) -> Tuple[int, int, int]:
     """CTAs walk work tiles t = pid, pid + grid, ... (row block t % n_m of head
     t // n_m, n_m row blocks per head).
 
@@ -30,13 +31,13 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool) -> Tupl
     D = 128 causal N = 16384 measured 419 against 551).
 
     One consumer warpgroup a CTA (block_m 64) puts two CTAs on an SM: "one per
-    SM" above then reads two.
+    SM" above then reads two (per_sm: another count, as launch_options takes).
 
     Always three entries: a launch plan calls Triton's compiled launcher, which,
     unlike the JIT launch, does not pad a shorter grid."""
     n_m = (Nq + block_m - 1) // block_m
     work = B * Hq * n_m
-    sms *= ctas_per_sm(block_m)
+    sms *= per_sm or ctas_per_sm(block_m)
     if not causal:
         return (min(work, sms), 1, 1)
     stride = sms
@@ -51,12 +52,15 @@ def ctas_per_sm(block_m: int) -> int:
     return 2 if block_m == hopper.CONSUMER_ROWS else 1
 
 
-def launch_options(block_m: int) -> dict:
+def launch_options(block_m: int, per_sm: Optional[int] = None) -> dict:
     """The kernel's launch (and compile) options: four producer warps, and with
-    two CTAs an SM a register cap of half the file per CTA (setmaxnreg then gives
-    the consumer CONSUMER_REGS[1], the producer the rest)."""
-    n = ctas_per_sm(block_m)
-    return dict(num_warps=4) if n == 1 else dict(num_warps=4, maxnreg=65536 // (n * 2 * 128))
+    more than one CTA an SM (per_sm, default ctas_per_sm) a register cap of the
+    CTA's share of the file, in multiples of 8 (two CTAs of one consumer: 128 a
+    thread; setmaxnreg then gives the consumer CONSUMER_REGS[1], the producer the
+    rest)."""
+    n = per_sm or ctas_per_sm(block_m)
+    threads = (block_m // hopper.CONSUMER_ROWS + 1) * 128
+    return dict(num_warps=4) if n == 1 else dict(num_warps=4, maxnreg=65536 // (n * threads) // 8 * 8)
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block_m: int) -> bool:
