@@ -36,6 +36,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=256, block_n=64),
             # one consumer, two CTAs an SM (HOPPER_SHORT_CAUSAL): half the register file each
             dict(head_dim=128, block_m=64, block_n=64, causal=True),
+            dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
@@ -52,7 +53,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("built") == 4
+    assert run.stdout.count("built") == 5
 
 
 def test_grid_persistence_and_stride():
@@ -162,6 +163,9 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
         assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
         assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
+        if hopper_kernels.HOPPER_USE[d][2]:  # too few main tiles under a right edge: the short tiles
+            few = ops.choose_config(d, torch.float16, 0, 4 * longest, 1, dev, d)
+            assert few.hopper and few.block_m == tiles.block_m
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table
     monkeypatch.setattr(ops, "_is_hopper", lambda index: False)

@@ -281,6 +281,31 @@ if HAVE_GLUON:
         return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
+    def _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, first, last, C: gl.constexpr,
+                    NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+        # Ring tiles [first, last) of the work tile starting at ring tile kv, none
+        # of whose keys this consumer's rows see: release each once it has landed
+        # (an arrival before that would count towards the release of the slot's
+        # previous tile, which the other consumers may still be reading), and
+        # with PINGPONG take the turn its iteration would have taken, so that
+        # every consumer's turn count stays in step.
+        for j in range(first, last):
+            slot, phase = _ring(kv + j, STAGES)
+            mbarrier.wait(k_ready.index(slot), phase)
+            if PINGPONG:
+                if j > 0:  # key tile 0 is issued outside the turns
+                    if C == 0:
+                        mbarrier.wait(turns.index(C), (turn & 1) ^ 1)
+                    else:
+                        mbarrier.wait(turns.index(C), turn & 1)
+                    mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
+                    turn += 1
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.wait(v_ready.index(slot), phase)
+            mbarrier.arrive(v_empty.index(slot), count=1)
+        return turn
+
+    @gluon.jit
     def _release_previous_q(q_empty, C: gl.constexpr, done):
         # Two Q buffers: once this tile's first product is done, wait for the
         # previous tile's output store to have read its buffer, and hand that
@@ -322,6 +347,27 @@ if HAVE_GLUON:
                 t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                 REVERSE_M)
             row0 = start_m + C * ROWS
+            c_left = n_left
+            c_mid = n_mid
+            c_end = n_tiles
+            if HAS_RIGHT:
+                # This consumer's own key tiles, counted from the work tile's lo and
+                # split as _work_tile splits the tile's: under a right edge rows above
+                # the tile's last ones see fewer keys (192-row tiles on 128-key tiles:
+                # up to two tiles fewer), and rows all past n_q none. The ring tiles
+                # past its own go by in _skip_tiles. (Without a right edge this only
+                # spares rows past n_q, and it measured 14 % slower at D = 64 N = 512,
+                # not diagnosed: NOTES session 12.) A left edge can put a consumer's
+                # first key past the tile's last one: clamped.
+                c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N,
+                                                             HAS_LEFT, HAS_RIGHT)
+                c_left = gl.cdiv(c_full_lo - lo, BLOCK_N)
+                c_mid = c_left + (c_full_hi - c_full_lo) // BLOCK_N
+                c_end = gl.minimum(c_mid + gl.cdiv(c_hi - c_full_hi, BLOCK_N), n_tiles)
+                c_mid = gl.minimum(c_mid, c_end)
+                c_left = gl.minimum(c_left, c_mid)
+                if row0 >= n_q:
+                    c_end = 0
             offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
             l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
@@ -330,7 +376,7 @@ if HAVE_GLUON:
             q_buf = q_smem.index(qb)
             q_tile = q_buf.reshape([ROWS, HEAD_DIM])
             mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
-            if n_tiles > 0:
+            if c_end > 0:
                 # Key tile 0 on its own (through the masked code, right for any
                 # tile): it fills the pipeline with its P.
                 k_tile = _kv_tile(k_smem, k_ready, kv, BLOCK_N, HEAD_DIM, STAGES)
@@ -347,25 +393,25 @@ if HAVE_GLUON:
 
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, 1, n_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                    anchor, kv, 1, c_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                     s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
                     SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
                     LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(n_left, 1), n_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    anchor, kv, gl.maximum(c_left, 1), c_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
                     LAZY_RESCALE)
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(n_mid, 1), n_tiles, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                    anchor, kv, gl.maximum(c_mid, 1), c_end, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
                     softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
                     HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
                     LAZY_RESCALE)
 
                 # The last key tile's PV product.
-                last = kv + n_tiles - 1
+                last = kv + c_end - 1
                 v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
                 o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
                 p_op = _p_operand(p, p_layout, dtype, P_FP32)
@@ -374,6 +420,9 @@ if HAVE_GLUON:
                 mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
             elif Q_BUFFERS == 2:
                 _release_previous_q(q_empty, C, done)
+            if HAS_RIGHT:
+                turn = _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, c_end, n_tiles, C,
+                                   NUM_CONSUMERS, STAGES, PINGPONG)
             kv += n_tiles
 
             # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
@@ -564,34 +613,43 @@ HOPPER_CONFIGS = {
     256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
-# With a right mask edge and at most n_q query rows (per head dim): one consumer
+# With a right mask edge, at most n_q query rows, or too few work tiles of
+# HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim): one consumer
 # warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82 KB of shared
-# memory at D = 128), instead of one CTA of two consumers. Short causal work tiles
-# hold 1-8 key tiles, so each tile's serial chain (first QK^T and its softmax,
-# last PV, output store) is exposed; two consumers of one tile walk the same
+# memory at D = 128), instead of one CTA of two or three consumers. Short causal
+# work tiles hold 1-8 key tiles, so each tile's serial chain (first QK^T and its
+# softmax, last PV, output store) is exposed; consumers of one tile walk the same
 # chain in step and leave the tensor cores idle together, two CTAs walk theirs
-# apart (lead k, NOTES session 11). H200, fp16 causal, same run: N = 512 304
-# against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against 476.
-# D = 64 measured level with the portable kernel (305 / 345 / 382 against
-# 301 / 354 / 366 at N 1024-4096) and stays there. D = 256 cannot: ptxas needs
-# more than the 128 registers a thread (half the file a CTA) for a 64 x 256 wgmma.
+# apart (lead k, NOTES session 11). H200, fp16 causal, same run: D = 128 N = 512
+# 304 against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against
+# 476. D = 64 (NOTES session 12): 16k-token shapes N 1024 / 2048 304 / 347
+# against the portable kernel's 301 / 346 (three consumers 215 / 335); B = 1,
+# H = 16 (few work tiles) N 1024 / 2048 / 4096 133 / 222 / 334 against the
+# portable kernel's 118 / 205 / 298 [cuDNN 128 / 211 / 324]. D = 256 cannot:
+# ptxas needs more than the 128 registers a thread (half the file a CTA) for a
+# 64 x 256 wgmma.
 HOPPER_SHORT_CAUSAL = {
+    64: (2048, HopperTiles(64, 128, 2, 1, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+                           lazy_rescale=True, lazy_rescale_causal=True)),
     128: (512, HopperTiles(64, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
                            lazy_rescale=False, lazy_rescale_causal=False)),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
-# work tiles per SM). From the H200 runs in benchmarks/NOTES.md (fp16, TFLOP/s,
-# same run). D = 128 / 256: ahead at every length since the causal grid went
-# persistent (session 6: causal N = 512, 246 against 242 at D = 128, 315 against
-# 226 at D = 256). D = 64 (192-row tiles): non-causal ahead from N = 512 since P's
-# packed carry (session 9: 368 against the portable kernel's 345 at N = 512, 409
-# against 386 at 1024); causal 444 against 410 at 16384 but 355 against
-# 380 at 4096 (a 192-row tile wastes more on the diagonal); and a grid of under 4
-# waves leaves SMs idle in the last one (B = 1, H = 16, N = 2048: 176 tiles on 132
-# SMs, 274 against the portable kernel's 349).
+# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_SHORT_CAUSAL's
+# tiles serve a right edge and the portable kernel the rest). From the H200 runs
+# in benchmarks/NOTES.md (fp16, TFLOP/s, same run). D = 128 / 256: ahead at
+# every length since the causal grid went persistent (session 6: causal N = 512,
+# 246 against 242 at D = 128, 315 against 226 at D = 256). D = 64 (192-row
+# tiles): non-causal ahead from N = 512 since P's packed carry (session 9: 368
+# against the portable kernel's 345 at N = 512, 409 against 386 at 1024); causal
+# since each consumer stops at its own last key tile (session 12) 422 against
+# 392 at N = 4096 and 472 against 410 at 8192, and from N = 1024 with the short
+# tiles (N = 512 not measured); and a grid of under 4 waves leaves SMs idle in
+# the last one (B = 1, H = 16, N = 2048: 176 tiles on 132 SMs, 274 against the
+# portable kernel's 349).
 HOPPER_USE = {
-    64: (512, 8192, 4),
+    64: (512, 1024, 4),
     128: (1, 1, 0),
     256: (1, 1, 0),
 }

@@ -102,14 +102,16 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None) -> TileConfig:
+def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None,
+                  few_tiles: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
     one Q buffer, and P in fp32 and the lazy rescale where the table says so for
-    it (see HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, that
-    table's one-consumer tiles."""
+    it (see HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, or
+    `few_tiles` (too few work tiles of the main height), that table's
+    one-consumer tiles."""
     t = hopper.HOPPER_CONFIGS[head_dim]
     short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
-    if right_edge and short and n_q is not None and n_q <= short[0]:
+    if right_edge and short and (few_tiles or (n_q is not None and n_q <= short[0])):
         t = short[1]
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
@@ -121,15 +123,17 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     """Pick the kernel and tiles from the mask and the grid: `batch_heads` is the
     number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
     dims in HOPPER_USE on sm_90, for the lengths and grids that table names (the
-    caller checks the tensors suit TMA)."""
+    caller checks the tensors suit TMA); with a right edge, grids too small for
+    its main tiles take HOPPER_SHORT_CAUSAL's where the head dim has them."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
     sms = _sm_count(device.index)
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
-    if (use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index)
-            and batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) >= use[2] * sms):
-        return hopper_config(head_dim, right >= 0, n_q)
+    if use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index):
+        few = batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) < use[2] * sms
+        if not few or (right >= 0 and head_dim in hopper.HOPPER_SHORT_CAUSAL):
+            return hopper_config(head_dim, right >= 0, n_q, few)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
         if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
