@@ -172,12 +172,16 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "64 x 256 products)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
-    ("fa", 64, True, False): ("the portable kernel runs these: Hopper 192-row tiles measured 153-355 against "
-                              "295-380 at N = 1024-4096 (the diagonal tiles waste more), and one consumer a CTA "
-                              "with two CTAs an SM level with it (305 / 345 / 382 against 301 / 354 / 366 at "
-                              "N 1024-4096, NOTES session 11); " + _PORTABLE),
+    ("fa", 64, True, False): ("since session 12 one consumer warpgroup a CTA and two CTAs an SM run these (304 "
+                              "against the portable kernel's 301 at N = 1024, same run), each tile's serial chain "
+                              "exposed as at D = 128 below; measured and not taken (NOTES session 12): three such "
+                              "CTAs an SM on 64-key tiles (324, 136 registers a consumer thread), three consumers "
+                              "a CTA even with each stopping at its own last key tile (215)"),
     ("fa", 64, False, True): _D64_HOPPER,
-    ("fa", 64, True, True): "below N = 8192 the portable kernel runs these (" + _PORTABLE + "); above, " + _D64_HOPPER,
+    ("fa", 64, True, True): ("N = 2048 runs one consumer warpgroup a CTA, two CTAs an SM (NOTES session 12: 347 "
+                             "against the portable kernel's 346, three consumers a CTA 335); from N = 4096 three "
+                             "consumer warpgroups, each stopping at its own last key tile since session 12 (422 "
+                             "against 388 at N = 4096, 472 against 465 at 8192); " + _D64_HOPPER),
     ("fa", 128, False, False): _SHORT,
     ("fa", 128, True, False): _SHORT_CAUSAL,
     ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is level with cuDNN at long N; FA4's "
@@ -196,13 +200,18 @@ GAP_WHY = {
     ("fa", 256, False, True): "within run-to-run spread of cuDNN",
     ("fa", 256, True, True): "within run-to-run spread of cuDNN",
     ("article", 64, False, False): "B * H = 16 leaves few work tiles, and " + _D64_SHORT,
-    ("article", 64, True, False): "B * H = 16 leaves few work tiles, and " + _D64_SHORT,
+    ("article", 64, True, False): ("B * H = 16 leaves few work tiles; one consumer warpgroup a CTA and two "
+                                   "CTAs an SM run these since session 12 (133 against the portable kernel's 118 "
+                                   "at N = 1024, same run)"),
     ("article", 64, False, True): ("B * H = 16 leaves few work tiles: below N = 8192 under 4 waves of the Hopper "
                                    "kernel's 192-row tiles on 132 SMs, which since commit 31ff126 go to the "
-                                   "portable kernel (an earlier run gave N = 2048 to the Hopper kernel: 1.3 waves); "
-                                   "at N = 8192 " + _D64_HOPPER),
-    ("article", 64, True, True): ("B * H = 16 leaves few work tiles; causal below N = 8192 runs the portable "
-                                  "kernel (" + _PORTABLE + "); at N = 8192 " + _D64_HOPPER),
+                                   "portable kernel (an earlier run gave N = 2048 to the Hopper kernel: 1.3 waves; "
+                                   "one consumer warpgroup a CTA, two CTAs an SM, measured 378 / 441 against the "
+                                   "portable kernel's 375 / 431 at N 2048 / 4096, cuDNN 381 / 448, NOTES session "
+                                   "12); at N = 8192 " + _D64_HOPPER),
+    ("article", 64, True, True): ("B * H = 16 leaves few work tiles; below N = 8192 one consumer warpgroup a CTA "
+                                  "and two CTAs an SM run these since session 12 (222 / 334 against the portable "
+                                  "kernel's 205 / 298 at N 2048 / 4096, same run); at N = 8192 " + _D64_HOPPER),
 }
 
 
