@@ -201,8 +201,8 @@ GAP_WHY = {
     ("fa", 256, True, True): "within run-to-run spread of cuDNN",
     ("article", 64, False, False): "B * H = 16 leaves few work tiles, and " + _D64_SHORT,
     ("article", 64, True, False): ("B * H = 16 leaves few work tiles; one consumer warpgroup a CTA and two "
-                                   "CTAs an SM run these since session 12 (133 against the portable kernel's 118 "
-                                   "at N = 1024, same run)"),
+                                   "CTAs an SM run these since session 12 (vflash bench at N = 1024: 111 on the "
+                                   "portable kernel in -s11-short, 133 in -s12)"),
     ("article", 64, False, True): ("B * H = 16 leaves few work tiles: below N = 8192 under 4 waves of the Hopper "
                                    "kernel's 192-row tiles on 132 SMs, which since commit 31ff126 go to the "
                                    "portable kernel (an earlier run gave N = 2048 to the Hopper kernel: 1.3 waves; "
@@ -210,8 +210,9 @@ GAP_WHY = {
                                    "portable kernel's 375 / 431 at N 2048 / 4096, cuDNN 381 / 448, NOTES session "
                                    "12); at N = 8192 " + _D64_HOPPER),
     ("article", 64, True, True): ("B * H = 16 leaves few work tiles; below N = 8192 one consumer warpgroup a CTA "
-                                  "and two CTAs an SM run these since session 12 (222 / 334 against the portable "
-                                  "kernel's 205 / 298 at N 2048 / 4096, same run); at N = 8192 " + _D64_HOPPER),
+                                  "and two CTAs an SM run these since session 12 (vflash bench at N 2048 / 4096: "
+                                  "203 / 293 on the portable kernel in -s11-short, 219 / 333 in -s12); at N = 8192 "
+                                  + _D64_HOPPER),
 }
 
 

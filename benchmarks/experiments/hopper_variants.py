@@ -57,6 +57,9 @@ VARIANTS = {
          Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False),
          # one consumer a CTA, two CTAs an SM (lead k: their serial chains overlap)
          Variant("c1", 64, 128, 2, q_buffers=1, pingpong=False),
+         # two Q buffers: the next work tile's Q loads while this one computes (Nsight Compute, D = 64 causal
+         # N = 1024: 9 % of the consumer's stall samples wait for Q; 80 KB each, two still fit an SM)
+         Variant("c1-q2", 64, 128, 2, q_buffers=2, pingpong=False),
          Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False),
          # three CTAs an SM (41 KB each; registers 80 a thread, the consumer 136: 2 spill instructions in
          # Triton 3.6's SASS; 128-key tiles do not compile under 80)
@@ -78,7 +81,8 @@ VARIANTS = {
           # one consumer a CTA, two CTAs an SM (82 KB of shared memory each with 64-key tiles; D = 256 cannot:
           # ptxas needs more than the 128 registers a thread of two CTAs an SM for its 64 x 256 wgmma)
           Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False),
-          Variant("c1-n64-s3", 64, 64, 3, q_buffers=1, pingpong=False)],  # 115 KB: two still fit an SM
+          Variant("c1-n64-s3", 64, 64, 3, q_buffers=1, pingpong=False),  # 115 KB: two still fit an SM
+          Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False)],  # 98 KB
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),

@@ -624,8 +624,8 @@ HOPPER_CONFIGS = {
 # 304 against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against
 # 476. D = 64 (NOTES session 12): 16k-token shapes N 1024 / 2048 304 / 347
 # against the portable kernel's 301 / 346 (three consumers 215 / 335); B = 1,
-# H = 16 (few work tiles) N 1024 / 2048 / 4096 133 / 222 / 334 against the
-# portable kernel's 118 / 205 / 298 [cuDNN 128 / 211 / 324]. D = 256 cannot:
+# H = 16 (few work tiles), vflash bench before and after: N 1024 / 2048 / 4096
+# 111 / 203 / 293 -> 133 / 219 / 333 [cuDNN about 45 / 205 / 320]. D = 256 cannot:
 # ptxas needs more than the 128 registers a thread (half the file a CTA) for a
 # 64 x 256 wgmma.
 HOPPER_SHORT_CAUSAL = {
