@@ -5,7 +5,8 @@
 # Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum.
-# HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes.
+# HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
+# HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path).
 #   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -46,7 +47,8 @@ for step in "$@"; do
               > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
     hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
               --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
-              ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} >> "$R/hopper_variants.txt" 2>&1
+              ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} ${HOPPER_GRAPHS:+--graphs} \
+              >> "$R/hopper_variants.txt" 2>&1
                tail -40 "$R/hopper_variants.txt" ;;
     profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers[:tiles]]]",
              # PROFILE_SHAPES; e.g. 128:512:causal:2, or 128:1024:causal::short for one consumer a CTA).

@@ -128,13 +128,31 @@ def sdpa_calls(q, k, v, causal):
     return calls
 
 
-def tflops(calls, flops):
-    """[(name, TFLOP/s)] per (name, call), timed after one warm call; a call that raises is
-    reported as name!Error at 0 rather than ending the run."""
+def _graphed(fn):
+    """fn captured in a CUDA graph, as its replay: one launch's host cost (a few us)
+    whatever fn does in Python, so that calls shorter than their Python launch path
+    (Triton's JIT launch takes 40-100 us) time the kernel, not the host."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up on a side stream, as graph capture requires
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def tflops(calls, flops, graphs=False):
+    """[(name, TFLOP/s)] per (name, call), timed after one warm call (with `graphs`,
+    each call's CUDA graph replayed instead); a call that raises is reported as
+    name!Error at 0 rather than ending the run."""
     res = []
     for name, fn in calls:
         try:
             fn()
+            if graphs:
+                fn = _graphed(fn)
             res.append((name, flops / time_call(fn, torch.device("cuda"))[0] / 1e9))
         except Exception as exc:
             res.append((name + f"!{type(exc).__name__}", 0.0))

@@ -64,7 +64,8 @@ VARIANTS = {
          # three CTAs an SM (41 KB each; registers 80 a thread, the consumer 136: 2 spill instructions in
          # Triton 3.6's SASS; 128-key tiles do not compile under 80)
          Variant("c1-n64-x3", 64, 64, 2, q_buffers=1, pingpong=False, per_sm=3),
-         Variant("c1-n64-s3-x3", 64, 64, 3, q_buffers=1, pingpong=False, per_sm=3)],
+         Variant("c1-n64-s3-x3", 64, 64, 3, q_buffers=1, pingpong=False, per_sm=3),
+         Variant("c1-n64-x3-q2", 64, 64, 2, q_buffers=2, pingpong=False, per_sm=3)],  # 49 KB
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -153,7 +154,7 @@ def check(dims, names) -> bool:
     return ok
 
 
-def timing(ns, dims, causals, names, article=False) -> None:
+def timing(ns, dims, causals, names, article=False, graphs=False) -> None:
     # Shapes of the fa / d256 sweeps (16k tokens, 2048 / D heads), or with `article`
     # the article sweep's (B = 1, H = 16: few work tiles).
     gemm_warmup()
@@ -177,7 +178,7 @@ def timing(ns, dims, causals, names, article=False) -> None:
             if names and var.name not in names:
                 continue
             cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
-        res = tflops(cands + sdpa_calls(q, k, v, causal), flops)
+        res = tflops(cands + sdpa_calls(q, k, v, causal), flops, graphs)
         label = f"D{d} causal={causal:d} N{n}{' B1 H16' if article else ''}"
         print(f"{label}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
 
@@ -190,6 +191,8 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="comma-separated variant names to time (default: all)")
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--article", action="store_true", help="time the article sweep's shapes (B = 1, H = 16)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="time each candidate's CUDA graph: short calls then time the kernel, not Python's launch")
     a = ap.parse_args()
     dims = [int(x) for x in a.dims.split(",")]
     names = set(a.variants.split(",")) - {""}
@@ -197,7 +200,8 @@ def main() -> int:
     if not a.time_only:
         ok = check(dims, names)
         print("CHECK", "PASS" if ok else "FAIL", flush=True)
-    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names, a.article)
+    timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names, a.article,
+           a.graphs)
     return 0 if ok else 1
 
 
