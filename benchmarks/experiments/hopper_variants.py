@@ -51,6 +51,7 @@ VARIANTS = {
     64: [Variant("3c", 192, 128, 2, pingpong=False), Variant("3c-q1", 192, 128, 2, q_buffers=1, pingpong=False),
          Variant("2c", 128, 128, 2, pingpong=False),
          Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True),
+         Variant("3c-pp-q2", 192, 128, 2, q_buffers=2, pingpong=True),  # two Q buffers under a right edge too
          Variant("3c-pp-p16", 192, 128, 2, pingpong=True, p_fp32=False),
          Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
