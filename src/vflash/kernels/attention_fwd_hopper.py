@@ -613,8 +613,8 @@ HOPPER_CONFIGS = {
     256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
-# With a right mask edge, at most n_q query rows, or too few work tiles of
-# HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim): one consumer
+# With a right mask edge and either at most n_q query rows or too few work tiles
+# of HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim): one consumer
 # warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82 KB of shared
 # memory at D = 128), instead of one CTA of two or three consumers. Short causal
 # work tiles hold 1-8 key tiles, so each tile's serial chain (first QK^T and its
