@@ -152,6 +152,16 @@ def key_range(start_m, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
+def key_tiles(lo, full_lo, full_hi, hi, BLOCK_N: tl.constexpr):
+    # key_range's ranges in BLOCK_N-key tiles counted from lo: [0, n_left) masked,
+    # [n_left, n_mid) every pair visible, [n_mid, n_tiles) masked. Shared with the
+    # Hopper kernel (a work tile's, and each consumer's within it).
+    n_left = tl.cdiv(full_lo - lo, BLOCK_N)
+    n_mid = n_left + (full_hi - full_lo) // BLOCK_N
+    return n_left, n_mid, n_mid + tl.cdiv(hi - full_hi, BLOCK_N)
+
+
+@triton.jit
 def _online_update(
     acc, l_i, m_i, qk, v, offs_m, offs_n,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,

@@ -44,7 +44,7 @@ only for what it covers (see `ops/attention.py`).
 
 from typing import NamedTuple
 
-from vflash.kernels.attention_fwd import key_range, masked_logits, softmax_step
+from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, softmax_step
 
 try:
     from triton.experimental import gluon
@@ -88,8 +88,8 @@ if HAVE_GLUON:
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
                    HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Work tile t -> (batch, q head, kv head, first row) and its key range
-        # (key_range, shared with attention_fwd_kernel), counted in key tiles from `lo`:
-        #   [0, n_left) masked, [n_left, n_mid) no mask, [n_mid, n_tiles) masked.
+        # (key_range, shared with attention_fwd_kernel), counted in key tiles from
+        # `lo` (key_tiles: masked, unmasked, masked).
         bh = t // n_m
         pid_m = t % n_m
         if REVERSE_M:
@@ -100,9 +100,7 @@ if HAVE_GLUON:
         start_m = pid_m * BLOCK_M
         lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
                                              HAS_RIGHT)
-        n_left = gl.cdiv(full_lo - lo, BLOCK_N)
-        n_mid = n_left + (full_hi - full_lo) // BLOCK_N
-        n_tiles = n_mid + gl.cdiv(hi - full_hi, BLOCK_N)
+        n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)
         return off_b, off_h, off_h // kv_group, start_m, lo, n_left, n_mid, n_tiles
 
     @gluon.jit
@@ -212,6 +210,16 @@ if HAVE_GLUON:
             return o * alpha[:, None]
 
     @gluon.jit
+    def _wait_turn(turns, turn, C: gl.constexpr):
+        # PINGPONG: wait for consumer C's turn number `turn`. A fresh barrier
+        # counts its parity-1 phase as complete: consumer 0 goes first, each later
+        # one waits for its predecessor's turn.
+        if C == 0:
+            mbarrier.wait(turns.index(C), (turn & 1) ^ 1)
+        else:
+            mbarrier.wait(turns.index(C), turn & 1)
+
+    @gluon.jit
     def _pipelined_tiles(
         o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, anchor,
         kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
@@ -238,12 +246,7 @@ if HAVE_GLUON:
             p_op = _p_operand(p, p_layout, q_tile.dtype, P_FP32)
             k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
             if PINGPONG:
-                # A fresh barrier counts its parity-1 phase as complete: consumer 0
-                # goes first, each later one waits for its predecessor's turn.
-                if C == 0:
-                    mbarrier.wait(turns.index(C), (turn & 1) ^ 1)
-                else:
-                    mbarrier.wait(turns.index(C), turn & 1)
+                _wait_turn(turns, turn, C)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
@@ -294,10 +297,7 @@ if HAVE_GLUON:
             mbarrier.wait(k_ready.index(slot), phase)
             if PINGPONG:
                 if j > 0:  # key tile 0 is issued outside the turns
-                    if C == 0:
-                        mbarrier.wait(turns.index(C), (turn & 1) ^ 1)
-                    else:
-                        mbarrier.wait(turns.index(C), turn & 1)
+                    _wait_turn(turns, turn, C)
                     mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
                     turn += 1
             mbarrier.arrive(k_empty.index(slot), count=1)
@@ -361,9 +361,8 @@ if HAVE_GLUON:
                 # first key past the tile's last one: clamped.
                 c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N,
                                                              HAS_LEFT, HAS_RIGHT)
-                c_left = gl.cdiv(c_full_lo - lo, BLOCK_N)
-                c_mid = c_left + (c_full_hi - c_full_lo) // BLOCK_N
-                c_end = gl.minimum(c_mid + gl.cdiv(c_hi - c_full_hi, BLOCK_N), n_tiles)
+                c_left, c_mid, c_end = key_tiles(lo, c_full_lo, c_full_hi, c_hi, BLOCK_N)
+                c_end = gl.minimum(c_end, n_tiles)
                 c_mid = gl.minimum(c_mid, c_end)
                 c_left = gl.minimum(c_left, c_mid)
                 if row0 >= n_q:
