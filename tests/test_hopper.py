@@ -35,8 +35,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
                  late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
             # one consumer, two CTAs an SM (HOPPER_SHORT_CAUSAL): half the register file each
-            dict(head_dim=128, block_m=64, block_n=64, causal=True),
-            dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True),
+            dict(head_dim=128, block_m=64, block_n=64, causal=True, q_buffers=2),
+            dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
@@ -143,7 +143,8 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert ops.choose_config(d, torch.float16, 0, min_causal, 512, dev, d).hopper
         if min_causal > 1:
             assert not ops.choose_config(d, torch.float16, 0, min_causal - 1, 512, dev, d).hopper  # short causal
-        assert ops.choose_config(d, torch.float16, 0, 4096, 512, dev, d).q_buffers == 1  # causal: one Q buffer
+        assert ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d).q_buffers == \
+            hopper_kernels.HOPPER_CONFIGS[d].q_buffers_causal
         assert cfg.q_buffers == hopper_kernels.HOPPER_CONFIGS[d].q_buffers
         tiles = hopper_kernels.HOPPER_CONFIGS[d]
         assert (cfg.pingpong, cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale) == (tiles.pingpong, False,
@@ -161,6 +162,7 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
     for d, (longest, tiles) in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
         short = ops.choose_config(d, torch.float16, 0, longest, 512, dev, d)
         assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
+        assert short.q_buffers == tiles.q_buffers_causal
         assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
         assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
         if hopper_kernels.HOPPER_USE[d][2]:  # too few main tiles under a right edge: the short tiles
@@ -244,8 +246,10 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
                                   if c.D in hopper_kernels.HOPPER_SHORT_CAUSAL])
 def test_gpu_hopper_short_causal_tiles_match_the_oracle(case):
     # HOPPER_SHORT_CAUSAL's one-consumer tiles (two CTAs an SM) on every case of the
-    # head dim, whatever its mask: the launcher takes them for short rows with a
-    # right edge, and the kernel must be right for any.
+    # head dim, whatever its mask, with one Q buffer and with two: the launcher
+    # takes them for short rows with a right edge, and the kernel must be right
+    # for any.
     cfg = ops.hopper_config(case.D, True, 1)
     assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
-    _assert_case_with(case, cfg)
+    for q_buffers in (1, 2):
+        _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))

@@ -569,7 +569,8 @@ class HopperTiles(NamedTuple):
     block_m: int  # one (64), two (128) or three (192) consumer warpgroups of 64 query rows
     block_n: int
     stages: int  # depth of the K/V ring
-    q_buffers: int  # Q buffers per consumer without a right mask edge (one with it)
+    q_buffers: int  # Q buffers per consumer without a right mask edge
+    q_buffers_causal: int  # with one
     pingpong: bool  # PINGPONG
     p_fp32_causal: bool  # P_FP32 where there is a right mask edge
     late_pv_wait: bool  # LATE_PV_WAIT
@@ -581,9 +582,11 @@ class HopperTiles(NamedTuple):
 # bytes per element. Measured on the H200 (fp16, benchmarks/NOTES.md):
 # - q_buffers 2 lets the next work tile's Q load, and this tile's output store, run
 #   while this tile computes: without a right mask edge +13.5 / +6 / +4 % at
-#   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) the launcher
-#   takes one buffer, as two measured 1-7 % slower there (not diagnosed); D = 256
-#   has no room for two.
+#   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) these tiles
+#   take one buffer, as two measured 1-7 % slower there (not diagnosed), while
+#   HOPPER_SHORT_CAUSAL's one-consumer tiles take two (session 12: +4.6 / +6 % at
+#   D = 64 N 1024 / 2048, +8 % at D = 128 N = 512; their consumer had waited 9 %
+#   of its stalls for Q, which also stages the output); D = 256 has no room for two.
 # - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
 #   warpgroup's softmax keeps the tensor cores busy (+6-11 % over two at N >= 4096).
 # - pingpong gained 2-3.5 % at D = 64 without a right edge and was even with one; at
@@ -605,11 +608,11 @@ class HopperTiles(NamedTuple):
 #   628 / 640. It lost at D = 128 causal (-1 to -2 % against the packed carry,
 #   N = 512-16384) and was even to -2.7 % at D = 256.
 HOPPER_CONFIGS = {
-    64: HopperTiles(192, 128, 2, 2, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
+    64: HopperTiles(192, 128, 2, 2, 1, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
                     lazy_rescale_causal=True),
-    128: HopperTiles(128, 128, 2, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
+    128: HopperTiles(128, 128, 2, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
                      lazy_rescale_causal=False),
-    256: HopperTiles(128, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
+    256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
 # With a right mask edge and either at most n_q query rows or too few work tiles
@@ -628,9 +631,9 @@ HOPPER_CONFIGS = {
 # ptxas needs more than the 128 registers a thread (half the file a CTA) for a
 # 64 x 256 wgmma.
 HOPPER_SHORT_CAUSAL = {
-    64: (2048, HopperTiles(64, 128, 2, 1, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+    64: (2048, HopperTiles(64, 128, 2, 1, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
                            lazy_rescale=True, lazy_rescale_causal=True)),
-    128: (512, HopperTiles(64, 64, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
+    128: (512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
                            lazy_rescale=False, lazy_rescale_causal=False)),
 }
 # When the launcher picks this kernel over the portable one, per head dim:

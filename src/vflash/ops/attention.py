@@ -105,15 +105,16 @@ def _is_hopper(device_index: int) -> bool:
 def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None,
                   few_tiles: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
-    one Q buffer, and P in fp32 and the lazy rescale where the table says so for
-    it (see HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, or
+    the table's Q buffers, P in fp32 and the lazy rescale for it (see
+    HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, or
     `few_tiles` (too few work tiles of the main height), that table's
     one-consumer tiles."""
     t = hopper.HOPPER_CONFIGS[head_dim]
     short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
     if right_edge and short and (few_tiles or (n_q is not None and n_q <= short[0])):
         t = short[1]
-    return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True, q_buffers=1 if right_edge else t.q_buffers,
+    return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True,
+                      q_buffers=t.q_buffers_causal if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
                       lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale)
 
