@@ -34,7 +34,7 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
                  late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
-            # one consumer, two CTAs an SM (HOPPER_SHORT_CAUSAL): half the register file each
+            # one consumer, two CTAs an SM (HOPPER_ONE_CONSUMER): half the register file each
             dict(head_dim=128, block_m=64, block_n=64, causal=True, q_buffers=2),
             dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2),
         ]
@@ -154,20 +154,26 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         assert (causal_cfg.p_fp32, causal_cfg.lazy_rescale) == (tiles.p_fp32_causal, tiles.lazy_rescale_causal)
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
-        if min_waves:  # a grid of too few waves stays on the portable kernel
+        if min_waves:  # a grid of too few waves: the one-consumer tiles, else the portable kernel
             block_m = hopper_kernels.HOPPER_CONFIGS[d].block_m
-            assert not ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d).hopper  # 176 tiles, 132 SMs
-            assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).hopper
+            few = ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d)  # 176 tiles, 132 SMs
+            if d in hopper_kernels.HOPPER_ONE_CONSUMER:
+                assert few.hopper and few.block_m == hopper_kernels.CONSUMER_ROWS
+            else:
+                assert not few.hopper
+            assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).block_m == block_m
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
-    for d, (longest, tiles) in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
+    for d, (longest, tiles) in hopper_kernels.HOPPER_ONE_CONSUMER.items():
         short = ops.choose_config(d, torch.float16, 0, longest, 512, dev, d)
         assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
         assert short.q_buffers == tiles.q_buffers_causal
         assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
         assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
-        if hopper_kernels.HOPPER_USE[d][2]:  # too few main tiles under a right edge: the short tiles
-            few = ops.choose_config(d, torch.float16, 0, 4 * longest, 1, dev, d)
-            assert few.hopper and few.block_m == tiles.block_m
+        if hopper_kernels.HOPPER_USE[d][2]:  # too few main tiles, either mask: the one-consumer tiles
+            for right in (0, -1):
+                few = ops.choose_config(d, torch.float16, right, 4 * longest, 1, dev, d)
+                assert few.hopper and few.block_m == tiles.block_m
+                assert few.q_buffers == (tiles.q_buffers_causal if right == 0 else tiles.q_buffers)
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table
     monkeypatch.setattr(ops, "_is_hopper", lambda index: False)
@@ -243,13 +249,13 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
-                                  if c.D in hopper_kernels.HOPPER_SHORT_CAUSAL])
-def test_gpu_hopper_short_causal_tiles_match_the_oracle(case):
-    # HOPPER_SHORT_CAUSAL's one-consumer tiles (two CTAs an SM) on every case of the
-    # head dim, whatever its mask, with one Q buffer and with two: the launcher
-    # takes them for short rows with a right edge, and the kernel must be right
-    # for any.
-    cfg = ops.hopper_config(case.D, True, 1)
-    assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
-    for q_buffers in (1, 2):
-        _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))
+                                  if c.D in hopper_kernels.HOPPER_ONE_CONSUMER])
+def test_gpu_hopper_one_consumer_tiles_match_the_oracle(case):
+    # HOPPER_ONE_CONSUMER's tiles (two CTAs an SM) on every case of the head dim,
+    # whatever its mask, with the switches the launcher takes for a right edge and
+    # for none, and with one Q buffer and with two: the kernel must be right for any.
+    for right_edge in (True, False):
+        cfg = ops.hopper_config(case.D, right_edge, 1, few_tiles=True)
+        assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
+        for q_buffers in (1, 2):
+            _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))

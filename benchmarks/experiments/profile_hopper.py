@@ -30,8 +30,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
     ap.add_argument("--tiles", choices=["main", "short"],
-                    help="HOPPER_CONFIGS' tiles or HOPPER_SHORT_CAUSAL's (one consumer a CTA), whatever the length "
-                         "(default: the launcher's choice)")
+                    help="HOPPER_CONFIGS' tiles or HOPPER_ONE_CONSUMER's (one consumer a CTA), whatever the length "
+                         "and mask (default: the launcher's choice)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.
     s = sweep_shape(a.d, a.n, a.causal)
@@ -41,8 +41,7 @@ def main() -> None:
     causal = "bottom_right" if a.causal else None
     config = None
     if a.tiles or a.q_buffers:
-        n_q = {"main": None, "short": 1}.get(a.tiles, s.Nq)  # hopper_config takes the short tiles up to a length
-        config = ops.hopper_config(a.d, a.causal, n_q)
+        config = ops.hopper_config(a.d, a.causal, s.Nq if a.tiles is None else None, few_tiles=a.tiles == "short")
     if a.q_buffers:  # another Q buffer count (e.g. two under a right edge)
         config = dataclasses.replace(config, q_buffers=a.q_buffers)
     for _ in range(a.calls):

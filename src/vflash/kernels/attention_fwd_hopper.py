@@ -584,7 +584,7 @@ class HopperTiles(NamedTuple):
 #   while this tile computes: without a right mask edge +13.5 / +6 / +4 % at
 #   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) these tiles
 #   take one buffer, as two measured 1-7 % slower there (not diagnosed), while
-#   HOPPER_SHORT_CAUSAL's one-consumer tiles take two (session 12: +4.6 / +6 % at
+#   HOPPER_ONE_CONSUMER's one-consumer tiles take two (session 12: +4.6 / +6 % at
 #   D = 64 N 1024 / 2048, +8 % at D = 128 N = 512; their consumer had waited 9 %
 #   of its stalls for Q, which also stages the output); D = 256 has no room for two.
 # - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
@@ -615,10 +615,10 @@ HOPPER_CONFIGS = {
     256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
-# With a right mask edge and either at most n_q query rows or too few work tiles
-# of HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim): one consumer
-# warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82 KB of shared
-# memory at D = 128), instead of one CTA of two or three consumers. Short causal
+# With a right mask edge and at most n_q query rows, or with either mask and too
+# few work tiles of HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim):
+# one consumer warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82
+# KB of shared memory at D = 128), instead of one CTA of two or three consumers. Short causal
 # work tiles hold 1-8 key tiles, so each tile's serial chain (first QK^T and its
 # softmax, last PV, output store) is exposed; consumers of one tile walk the same
 # chain in step and leave the tensor cores idle together, two CTAs walk theirs
@@ -627,19 +627,21 @@ HOPPER_CONFIGS = {
 # 476. D = 64 (NOTES session 12): 16k-token shapes N 1024 / 2048 304 / 347
 # against the portable kernel's 301 / 346 (three consumers 215 / 335); B = 1,
 # H = 16 (few work tiles), vflash bench before and after: N 1024 / 2048 / 4096
-# 111 / 203 / 293 -> 133 / 219 / 333 [cuDNN about 45 / 205 / 320]. D = 256 cannot:
+# 111 / 203 / 293 -> 133 / 219 / 333 [cuDNN about 45 / 205 / 320]; non-causal
+# with one Q buffer (hopper_variants, same run) 224 / 378 / 441 against the
+# portable kernel's 218 / 375 / 431 [241 / 381 / 448]. D = 256 cannot:
 # ptxas needs more than the 128 registers a thread (half the file a CTA) for a
 # 64 x 256 wgmma.
-HOPPER_SHORT_CAUSAL = {
-    64: (2048, HopperTiles(64, 128, 2, 1, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+HOPPER_ONE_CONSUMER = {
+    64: (2048, HopperTiles(64, 128, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
                            lazy_rescale=True, lazy_rescale_causal=True)),
     128: (512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
                            lazy_rescale=False, lazy_rescale_causal=False)),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
-# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_SHORT_CAUSAL's
-# tiles serve a right edge and the portable kernel the rest). From the H200 runs
+# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_ONE_CONSUMER's
+# tiles serve where the head dim has them, else the portable kernel). From the H200 runs
 # in benchmarks/NOTES.md (fp16, TFLOP/s, same run). D = 128 / 256: ahead at
 # every length since the causal grid went persistent (session 6: causal N = 512,
 # 246 against 242 at D = 128, 315 against 226 at D = 256). D = 64 (192-row

@@ -104,15 +104,14 @@ def _is_hopper(device_index: int) -> bool:
 
 def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None,
                   few_tiles: bool = False) -> TileConfig:
-    """The Hopper kernel's tiles for a head dim; a right mask edge (causal) takes
-    the table's Q buffers, P in fp32 and the lazy rescale for it (see
-    HOPPER_CONFIGS), and with at most HOPPER_SHORT_CAUSAL's n_q rows, or
-    `few_tiles` (too few work tiles of the main height), that table's
-    one-consumer tiles."""
+    """The Hopper kernel's tiles for a head dim (HOPPER_CONFIGS), or HOPPER_ONE_CONSUMER's
+    with a right mask edge (causal) and at most that table's n_q rows, or with
+    `few_tiles` (too few work tiles of the main height for HOPPER_USE's waves); a
+    right edge takes the table's Q buffers, P in fp32 and lazy rescale for it."""
     t = hopper.HOPPER_CONFIGS[head_dim]
-    short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
-    if right_edge and short and (few_tiles or (n_q is not None and n_q <= short[0])):
-        t = short[1]
+    one = hopper.HOPPER_ONE_CONSUMER.get(head_dim)
+    if one and (few_tiles or (right_edge and n_q is not None and n_q <= one[0])):
+        t = one[1]
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True,
                       q_buffers=t.q_buffers_causal if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
@@ -124,8 +123,8 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     """Pick the kernel and tiles from the mask and the grid: `batch_heads` is the
     number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
     dims in HOPPER_USE on sm_90, for the lengths and grids that table names (the
-    caller checks the tensors suit TMA); with a right edge, grids too small for
-    its main tiles take HOPPER_SHORT_CAUSAL's where the head dim has them."""
+    caller checks the tensors suit TMA); grids too small for its main tiles take
+    HOPPER_ONE_CONSUMER's where the head dim has them."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
@@ -133,7 +132,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
     if use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index):
         few = batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) < use[2] * sms
-        if not few or (right >= 0 and head_dim in hopper.HOPPER_SHORT_CAUSAL):
+        if not few or head_dim in hopper.HOPPER_ONE_CONSUMER:
             return hopper_config(head_dim, right >= 0, n_q, few)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")

@@ -48,7 +48,7 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
 
 def ctas_per_sm(block_m: int) -> int:
     """CTAs of this tile height an SM holds: two with one consumer warpgroup
-    (HOPPER_SHORT_CAUSAL's tiles fit twice in shared memory), else one."""
+    (HOPPER_ONE_CONSUMER's tiles fit twice in shared memory), else one."""
     return 2 if block_m == hopper.CONSUMER_ROWS else 1
 
 
