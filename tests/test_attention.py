@@ -11,10 +11,11 @@ import triton.language as tl
 
 import vflash
 from vflash.harness.cases import Case, make_inputs, run_case
-from vflash.kernels.attention_fwd import masked_logits
+from vflash.kernels.attention_fwd import key_range, masked_logits, row_tiles
 from vflash.ops import attention as ops_attention
 from vflash.ops.attention import TileConfig, attention_forward, mask_band
 from vflash.reference import attention_explicit
+from vflash.reference.explicit import visible_mask
 
 
 def assert_case(case, device, attention=None):
@@ -210,6 +211,64 @@ def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative, device)
             visible = visible & (j <= i + off + right)
         assert torch.equal(torch.isneginf(out), ~visible), (start, n_k, off, left, right)
         assert torch.equal(out[visible], torch.zeros(int(visible.sum())))
+
+
+@triton.jit
+def _row_tiles_kernel(Out, n_q, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      ROWS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    # Program (row block, slice): the work tile's key range as the Hopper kernel's
+    # _work_tile takes it, and the ROWS-row slice's own tiles within it.
+    pid_m = tl.program_id(0)
+    c = tl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    n_tiles = tl.cdiv(full_lo - lo, BLOCK_N) + (full_hi - full_lo) // BLOCK_N + tl.cdiv(hi - full_hi, BLOCK_N)
+    c_left, c_mid, c_end = row_tiles(start_m + c * ROWS, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
+                                     HAS_LEFT, HAS_RIGHT)
+    base = Out + (pid_m * tl.num_programs(1) + c) * 5
+    tl.store(base, lo)
+    tl.store(base + 1, n_tiles)
+    tl.store(base + 2, c_left)
+    tl.store(base + 3, c_mid)
+    tl.store(base + 4, c_end)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(192, 128), (128, 64), (128, 128)])
+def test_row_tiles_cover_every_visible_key_and_only_skip_hidden_ones(block_m, block_n, device):
+    # A 64-row slice of a work tile (one Hopper consumer) walks key tiles
+    # [0, c_end) of the tile's and skips the rest: every key its rows see must lie
+    # in those tiles, the tiles it treats as unmasked must be visible to all its
+    # rows, and it must stop no later than the tile. Checked against the API's
+    # mask (reference.visible_mask), over both causal alignments, windows and
+    # Nq != Nk.
+    rows = 64
+    for n_q, n_k, causal, window in [(777, 777, True, None), (129, 1037, True, None), (1037, 129, "top_left", None),
+                                     (1000, 1100, True, (0, 0)), (1000, 1100, False, (128, 0)),
+                                     (1024, 300, True, None), (300, 333, False, (40, 200)),
+                                     (500, 700, "top_left", (300, -1)), (640, 640, False, (100, 100))]:
+        mode = {True: "bottom_right", False: None}.get(causal, causal)
+        off, left, right = mask_band(n_q, n_k, mode, window or (-1, -1))
+        n_m = -(-n_q // block_m)
+        out = torch.full((n_m, block_m // rows, 5), -7, dtype=torch.int32, device=device)
+        _row_tiles_kernel[(n_m, block_m // rows)](out, n_q, n_k, off, left, right, BLOCK_M=block_m,
+                                                  BLOCK_N=block_n, ROWS=rows, HAS_LEFT=left >= 0,
+                                                  HAS_RIGHT=right >= 0)
+        out = out.cpu()
+        visible = visible_mask(n_q, n_k, causal, window)
+        for m in range(n_m):
+            for c in range(block_m // rows):
+                lo, n_tiles, c_left, c_mid, c_end = out[m, c].tolist()
+                case = (n_q, n_k, causal, window, m, c)
+                assert 0 <= c_left <= c_mid <= c_end <= n_tiles, case
+                r0, r1 = m * block_m + c * rows, min(m * block_m + (c + 1) * rows, n_q)
+                if r0 >= n_q:
+                    assert c_end == 0, case
+                    continue
+                keys = visible[r0:r1].any(0).nonzero().flatten()
+                assert bool(((keys >= lo) & (keys < lo + c_end * block_n)).all()), case
+                for j in range(c_left, c_mid):
+                    k0 = lo + j * block_n
+                    assert k0 + block_n <= n_k and bool(visible[r0:r1, k0:k0 + block_n].all()), case
 
 
 @pytest.mark.parametrize("nq,nk,causal,window", [

@@ -155,10 +155,29 @@ def key_range(start_m, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl
 def key_tiles(lo, full_lo, full_hi, hi, BLOCK_N: tl.constexpr):
     # key_range's ranges in BLOCK_N-key tiles counted from lo: [0, n_left) masked,
     # [n_left, n_mid) every pair visible, [n_mid, n_tiles) masked. Shared with the
-    # Hopper kernel (a work tile's, and each consumer's within it).
+    # Hopper kernel (a work tile's, and each consumer's within it: row_tiles).
     n_left = tl.cdiv(full_lo - lo, BLOCK_N)
     n_mid = n_left + (full_hi - full_lo) // BLOCK_N
     return n_left, n_mid, n_mid + tl.cdiv(hi - full_hi, BLOCK_N)
+
+
+@triton.jit
+def row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    # Of a work tile's key tiles [0, n_tiles), counted from its lo (key_range's),
+    # those that rows [row0, row0 + ROWS) see, split as key_tiles splits a tile's:
+    # [0, c_left) masked, [c_left, c_mid) every pair visible, [c_mid, c_end) masked;
+    # c_end = 0 for rows all past n_q. A left edge can put these rows' first key
+    # past the tile's last: clamped. Shared with the Hopper kernel, whose
+    # consumers (64-row slices of a work tile) stop at their own c_end.
+    c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    c_left, c_mid, c_end = key_tiles(lo, c_full_lo, c_full_hi, c_hi, BLOCK_N)
+    c_end = tl.minimum(c_end, n_tiles)
+    if row0 >= n_q:
+        c_end = 0
+    c_mid = tl.minimum(c_mid, c_end)
+    c_left = tl.minimum(c_left, c_mid)
+    return c_left, c_mid, c_end
 
 
 @triton.jit

@@ -44,7 +44,7 @@ only for what it covers (see `ops/attention.py`).
 
 from typing import NamedTuple
 
-from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, softmax_step
+from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, row_tiles, softmax_step
 
 try:
     from triton.experimental import gluon
@@ -351,22 +351,14 @@ if HAVE_GLUON:
             c_mid = n_mid
             c_end = n_tiles
             if HAS_RIGHT:
-                # This consumer's own key tiles, counted from the work tile's lo and
-                # split as _work_tile splits the tile's: under a right edge rows above
-                # the tile's last ones see fewer keys (192-row tiles on 128-key tiles:
-                # up to two tiles fewer), and rows all past n_q none. The ring tiles
-                # past its own go by in _skip_tiles. (Without a right edge this only
-                # spares rows past n_q, and it measured 14 % slower at D = 64 N = 512,
-                # not diagnosed: NOTES session 12.) A left edge can put a consumer's
-                # first key past the tile's last one: clamped.
-                c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N,
-                                                             HAS_LEFT, HAS_RIGHT)
-                c_left, c_mid, c_end = key_tiles(lo, c_full_lo, c_full_hi, c_hi, BLOCK_N)
-                c_end = gl.minimum(c_end, n_tiles)
-                c_mid = gl.minimum(c_mid, c_end)
-                c_left = gl.minimum(c_left, c_mid)
-                if row0 >= n_q:
-                    c_end = 0
+                # This consumer's own key tiles: under a right edge rows above the
+                # tile's last ones see fewer keys (192-row tiles on 128-key tiles: up
+                # to two tiles fewer), and rows all past n_q none. The ring tiles past
+                # its own go by in _skip_tiles. (Without a right edge this only spares
+                # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
+                # diagnosed: NOTES session 12.)
+                c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
+                                                 HAS_LEFT, HAS_RIGHT)
             offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
             l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
