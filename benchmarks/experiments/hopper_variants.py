@@ -45,7 +45,6 @@ class Variant(NamedTuple):
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
     per_sm: Optional[int] = None  # CTAs an SM (None: ops/hopper.py's); the register caps follow
-    kv_ahead: int = 0  # key tiles the producer issues before a work tile's Q (KV_AHEAD)
 
 
 VARIANTS = {
@@ -53,9 +52,6 @@ VARIANTS = {
          Variant("2c", 128, 128, 2, pingpong=False),
          Variant("3c-pp", 192, 128, 2, pingpong=True), Variant("2c-pp", 128, 128, 2, pingpong=True),
          Variant("3c-pp-q2", 192, 128, 2, q_buffers=2, pingpong=True),  # two Q buffers under a right edge too
-         # the next work tile's first key tiles issued before its Q (one Q buffer waits for the output store)
-         Variant("3c-pp-kv2", 192, 128, 2, pingpong=True, kv_ahead=2),
-         Variant("c1-kv2", 64, 128, 2, q_buffers=1, pingpong=False, kv_ahead=2),
          Variant("3c-pp-p16", 192, 128, 2, pingpong=True, p_fp32=False),
          Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
@@ -88,15 +84,12 @@ VARIANTS = {
           # ptxas needs more than the 128 registers a thread of two CTAs an SM for its 64 x 256 wgmma)
           Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False),
           Variant("c1-n64-s3", 64, 64, 3, q_buffers=1, pingpong=False),  # 115 KB: two still fit an SM
-          Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False),  # 98 KB
-          Variant("kv2", 128, 128, 2, kv_ahead=2), Variant("c1-n64-kv2", 64, 64, 2, q_buffers=1, pingpong=False,
-                                                           kv_ahead=2)],
+          Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False)],  # 98 KB
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),
           Variant("tile-per-cta", 128, 64, 2, False),
-          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True),
-          Variant("kv2", 128, 64, 2, kv_ahead=2)],
+          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True)],
 }
 
 
@@ -117,7 +110,6 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     options = hopper_launch.launch_options(var.block_m, var.per_sm)
-    constexprs["KV_AHEAD"] = var.kv_ahead
     if var.per_sm:  # another CTA count an SM: the consumers take the CTA's registers but the producer's 24
         consumers = var.block_m // hopper.CONSUMER_ROWS
         constexprs["CONSUMER_REGS"] = (options["maxnreg"] * (consumers + 1) - 24) // consumers // 8 * 8

@@ -104,39 +104,16 @@ if HAVE_GLUON:
         return off_b, off_h, off_h // kv_group, start_m, lo, n_left, n_mid, n_tiles
 
     @gluon.jit
-    def _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, off_b, off_hk, lo,
-                       first, last, kv, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        # Key tiles [first, last) of a work tile (from key lo) into the ring,
-        # starting at ring tile kv: K_i and V_i into slot kv % STAGES once every
-        # consumer released the slot's previous tile. Returns kv past them.
-        for i in range(first, last):
-            slot, phase = _ring(kv, STAGES)
-            empty_phase = phase ^ 1
-            key = lo + i * BLOCK_N
-            mbarrier.wait(k_empty.index(slot), empty_phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.wait(v_empty.index(slot), empty_phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
-            kv += 1
-        return kv
-
-    @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr,
-                        KV_AHEAD: gl.constexpr):
+                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
         # K_i and V_i into ring slot kv % STAGES once both consumers released the
         # slot's previous tile. A fresh barrier counts its parity-1 phase as
         # complete, so the first waits on empty barriers pass at once.
-        # KV_AHEAD > 0 issues the tile's first KV_AHEAD key tiles before its Q:
-        # with one Q buffer, Q waits for the previous tile's output store, and
-        # the ring's slots free up before that (an experiment, NOTES session 12).
         ROWS: gl.constexpr = 64
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
@@ -144,11 +121,6 @@ if HAVE_GLUON:
             off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
                 t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                 REVERSE_M)
-            first = 0
-            if KV_AHEAD > 0:
-                first = gl.minimum(n_tiles, KV_AHEAD)
-                kv = _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, off_b,
-                                    off_hk, lo, 0, first, kv, BLOCK_N, STAGES)
             for c in gl.static_range(BLOCK_M // ROWS):
                 qb = c * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
@@ -157,8 +129,17 @@ if HAVE_GLUON:
                     _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
                 else:  # nothing to load: hand the buffer straight over for the zero output
                     mbarrier.arrive(q_ready.index(qb), count=1)
-            kv = _load_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, off_b, off_hk,
-                                lo, first, n_tiles, kv, BLOCK_N, STAGES)
+            for i in range(n_tiles):
+                slot, phase = _ring(kv, STAGES)
+                empty_phase = phase ^ 1
+                key = lo + i * BLOCK_N
+                mbarrier.wait(k_empty.index(slot), empty_phase)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), empty_phase)
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
+                kv += 1
             done += 1
 
     @gluon.jit
@@ -467,7 +448,6 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        KV_AHEAD: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -528,7 +508,7 @@ if HAVE_GLUON:
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, KV_AHEAD)),
+                                   REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
@@ -540,7 +520,7 @@ if HAVE_GLUON:
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, KV_AHEAD)),
+                                   REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
@@ -557,7 +537,7 @@ if HAVE_GLUON:
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                    v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
                                    right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, KV_AHEAD)),
+                                   REVERSE_M)),
                 (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                        k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,

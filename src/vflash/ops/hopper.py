@@ -133,7 +133,7 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
 
 
 def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
-                pingpong, p_fp32, late_pv_wait, lazy_rescale, kv_ahead=0) -> dict:
+                pingpong, p_fp32, late_pv_wait, lazy_rescale) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: causal tiles run longest first (REVERSE_M), and the
     consumer count sets the consumers' register budget."""
@@ -141,13 +141,13 @@ def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_rig
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
                 CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
                 PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
-                LAZY_RESCALE=lazy_rescale, KV_AHEAD=kv_ahead)
+                LAZY_RESCALE=lazy_rescale)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
                  stages: int = 2, q_buffers: int = 1, causal: bool = False, window_left: bool = False,
                  softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False,
-                 late_pv_wait: bool = False, lazy_rescale: bool = False, kv_ahead: int = 0):
+                 late_pv_wait: bool = False, lazy_rescale: bool = False):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
     Gluon code does not run under it."""
@@ -166,7 +166,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
-                             pingpong, p_fp32, late_pv_wait, lazy_rescale, kv_ahead)
+                             pingpong, p_fp32, late_pv_wait, lazy_rescale)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(block_m))
