@@ -34,26 +34,31 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=128, dtype=torch.bfloat16, window_left=True, softcap=True, lse=False, q_buffers=2,
                  late_pv_wait=True, lazy_rescale=True),
             dict(head_dim=256, block_n=64),
-            # one consumer, two CTAs an SM (HOPPER_ONE_CONSUMER): half the register file each
-            dict(head_dim=128, block_m=64, block_n=64, causal=True, q_buffers=2),
-            dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2),
+            # one consumer, two or three CTAs an SM (HOPPER_SHORT_CAUSAL, HOPPER_FEW_TILES): a
+            # half or a third of the register file each
+            dict(head_dim=128, block_m=64, block_n=64, causal=True, q_buffers=2, ctas_per_sm=2),
+            dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2, ctas_per_sm=2),
+            dict(head_dim=64, block_m=64, block_n=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2,
+                 ctas_per_sm=3),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
             ptx = k.asm["ptx"]
             assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.4d" in ptx, kw
-            # the consumers' register share, as the table gives it for their count
-            regs = hopper_kernels.CONSUMER_REGS[kw.get("block_m", 128) // hopper_kernels.CONSUMER_ROWS]
+            # the consumers' register share, as the table gives it for their count and CTAs an SM,
+            # and the thread cap that shares the file between the CTAs
+            per_sm = kw.get("ctas_per_sm", 1)
+            regs = hopper_kernels.CONSUMER_REGS[(kw.get("block_m", 128) // hopper_kernels.CONSUMER_ROWS, per_sm)]
             assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
-            if kw.get("block_m") == 64:
-                assert re.search(r"\.maxnreg 128\b", ptx), kw
+            if per_sm > 1:
+                assert re.search(rf"\.maxnreg {hopper.launch_options(64, per_sm)['maxnreg']}\b", ptx), kw
             assert len(k.asm["cubin"]) > 0, kw
             print("built", kw["head_dim"], k.metadata.shared)
     """)
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("built") == 5
+    assert run.stdout.count("built") == 6
 
 
 def test_grid_persistence_and_stride():
@@ -69,13 +74,22 @@ def test_grid_persistence_and_stride():
     assert hopper.grid(3, 64, 66 * 128, 128, 132, causal=True) == (131, 1, 1)  # 66 row blocks
     assert hopper.grid(1, 129, 640, 128, 130, causal=True) == (129, 1, 1)  # heads == stride: each CTA sees 5 tiles
     assert hopper.grid(1, 128, 640, 128, 130, causal=True) == (128 * 5, 1, 1)  # fewer heads: one CTA per tile
-    # One consumer a CTA (64 rows): two CTAs an SM.
-    assert hopper.grid(2, 4, 4096, 64, 132, causal=False) == (264, 1, 1)  # 512 work tiles
-    assert hopper.grid(32, 16, 512, 64, 132, causal=True) == (263, 1, 1)  # 8 row blocks, stride coprime <= 264
-    assert hopper.launch_options(64) == dict(num_warps=4, maxnreg=128)
+    # One consumer a CTA (64 rows): two or three CTAs an SM.
+    assert hopper.grid(2, 4, 4096, 64, 132, causal=False, ctas_per_sm=2) == (264, 1, 1)  # 512 work tiles
+    assert hopper.grid(32, 16, 512, 64, 132, causal=True, ctas_per_sm=2) == (263, 1, 1)  # 8 row blocks: <= 264
+    assert hopper.grid(2, 4, 4096, 64, 132, causal=False, ctas_per_sm=3) == (396, 1, 1)
+    assert hopper.grid(32, 16, 512, 64, 132, causal=True, ctas_per_sm=3) == (395, 1, 1)  # 396 shares 2 with 8
+    assert hopper.launch_options(64, 2) == dict(num_warps=4, maxnreg=128)
     assert hopper.launch_options(128) == dict(num_warps=4)
-    assert hopper.launch_options(64, per_sm=3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
-    assert hopper.grid(2, 4, 4096, 64, 132, causal=False, per_sm=3) == (396, 1, 1)
+    assert hopper.launch_options(64, 3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
+    # every tile table's (consumers, CTAs an SM) has a register share, which with the producer's
+    # fits the CTA's cap
+    tables = [*hopper_kernels.HOPPER_CONFIGS.values(), *hopper_kernels.HOPPER_FEW_TILES.values(),
+              *(t for _, t in hopper_kernels.HOPPER_SHORT_CAUSAL.values())]
+    for t in tables:
+        consumers = t.block_m // hopper_kernels.CONSUMER_ROWS
+        cap = hopper.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
+        assert hopper_kernels.CONSUMER_REGS[(consumers, t.ctas_per_sm)] * consumers + 24 <= cap * (consumers + 1)
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
@@ -157,22 +171,27 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         if min_waves:  # a grid of too few waves: the one-consumer tiles, else the portable kernel
             block_m = hopper_kernels.HOPPER_CONFIGS[d].block_m
             few = ops.choose_config(d, torch.float16, -1, 2048, 16, dev, d)  # 176 tiles, 132 SMs
-            if d in hopper_kernels.HOPPER_ONE_CONSUMER:
-                assert few.hopper and few.block_m == hopper_kernels.CONSUMER_ROWS
+            if d in hopper_kernels.HOPPER_FEW_TILES:
+                tiles_few = hopper_kernels.HOPPER_FEW_TILES[d]
+                assert few.hopper and (few.block_m, few.block_n) == (tiles_few.block_m, tiles_few.block_n)
+                assert few.ctas_per_sm == tiles_few.ctas_per_sm
             else:
                 assert not few.hopper
             assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).block_m == block_m
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
-    for d, (longest, tiles) in hopper_kernels.HOPPER_ONE_CONSUMER.items():
+    for d, (longest, tiles) in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
         short = ops.choose_config(d, torch.float16, 0, longest, 512, dev, d)
         assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
-        assert short.q_buffers == tiles.q_buffers_causal
+        assert (short.q_buffers, short.ctas_per_sm) == (tiles.q_buffers_causal, tiles.ctas_per_sm)
         assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
         assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
-        if hopper_kernels.HOPPER_USE[d][2]:  # too few main tiles, either mask: the one-consumer tiles
-            for right in (0, -1):
-                few = ops.choose_config(d, torch.float16, right, 4 * longest, 1, dev, d)
-                assert few.hopper and few.block_m == tiles.block_m
+    for d, tiles in hopper_kernels.HOPPER_FEW_TILES.items():
+        assert hopper_kernels.HOPPER_USE[d][2]
+        for right in (0, -1):  # too few main tiles, either mask, whatever the length: the few-tile tiles
+            for n_q in (1024, 8192):
+                few = ops.choose_config(d, torch.float16, right, n_q, 1, dev, d)
+                assert few.hopper and (few.block_m, few.block_n, few.ctas_per_sm) == (tiles.block_m, tiles.block_n,
+                                                                                      tiles.ctas_per_sm)
                 assert few.q_buffers == (tiles.q_buffers_causal if right == 0 else tiles.q_buffers)
     assert not ops.choose_config(128, torch.float16, -1, 4096, 32, dev, 120).hopper  # padded head dim
     assert not ops.choose_config(16, torch.float16, -1, 4096, 32, dev, 16).hopper  # not in the table
@@ -246,16 +265,23 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
                                                 p_fp32=p_fp32, late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale))
 
 
+def _one_consumer_tiles(d):
+    short = hopper_kernels.HOPPER_SHORT_CAUSAL.get(d)
+    return [t for t in (short and short[1], hopper_kernels.HOPPER_FEW_TILES.get(d)) if t]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
-                                  if c.D in hopper_kernels.HOPPER_ONE_CONSUMER])
+                                  if _one_consumer_tiles(c.D)])
 def test_gpu_hopper_one_consumer_tiles_match_the_oracle(case):
-    # HOPPER_ONE_CONSUMER's tiles (two CTAs an SM) on every case of the head dim,
-    # whatever its mask, with the switches the launcher takes for a right edge and
-    # for none, and with one Q buffer and with two: the kernel must be right for any.
-    for right_edge in (True, False):
-        cfg = ops.hopper_config(case.D, right_edge, 1, few_tiles=True)
-        assert cfg.block_m == hopper_kernels.CONSUMER_ROWS
-        for q_buffers in (1, 2):
-            _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))
+    # HOPPER_SHORT_CAUSAL's and HOPPER_FEW_TILES' tiles (one consumer, two or three
+    # CTAs an SM) on every case of the head dim, whatever its mask, with the
+    # switches the launcher takes for a right edge and for none, and with one Q
+    # buffer and with two: the kernel must be right for any.
+    for tiles in _one_consumer_tiles(case.D):
+        for right_edge in (True, False):
+            cfg = ops.hopper_tile_config(tiles, right_edge)
+            for q_buffers in (1, 2):
+                _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))
+

@@ -44,7 +44,7 @@ class Variant(NamedTuple):
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
-    per_sm: Optional[int] = None  # CTAs an SM (None: ops/hopper.py's); the register caps follow
+    per_sm: Optional[int] = None  # CTAs an SM (None: two with one consumer, else one); CONSUMER_REGS must have it
 
 
 VARIANTS = {
@@ -103,20 +103,17 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     p_fp32 = cfg.p_fp32 if var.p_fp32 is None else var.p_fp32
     late = cfg.late_pv_wait if var.late is None else var.late
     lazy = cfg.lazy_rescale if var.lazy is None else var.lazy
+    per_sm = var.per_sm or (2 if var.block_m == hopper.CONSUMER_ROWS else 1)
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
                                                  var.q_buffers or cfg.q_buffers,
-                                                 pingpong, p_fp32, late, lazy)
+                                                 pingpong, p_fp32, late, lazy, per_sm)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
-    options = hopper_launch.launch_options(var.block_m, var.per_sm)
-    if var.per_sm:  # another CTA count an SM: the consumers take the CTA's registers but the producer's 24
-        consumers = var.block_m // hopper.CONSUMER_ROWS
-        constexprs["CONSUMER_REGS"] = (options["maxnreg"] * (consumers + 1) - 24) // consumers // 8 * 8
+    options = hopper_launch.launch_options(var.block_m, per_sm)
     if var.persist is None:
-        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, per_sm=var.per_sm)
+        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, ctas_per_sm=per_sm)
     else:
-        per_sm = var.per_sm or hopper_launch.ctas_per_sm(var.block_m)
         grid = (min(work, var.ctas or sms * per_sm) if var.persist else work, 1, 1)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **options)
     return out

@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
     ap.add_argument("--tiles", choices=["main", "short"],
-                    help="HOPPER_CONFIGS' tiles or HOPPER_ONE_CONSUMER's (one consumer a CTA), whatever the length "
+                    help="HOPPER_CONFIGS' tiles or HOPPER_FEW_TILES' (one consumer a CTA), whatever the length "
                          "and mask (default: the launcher's choice)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.

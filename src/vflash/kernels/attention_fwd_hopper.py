@@ -568,6 +568,7 @@ class HopperTiles(NamedTuple):
     late_pv_wait: bool  # LATE_PV_WAIT
     lazy_rescale: bool  # LAZY_RESCALE without a right mask edge
     lazy_rescale_causal: bool  # LAZY_RESCALE with one
+    ctas_per_sm: int = 1  # CTAs resident on an SM: the register cap a thread and the persistent grid follow
 
 
 # Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2
@@ -576,7 +577,7 @@ class HopperTiles(NamedTuple):
 #   while this tile computes: without a right mask edge +13.5 / +6 / +4 % at
 #   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) these tiles
 #   take one buffer, as two measured 1-7 % slower there (not diagnosed), while
-#   HOPPER_ONE_CONSUMER's one-consumer tiles take two (session 12: +4.6 / +6 % at
+#   the one-consumer tiles (HOPPER_SHORT_CAUSAL, HOPPER_FEW_TILES) take two (session 12: +4.6 / +6 % at
 #   D = 64 N 1024 / 2048, +8 % at D = 128 N = 512; their consumer had waited 9 %
 #   of its stalls for Q, which also stages the output); D = 256 has no room for two.
 # - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
@@ -607,32 +608,45 @@ HOPPER_CONFIGS = {
     256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }
-# With a right mask edge and at most n_q query rows, or with either mask and too
-# few work tiles of HOPPER_CONFIGS' height for HOPPER_USE's waves (per head dim):
-# one consumer warpgroup a CTA and two CTAs an SM (64-key tiles keep each at 82
-# KB of shared memory at D = 128), instead of one CTA of two or three consumers. Short causal
-# work tiles hold 1-8 key tiles, so each tile's serial chain (first QK^T and its
-# softmax, last PV, output store) is exposed; consumers of one tile walk the same
-# chain in step and leave the tensor cores idle together, two CTAs walk theirs
-# apart (lead k, NOTES session 11). H200, fp16 causal, same run: D = 128 N = 512
-# 304 against 273 TFLOP/s (cuDNN 322), N = 1024 365 against 406, 2048 433 against
-# 476. D = 64 (NOTES session 12): 16k-token shapes N 1024 / 2048 304 / 347
-# against the portable kernel's 301 / 346 (three consumers 215 / 335); B = 1,
-# H = 16 (few work tiles), vflash bench before and after: N 1024 / 2048 / 4096
-# 111 / 203 / 293 -> 133 / 219 / 333 [cuDNN about 45 / 205 / 320]; non-causal
-# with one Q buffer (hopper_variants, same run) 224 / 378 / 441 against the
-# portable kernel's 218 / 375 / 431 [241 / 381 / 448]. D = 256 cannot:
-# ptxas needs more than the 128 registers a thread (half the file a CTA) for a
-# 64 x 256 wgmma.
-HOPPER_ONE_CONSUMER = {
-    64: (2048, HopperTiles(64, 128, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
-                           lazy_rescale=True, lazy_rescale_causal=True)),
+# One consumer warpgroup a CTA and several CTAs an SM, instead of one CTA of two
+# or three consumers, where 192- or 128-row tiles leave the tensor cores idle:
+# - HOPPER_SHORT_CAUSAL (head dim: (longest n_q, tiles)): a right mask edge and at
+#   most n_q query rows. Short causal work tiles hold 1-8 key tiles, so each tile's
+#   serial chain (first QK^T and its softmax, last PV, output store) is exposed;
+#   consumers of one tile walk the same chain in step and leave the tensor cores
+#   idle together, CTAs walk theirs apart (lead k, NOTES session 11).
+# - HOPPER_FEW_TILES: either mask, with too few work tiles of HOPPER_CONFIGS'
+#   height for HOPPER_USE's waves (the last wave would leave SMs idle).
+# H200, fp16, same runs (TFLOP/s, [cuDNN]):
+# - D = 128 causal, two CTAs of 64 x 64: N = 512 304 against 273 [322], N = 1024
+#   365 against 406, 2048 433 against 476 (session 11); two Q buffers N = 512
+#   303 -> 329 [326] (session 13).
+# - D = 64 causal, 16k-token shapes (session 13, CUDA graphs, two runs): three
+#   CTAs of 64 x 64 with two Q buffers N 1024 / 2048 333-334 / 357-368, against
+#   two CTAs of 64 x 128 (two Q buffers) 321-325 / 342-350, one Q buffer 306 / 350,
+#   the portable kernel 300 / 352-359 [332-333 / 384-385]; three CTAs an SM cap a
+#   thread at 80 registers (Triton 3.6's SASS: 2 spill instructions), and 128-key
+#   tiles do not compile under that cap.
+# - D = 64, B = 1, H = 16 (session 13): two CTAs of 64 x 128, two Q buffers,
+#   non-causal N 1024 / 2048 / 4096 247 / 387-391 / 459-460 [239-241 / 378-379 /
+#   447]; three CTAs lose there (234 / 308 / 377), causal they are even or behind
+#   (119-120 / 220-221 / 317-318 against 124-125 / 220 / 331-332 [120 / 209 /
+#   319-321]).
+# D = 256 cannot: ptxas needs more than the 128 registers a thread (half the file
+# a CTA) for a 64 x 256 wgmma.
+HOPPER_SHORT_CAUSAL = {
+    64: (2048, HopperTiles(64, 64, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+                           lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=3)),
     128: (512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
-                           lazy_rescale=False, lazy_rescale_causal=False)),
+                           lazy_rescale=False, lazy_rescale_causal=False, ctas_per_sm=2)),
+}
+HOPPER_FEW_TILES = {
+    64: HopperTiles(64, 128, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+                    lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=2),
 }
 # When the launcher picks this kernel over the portable one, per head dim:
 # (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
-# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_ONE_CONSUMER's
+# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_FEW_TILES'
 # tiles serve where the head dim has them, else the portable kernel). From the H200 runs
 # in benchmarks/NOTES.md (fp16, TFLOP/s, same run). D = 128 / 256: ahead at
 # every length since the causal grid went persistent (session 6: causal N = 512,
@@ -651,7 +665,8 @@ HOPPER_USE = {
 }
 # Query rows per consumer warpgroup (one wgmma M); the kernel's ROWS constants.
 CONSUMER_ROWS = 64
-# Registers per thread of each consumer warpgroup (setmaxnreg), by consumer
-# count; the producer warpgroup keeps what is left of the CTA's share of the
-# 64 K register file (24 and 32; one consumer: half the file, two CTAs an SM).
-CONSUMER_REGS = {1: 224, 2: 240, 3: 160}
+# Registers per thread of each consumer warpgroup (setmaxnreg), by (consumer
+# count, CTAs an SM); the producer warpgroup keeps what is left of the CTA's
+# share of the 64 K register file (one CTA: 24 of 168 / 128 a thread; two of one
+# consumer: 32 of 128; three: 24 of 80).
+CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}

@@ -37,7 +37,8 @@ class TileConfig:
     its consumers take turns to issue their products, p_fp32 whether P goes from
     one iteration to the next in fp32, late_pv_wait whether the PV wait is kept
     after the softmax, lazy_rescale whether a row's reference max moves lazily and
-    O's rescale is skipped where it is 1) instead of the portable Triton one."""
+    O's rescale is skipped where it is 1, ctas_per_sm the CTAs resident on an SM)
+    instead of the portable Triton one."""
     block_m: int
     block_n: int
     num_warps: int
@@ -49,6 +50,7 @@ class TileConfig:
     p_fp32: bool = False
     late_pv_wait: bool = False
     lazy_rescale: bool = False
+    ctas_per_sm: int = 1
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -104,18 +106,27 @@ def _is_hopper(device_index: int) -> bool:
 
 def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = None,
                   few_tiles: bool = False) -> TileConfig:
-    """The Hopper kernel's tiles for a head dim (HOPPER_CONFIGS), or HOPPER_ONE_CONSUMER's
-    with a right mask edge (causal) and at most that table's n_q rows, or with
-    `few_tiles` (too few work tiles of the main height for HOPPER_USE's waves); a
-    right edge takes the table's Q buffers, P in fp32 and lazy rescale for it."""
+    """The Hopper kernel's tiles for a head dim (HOPPER_CONFIGS); HOPPER_FEW_TILES'
+    with `few_tiles` (too few work tiles of the main height for HOPPER_USE's
+    waves), else HOPPER_SHORT_CAUSAL's with a right mask edge (causal) and at most
+    that table's n_q rows. A right edge takes the tiles' Q buffers, P in fp32 and
+    lazy rescale for it."""
     t = hopper.HOPPER_CONFIGS[head_dim]
-    one = hopper.HOPPER_ONE_CONSUMER.get(head_dim)
-    if one and (few_tiles or (right_edge and n_q is not None and n_q <= one[0])):
-        t = one[1]
+    short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
+    if few_tiles and head_dim in hopper.HOPPER_FEW_TILES:
+        t = hopper.HOPPER_FEW_TILES[head_dim]
+    elif short and right_edge and n_q is not None and n_q <= short[0]:
+        t = short[1]
+    return hopper_tile_config(t, right_edge)
+
+
+def hopper_tile_config(t: hopper.HopperTiles, right_edge: bool) -> TileConfig:
+    """One table entry's tiles and switches, those for a right mask edge where it has one."""
     return TileConfig(t.block_m, t.block_n, 4, t.stages, hopper=True,
                       q_buffers=t.q_buffers_causal if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
-                      lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale)
+                      lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale,
+                      ctas_per_sm=t.ctas_per_sm)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -124,7 +135,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     number of (batch, q head) pairs. The Hopper kernel serves fp16 / bf16 head
     dims in HOPPER_USE on sm_90, for the lengths and grids that table names (the
     caller checks the tensors suit TMA); grids too small for its main tiles take
-    HOPPER_ONE_CONSUMER's where the head dim has them."""
+    HOPPER_FEW_TILES' where the head dim has them."""
     plain = default_config(head_dim_pad, dtype)
     if interpreting() or dtype == torch.float32:
         return plain
@@ -132,7 +143,7 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     use = hopper.HOPPER_USE.get(head_dim) if head_dim == head_dim_pad else None
     if use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index):
         few = batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) < use[2] * sms
-        if not few or head_dim in hopper.HOPPER_ONE_CONSUMER:
+        if not few or head_dim in hopper.HOPPER_FEW_TILES:
             return hopper_config(head_dim, right >= 0, n_q, few)
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
@@ -184,13 +195,15 @@ def attention_forward(
     on_other_gpu = q.device.type == "cuda" and q.device.index != torch.cuda.current_device()
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
-        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), causal=right >= 0)
+        grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), causal=right >= 0,
+                                  ctas_per_sm=cfg.ctas_per_sm)
         prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages, cfg.q_buffers, cfg.pingpong,
-                                                     cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale)
-        options = hopper_launch.launch_options(cfg.block_m)
+                                                     cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale,
+                                                     cfg.ctas_per_sm)
+        options = hopper_launch.launch_options(cfg.block_m, cfg.ctas_per_sm)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)
         kernel = attention_fwd_kernel

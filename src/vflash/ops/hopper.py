@@ -14,7 +14,7 @@ _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
-         per_sm: Optional[int] = None) -> Tuple[int, int, int]:
+         ctas_per_sm: int = 1) -> Tuple[int, int, int]:
     """CTAs walk work tiles t = pid, pid + grid, ... (row block t % n_m of head
     t // n_m, n_m row blocks per head).
 
@@ -30,14 +30,14 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
     work tile, handed out by the hardware as SMs free up (the static stride at
     D = 128 causal N = 16384 measured 419 against 551).
 
-    One consumer warpgroup a CTA (block_m 64) puts two CTAs on an SM: "one per
-    SM" above then reads two (per_sm: another count, as launch_options takes).
+    One consumer warpgroup a CTA (block_m 64) puts two or three CTAs on an SM:
+    "one per SM" above then reads ctas_per_sm.
 
     Always three entries: a launch plan calls Triton's compiled launcher, which,
     unlike the JIT launch, does not pad a shorter grid."""
     n_m = (Nq + block_m - 1) // block_m
     work = B * Hq * n_m
-    sms *= per_sm or ctas_per_sm(block_m)
+    sms *= ctas_per_sm
     if not causal:
         return (min(work, sms), 1, 1)
     stride = sms
@@ -46,19 +46,12 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
     return (stride if B * Hq >= stride else work, 1, 1)
 
 
-def ctas_per_sm(block_m: int) -> int:
-    """CTAs of this tile height an SM holds: two with one consumer warpgroup
-    (HOPPER_ONE_CONSUMER's tiles fit twice in shared memory), else one."""
-    return 2 if block_m == hopper.CONSUMER_ROWS else 1
-
-
-def launch_options(block_m: int, per_sm: Optional[int] = None) -> dict:
+def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
     """The kernel's launch (and compile) options: four producer warps, and with
-    more than one CTA an SM (per_sm, default ctas_per_sm) a register cap of the
-    CTA's share of the file, in multiples of 8 (two CTAs of one consumer: 128 a
-    thread; setmaxnreg then gives the consumer CONSUMER_REGS[1], the producer the
-    rest)."""
-    n = per_sm or ctas_per_sm(block_m)
+    more than one CTA an SM a register cap of the CTA's share of the file, in
+    multiples of 8 (two CTAs of one consumer: 128 a thread; setmaxnreg then gives
+    the consumer CONSUMER_REGS[(1, 2)], the producer the rest)."""
+    n = ctas_per_sm
     threads = (block_m // hopper.CONSUMER_ROWS + 1) * 128
     return dict(num_warps=4) if n == 1 else dict(num_warps=4, maxnreg=65536 // (n * threads) // 8 * 8)
 
@@ -120,7 +113,7 @@ def tma_descriptors(block_n: int) -> Callable:
 
 def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                 block_m, block_n, stages, q_buffers, pingpong=False, p_fp32=False, late_pv_wait=False,
-                lazy_rescale=False):
+                lazy_rescale=False, ctas_per_sm=1):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
     args = (
         *descs, lse if lse is not None else descs[3].base,
@@ -129,17 +122,17 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
         *score_scales(scale, softcap),
     )
     return args, _constexprs(D, block_m, block_n, stages, q_buffers, left >= 0, right >= 0, softcap is not None,
-                             lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale)
+                             lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm)
 
 
 def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
-                pingpong, p_fp32, late_pv_wait, lazy_rescale) -> dict:
+                pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: causal tiles run longest first (REVERSE_M), and the
-    consumer count sets the consumers' register budget."""
+    consumer count and CTAs an SM set the consumers' register budget."""
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_LEFT=has_left,
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
-                CONSUMER_REGS=hopper.CONSUMER_REGS[block_m // hopper.CONSUMER_ROWS], Q_BUFFERS=q_buffers,
+                CONSUMER_REGS=hopper.CONSUMER_REGS[(block_m // hopper.CONSUMER_ROWS, ctas_per_sm)], Q_BUFFERS=q_buffers,
                 PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
                 LAZY_RESCALE=lazy_rescale)
 
@@ -147,7 +140,7 @@ def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_rig
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
                  stages: int = 2, q_buffers: int = 1, causal: bool = False, window_left: bool = False,
                  softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False,
-                 late_pv_wait: bool = False, lazy_rescale: bool = False):
+                 late_pv_wait: bool = False, lazy_rescale: bool = False, ctas_per_sm: int = 1):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
     Gluon code does not run under it."""
@@ -166,7 +159,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
-                             pingpong, p_fp32, late_pv_wait, lazy_rescale)
+                             pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=launch_options(block_m))
+                          options=launch_options(block_m, ctas_per_sm))
