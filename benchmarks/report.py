@@ -132,11 +132,6 @@ def _fa4_anchors():
 # the code of the first folder given, so only that folder gets the summary. Keyed
 # on (sweep, head dim, causal, long), long meaning N >= 2048; the fa and d256
 # sweeps share the key "fa".
-_PORTABLE = ("the portable kernel's softmax is not overlapped with its MMAs, since Triton 3.6 does not "
-             "warp-specialize it on Hopper")
-_D64_SHORT = ("the portable kernel runs these: a grid of under 4 waves of the Hopper kernel's 192-row tiles leaves "
-              "SMs idle in the last one (B = 1, H = 16, N = 2048: 176 tiles on 132 SMs, 274 against the portable "
-              "kernel's 349); " + _PORTABLE)
 _D64_SHORT_HOPPER = ("the Hopper kernel with three consumer warpgroups runs these since P's packed carry (NOTES "
                      "session 9: 368 / 409 against the portable kernel's 345 / 386 at N 512 / 1024); a work tile "
                      "has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one CTA per SM")
@@ -167,19 +162,24 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "(NOTES session 8; 1-5 % in session 9's A/B). Two Q buffers with P in 16 bits, a build without "
                  "spills, also lost (240 against 259 at N = 512, NOTES session 9). Since session 11, D = 128 "
                  "causal rows up to N = 512 run one consumer warpgroup a CTA and two CTAs an SM, whose serial chains "
-                 "overlap (304 against 273 at N = 512); at N = 1024 that lost (365 against 406) and two consumers "
+                 "overlap (304 against 273 at N = 512; with two Q buffers since session 13, 329 against 303); at "
+                 "N = 1024 that lost (365 against 406, and 379 against 406 with two Q buffers) and two consumers "
                  "a CTA stay; D = 256 cannot run that way (ptxas needs more than 128 registers a thread for its "
                  "64 x 256 products)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
-    ("fa", 64, True, False): ("since session 12 one consumer warpgroup a CTA and two CTAs an SM run these (304 "
-                              "against the portable kernel's 301 at N = 1024, same run), each tile's serial chain "
-                              "exposed as at D = 128 below; measured and not taken (NOTES session 12): three such "
-                              "CTAs an SM on 64-key tiles (324, 136 registers a consumer thread), three consumers "
-                              "a CTA even with each stopping at its own last key tile (215)"),
+    ("fa", 64, True, False): ("N = 1024 runs one consumer warpgroup a CTA, three CTAs an SM on 64 x 64 tiles "
+                              "with two Q buffers since session 13 (CUDA-graph timings, two runs: 333-334 against "
+                              "321-327 for two CTAs of 64 x 128 with two Q buffers, 306 with one, the portable "
+                              "kernel's 300-301, cuDNN 332-333); each tile's serial chain is exposed as at D = 128 "
+                              "below; three consumers a CTA, even with each stopping at its own last key tile, "
+                              "215 (NOTES session 12); issuing the next tile's first key tiles before its Q "
+                              "(KV_AHEAD) 303 against 306 (session 13). N = 512 runs the portable kernel"),
     ("fa", 64, False, True): _D64_HOPPER,
-    ("fa", 64, True, True): ("N = 2048 runs one consumer warpgroup a CTA, two CTAs an SM (NOTES session 12: 347 "
-                             "against the portable kernel's 346, three consumers a CTA 335); from N = 4096 three "
+    ("fa", 64, True, True): ("N = 2048 runs one consumer warpgroup a CTA, three CTAs an SM on 64 x 64 tiles "
+                             "with two Q buffers (NOTES session 13, two runs: 357-368 against 342-350 for two "
+                             "CTAs of 64 x 128, the portable kernel's 352-359, cuDNN 384-385; three consumers a "
+                             "CTA 335 in session 12); from N = 4096 three "
                              "consumer warpgroups, each stopping at its own last key tile since session 12 (422 "
                              "against 388 at N = 4096, 472 against 465 at 8192); " + _D64_HOPPER),
     ("fa", 128, False, False): _SHORT,
@@ -199,19 +199,23 @@ GAP_WHY = {
     ("fa", 256, True, False): _SHORT_CAUSAL,
     ("fa", 256, False, True): "within run-to-run spread of cuDNN",
     ("fa", 256, True, True): "within run-to-run spread of cuDNN",
-    ("article", 64, False, False): "B * H = 16 leaves few work tiles, and " + _D64_SHORT,
+    ("article", 64, False, False): ("B * H = 16 leaves few work tiles: one consumer warpgroup a CTA, two CTAs an "
+                                    "SM, two Q buffers run these since session 13 (hopper_variants, CUDA graphs, "
+                                    "two runs: 247 at N = 1024 against cuDNN's 239-241)"),
     ("article", 64, True, False): ("B * H = 16 leaves few work tiles; one consumer warpgroup a CTA and two "
                                    "CTAs an SM run these since session 12 (vflash bench at N = 1024: 111 on the "
-                                   "portable kernel in -s11-short, 133 in -s12)"),
+                                   "portable kernel in -s11-short, 133 in -s12), with two Q buffers since session "
+                                   "13"),
     ("article", 64, False, True): ("B * H = 16 leaves few work tiles: below N = 8192 under 4 waves of the Hopper "
-                                   "kernel's 192-row tiles on 132 SMs, which since commit 31ff126 go to the "
-                                   "portable kernel (an earlier run gave N = 2048 to the Hopper kernel: 1.3 waves; "
-                                   "one consumer warpgroup a CTA, two CTAs an SM, measured 378 / 441 against the "
-                                   "portable kernel's 375 / 431 at N 2048 / 4096, cuDNN 381 / 448, NOTES session "
-                                   "12); at N = 8192 " + _D64_HOPPER),
+                                   "kernel's 192-row tiles on 132 SMs; since session 13 one consumer warpgroup a "
+                                   "CTA, two CTAs an SM, two Q buffers run them (hopper_variants, CUDA graphs, two "
+                                   "runs: 387-391 / 459-460 at N 2048 / 4096 against the portable kernel's 364-366 "
+                                   "/ 428, cuDNN 378-379 / 447; vflash bench's own timing of these rows swings as "
+                                   "much as the gap); at N = 8192 " + _D64_HOPPER),
     ("article", 64, True, True): ("B * H = 16 leaves few work tiles; below N = 8192 one consumer warpgroup a CTA "
                                   "and two CTAs an SM run these since session 12 (vflash bench at N 2048 / 4096: "
-                                  "203 / 293 on the portable kernel in -s11-short, 219 / 333 in -s12); at N = 8192 "
+                                  "203 / 293 on the portable kernel in -s11-short, 219 / 333 in -s12; two Q buffers "
+                                  "since session 13); at N = 8192 "
                                   + _D64_HOPPER),
 }
 
