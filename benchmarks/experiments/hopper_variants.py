@@ -66,7 +66,8 @@ VARIANTS = {
          # Triton 3.6's SASS; 128-key tiles do not compile under 80)
          Variant("c1-n64-x3", 64, 64, 2, q_buffers=1, pingpong=False, per_sm=3),
          Variant("c1-n64-s3-x3", 64, 64, 3, q_buffers=1, pingpong=False, per_sm=3),
-         Variant("c1-n64-x3-q2", 64, 64, 2, q_buffers=2, pingpong=False, per_sm=3)],  # 49 KB
+         Variant("c1-n64-x3-q2", 64, 64, 2, q_buffers=2, pingpong=False, per_sm=3),  # 49 KB
+         Variant("c1-n64-s3-x3-q2", 64, 64, 3, q_buffers=2, pingpong=False, per_sm=3)],  # 66 KB
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
