@@ -138,6 +138,8 @@ def test_kernel_args_follow_the_signature():
     by_name = dict(zip(names, args))
     assert len(args) + len(constexprs) == len(names)
     assert by_name["LSE"] is descs[3].base and by_name["kv_group"] == 4 and by_name["off"] == 100
+    assert by_name["tile_counter"].dtype == torch.int32 and not by_name["tile_counter"].any()
+    assert not constexprs["DYNAMIC"]
     assert by_name["batch"] == 3 and by_name["n_heads_q"] == 8
     assert constexprs["HAS_RIGHT"] and not constexprs["HAS_LEFT"] and not constexprs["STORE_LSE"]
     assert constexprs["Q_BUFFERS"] == 2

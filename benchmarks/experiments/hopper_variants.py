@@ -44,6 +44,7 @@ class Variant(NamedTuple):
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
     lazy: Optional[bool] = None  # FA4's lazy reference max, O's rescale skipped where alpha == 1 (LAZY_RESCALE)
+    dynamic: bool = False  # CTAs draw work tiles from a global counter (DYNAMIC)
     per_sm: Optional[int] = None  # CTAs an SM (None: two with one consumer, else one); CONSUMER_REGS must have it
 
 
@@ -56,6 +57,7 @@ VARIANTS = {
          Variant("3c-pp-p32", 192, 128, 2, pingpong=True, p_fp32=True),
          Variant("late", 192, 128, 2, p_fp32=False, late=True),
          Variant("3c-pp-nolazy", 192, 128, 2, pingpong=True, lazy=False),
+         Variant("3c-pp-dyn", 192, 128, 2, pingpong=True, dynamic=True),
          # one consumer a CTA, two CTAs an SM (lead k: their serial chains overlap)
          Variant("c1", 64, 128, 2, q_buffers=1, pingpong=False),
          # two Q buffers: the next work tile's Q loads while this one computes (Nsight Compute, D = 64 causal
@@ -85,12 +87,15 @@ VARIANTS = {
           # ptxas needs more than the 128 registers a thread of two CTAs an SM for its 64 x 256 wgmma)
           Variant("c1-n64", 64, 64, 2, q_buffers=1, pingpong=False),
           Variant("c1-n64-s3", 64, 64, 3, q_buffers=1, pingpong=False),  # 115 KB: two still fit an SM
-          Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False)],  # 98 KB
+          Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False),  # 98 KB
+          # the persistent grid with work tiles drawn from a global counter (FA3's dynamic scheduler)
+          Variant("dyn", 128, 128, 2, dynamic=True), Variant("dyn-q2", 128, 128, 2, q_buffers=2, dynamic=True)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),
           Variant("tile-per-cta", 128, 64, 2, False),
-          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True)],
+          Variant("n32-s4", 128, 32, 4), Variant("lazy", 128, 64, 2, lazy=True),
+          Variant("dyn", 128, 64, 2, dynamic=True)],
 }
 
 
@@ -108,12 +113,13 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                                                  var.block_m, var.block_n, var.stages,
                                                  var.q_buffers or cfg.q_buffers,
-                                                 pingpong, p_fp32, late, lazy, per_sm)
+                                                 pingpong, p_fp32, late, lazy, per_sm, var.dynamic)
     sms = ops._sm_count(q.device.index)
     work = B * Hq * -(-Nq // var.block_m)
     options = hopper_launch.launch_options(var.block_m, per_sm)
     if var.persist is None:
-        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, ctas_per_sm=per_sm)
+        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, ctas_per_sm=per_sm,
+                                  dynamic=var.dynamic)
     else:
         grid = (min(work, var.ctas or sms * per_sm) if var.persist else work, 1, 1)
     hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **options)

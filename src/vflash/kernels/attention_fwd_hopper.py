@@ -105,42 +105,85 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                        k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left, right,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+                        k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
+                        right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                        REVERSE_M: gl.constexpr, DYNAMIC: gl.constexpr):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
         # K_i and V_i into ring slot kv % STAGES once both consumers released the
         # slot's previous tile. A fresh barrier counts its parity-1 phase as
         # complete, so the first waits on empty barriers pass at once.
+        #
+        # Work tiles: CTA pid takes pid, pid + grid, ... (static), or with DYNAMIC
+        # pid first and then whichever tile a global counter hands out next (FA3's
+        # dynamic scheduler: a CTA that drew short tiles takes more), passing each
+        # tile's index to its consumers beside its Q (tile_ids), and n_work once
+        # there is none left. The last CTA out zeroes the counter for the next launch.
         ROWS: gl.constexpr = 64
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
-        for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-            off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                REVERSE_M)
+        if DYNAMIC:
+            t = gl.program_id(0)
+            while t < n_work:
+                kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k,
+                                     off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                     REVERSE_M, DYNAMIC)
+                done += 1
+                t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
+            id_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             for c in gl.static_range(BLOCK_M // ROWS):
                 qb = c * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
-                if n_tiles > 0:
-                    mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
-                    _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
-                else:  # nothing to load: hand the buffer straight over for the zero output
-                    mbarrier.arrive(q_ready.index(qb), count=1)
-            for i in range(n_tiles):
-                slot, phase = _ring(kv, STAGES)
-                empty_phase = phase ^ 1
-                key = lo + i * BLOCK_N
-                mbarrier.wait(k_empty.index(slot), empty_phase)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), empty_phase)
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
-                kv += 1
-            done += 1
+                tile_ids.index(qb).store(gl.full([1], n_work, gl.int32, id_layout))
+                mbarrier.arrive(q_ready.index(qb), count=1)
+            finished = gl.atomic_add(tile_counter + 1, 1)
+            if finished == gl.num_programs(0) - 1:
+                gl.store(tile_counter, 0)
+                gl.store(tile_counter + 1, 0)
+        else:
+            for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+                kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                     v_ready, k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k,
+                                     off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                     REVERSE_M, DYNAMIC)
+                done += 1
+
+    @gluon.jit
+    def _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                        k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k, off, left, right,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                        REVERSE_M: gl.constexpr, DYNAMIC: gl.constexpr):
+        # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
+        ROWS: gl.constexpr = 64
+        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
+            t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            REVERSE_M)
+        for c in gl.static_range(BLOCK_M // ROWS):
+            qb = c * Q_BUFFERS + done % Q_BUFFERS
+            mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
+            if DYNAMIC:  # before the arrival below, which publishes it (release)
+                tile_ids.index(qb).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
+            if n_tiles > 0:
+                mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
+            else:  # nothing to load: hand the buffer straight over for the zero output
+                mbarrier.arrive(q_ready.index(qb), count=1)
+        for i in range(n_tiles):
+            slot, phase = _ring(kv, STAGES)
+            empty_phase = phase ^ 1
+            key = lo + i * BLOCK_N
+            mbarrier.wait(k_empty.index(slot), empty_phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), empty_phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
+            kv += 1
+        return kv
 
     @gluon.jit
     def _ring(tile, STAGES: gl.constexpr):
@@ -315,17 +358,16 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_partition(
+    def _consumer_tile(
         o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        t, kv, done, turn, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
         C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
         STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
         SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
         P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     ):
-        # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
-        # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
-        # both wgmma accumulators spread over the 4 warps (16 rows each).
+        # Consumer warpgroup C's rows of work tile t; returns the ring tiles
+        # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -337,110 +379,142 @@ if HAVE_GLUON:
         LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
+        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
+            t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            REVERSE_M)
+        row0 = start_m + C * ROWS
+        c_left = n_left
+        c_mid = n_mid
+        c_end = n_tiles
+        if HAS_RIGHT:
+            # This consumer's own key tiles: under a right edge rows above the
+            # tile's last ones see fewer keys (192-row tiles on 128-key tiles: up
+            # to two tiles fewer), and rows all past n_q none. The ring tiles past
+            # its own go by in _skip_tiles. (Without a right edge this only spares
+            # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
+            # diagnosed: NOTES session 12.)
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
+                                             HAS_LEFT, HAS_RIGHT)
+        offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        qb = C * Q_BUFFERS + done % Q_BUFFERS
+        q_buf = q_smem.index(qb)
+        q_tile = q_buf.reshape([ROWS, HEAD_DIM])
+        mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
+        if c_end > 0:
+            # Key tile 0 on its own (through the masked code, right for any
+            # tile): it fills the pipeline with its P.
+            k_tile = _kv_tile(k_smem, k_ready, kv, BLOCK_N, HEAD_DIM, STAGES)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
+                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
+            mbarrier.arrive(k_empty.index(_ring(kv, STAGES)[0]), count=1)
+            if Q_BUFFERS == 2:
+                _release_previous_q(q_empty, C, done)
+            s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, left, right, softcap_in, softcap_out,
+                              True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
+            p = _carried_p(p_f32, dtype, P_FP32)
+
+            o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                anchor, kv, 1, c_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                LAZY_RESCALE)
+            o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                anchor, kv, gl.maximum(c_left, 1), c_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
+                HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                LAZY_RESCALE)
+            o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
+                anchor, kv, gl.maximum(c_mid, 1), c_end, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
+                HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                LAZY_RESCALE)
+
+            # The last key tile's PV product.
+            last = kv + c_end - 1
+            v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
+            o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
+            p_op = _p_operand(p, p_layout, dtype, P_FP32)
+            o = warpgroup_mma(p_op, v_tile, o, is_async=True)
+            o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
+            mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
+        elif Q_BUFFERS == 2:
+            _release_previous_q(q_empty, C, done)
+        if HAS_RIGHT:
+            turn = _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, c_end, n_tiles, C,
+                               NUM_CONSUMERS, STAGES, PINGPONG)
+        kv += n_tiles
+
+        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
+        empty = l_i == 0.0
+        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
+        o = o * gl.convert_layout(inv_l, o_rows)[:, None]
+        # The output rows go out by TMA from this tile's Q buffer (no MMA
+        # reads it any more); rows past n_q are clipped by the TMA unit. The
+        # buffer returns to the producer once the store has read it: at once
+        # with one Q buffer; with two, during the next tile (its Q is already
+        # in the other buffer), so the store's latency is hidden too.
+        q_tile.store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
+        if STORE_LSE:
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
+            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
+        if Q_BUFFERS == 1:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(qb), count=1)
+        return kv, turn
+
+    @gluon.jit
+    def _consumer_partition(
+        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
+        tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+        STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
+        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, DYNAMIC: gl.constexpr,
+    ):
+        # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
+        # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
+        # both wgmma accumulators spread over the 4 warps (16 rows each).
         kv = 0  # ring tiles consumed so far, over all work tiles
         done = 0
         turn = 0  # PINGPONG turns taken so far
-        for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-            off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-                t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                REVERSE_M)
-            row0 = start_m + C * ROWS
-            c_left = n_left
-            c_mid = n_mid
-            c_end = n_tiles
-            if HAS_RIGHT:
-                # This consumer's own key tiles: under a right edge rows above the
-                # tile's last ones see fewer keys (192-row tiles on 128-key tiles: up
-                # to two tiles fewer), and rows all past n_q none. The ring tiles past
-                # its own go by in _skip_tiles. (Without a right edge this only spares
-                # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
-                # diagnosed: NOTES session 12.)
-                c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
-                                                 HAS_LEFT, HAS_RIGHT)
-            offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
-            l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-            o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-            qb = C * Q_BUFFERS + done % Q_BUFFERS
-            q_buf = q_smem.index(qb)
-            q_tile = q_buf.reshape([ROWS, HEAD_DIM])
-            mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
-            if c_end > 0:
-                # Key tile 0 on its own (through the masked code, right for any
-                # tile): it fills the pipeline with its P.
-                k_tile = _kv_tile(k_smem, k_ready, kv, BLOCK_N, HEAD_DIM, STAGES)
-                s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                                  gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-                s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
-                mbarrier.arrive(k_empty.index(_ring(kv, STAGES)[0]), count=1)
-                if Q_BUFFERS == 2:
-                    _release_previous_q(q_empty, C, done)
-                s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, left, right, softcap_in, softcap_out,
-                                  True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
-                p = _carried_p(p_f32, dtype, P_FP32)
-
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, 1, c_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                    s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(c_left, 1), c_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(c_mid, 1), c_end, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
-
-                # The last key tile's PV product.
-                last = kv + c_end - 1
-                v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
-                o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
-                p_op = _p_operand(p, p_layout, dtype, P_FP32)
-                o = warpgroup_mma(p_op, v_tile, o, is_async=True)
-                o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
-                mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
-            elif Q_BUFFERS == 2:
-                _release_previous_q(q_empty, C, done)
-            if HAS_RIGHT:
-                turn = _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, c_end, n_tiles, C,
-                                   NUM_CONSUMERS, STAGES, PINGPONG)
-            kv += n_tiles
-
-            # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
-            empty = l_i == 0.0
-            inv_l = 1.0 / gl.where(empty, 1.0, l_i)
-            o = o * gl.convert_layout(inv_l, o_rows)[:, None]
-            # The output rows go out by TMA from this tile's Q buffer (no MMA
-            # reads it any more); rows past n_q are clipped by the TMA unit. The
-            # buffer returns to the producer once the store has read it: at once
-            # with one Q buffer; with two, during the next tile (its Q is already
-            # in the other buffer), so the store's latency is hidden too.
-            q_tile.store(o.to(dtype))
-            fence_async_shared()
-            _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
-            if STORE_LSE:
-                lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-                lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
-                gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
-            if Q_BUFFERS == 1:
-                tma.store_wait(0)
-                mbarrier.arrive(q_empty.index(qb), count=1)
-            done += 1
+        if DYNAMIC:
+            # The next tile's index arrives with its Q (_load_partition); n_work ends.
+            t = gl.program_id(0)
+            while t < n_work:
+                kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                          k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q,
+                                          kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                          STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
+                done += 1
+                qb = C * Q_BUFFERS + done % Q_BUFFERS
+                mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
+                t = gl.sum(tile_ids.index(qb).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+        else:
+            for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
+                kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                          k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q,
+                                          kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                          STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
+                done += 1
         tma.store_wait(0)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_desc, k_desc, v_desc, o_desc, LSE, tile_counter,
         batch, n_heads_q, kv_group, n_q, n_k,
         off, left, right,
         qk_scale, softcap_in, softcap_out,
@@ -448,6 +522,7 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+        DYNAMIC: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -472,6 +547,9 @@ if HAVE_GLUON:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turns = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        # DYNAMIC: each Q buffer's work tile index, for its consumer.
+        tile_ids = gl.allocate_shared_memory(gl.int32, [NUM_CONSUMERS * Q_BUFFERS, 1],
+                                             gl.SwizzledSharedLayout(1, 1, 1, [0]))
         # Written, never read: LATE_PV_WAIT's scratch rows, one per consumer (room
         # for four: Gluon's shapes are powers of two).
         anchor = gl.allocate_shared_memory(gl.float32, [4 * ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -506,53 +584,53 @@ if HAVE_GLUON:
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
+                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
+                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                                   right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
+                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
+                                   REVERSE_M, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                       k_empty, v_empty, turns, anchor, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
                                        off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                       STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)),
+                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 

@@ -37,7 +37,8 @@ class TileConfig:
     its consumers take turns to issue their products, p_fp32 whether P goes from
     one iteration to the next in fp32, late_pv_wait whether the PV wait is kept
     after the softmax, lazy_rescale whether a row's reference max moves lazily and
-    O's rescale is skipped where it is 1, ctas_per_sm the CTAs resident on an SM)
+    O's rescale is skipped where it is 1, ctas_per_sm the CTAs resident on an SM,
+    dynamic whether CTAs draw work tiles from a global counter)
     instead of the portable Triton one."""
     block_m: int
     block_n: int
@@ -51,6 +52,7 @@ class TileConfig:
     late_pv_wait: bool = False
     lazy_rescale: bool = False
     ctas_per_sm: int = 1
+    dynamic: bool = False
 
 
 def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Tuple[int, int, int]:
@@ -196,13 +198,13 @@ def attention_forward(
     if cfg.hopper:
         kernel = hopper.attention_fwd_hopper_kernel
         grid = hopper_launch.grid(B, Hq, Nq, cfg.block_m, _sm_count(q.device.index), causal=right >= 0,
-                                  ctas_per_sm=cfg.ctas_per_sm)
+                                  ctas_per_sm=cfg.ctas_per_sm, dynamic=cfg.dynamic)
         prepare = hopper_launch.tma_descriptors(cfg.block_n)
         args, constexprs = hopper_launch.kernel_args(prepare(q, k, v, out), lse, B, Hq, Hkv, Nq, Nk, D, off,
                                                      left, right, scale, softcap, cfg.block_m, cfg.block_n,
                                                      cfg.num_stages, cfg.q_buffers, cfg.pingpong,
                                                      cfg.p_fp32, cfg.late_pv_wait, cfg.lazy_rescale,
-                                                     cfg.ctas_per_sm)
+                                                     cfg.ctas_per_sm, cfg.dynamic)
         options = hopper_launch.launch_options(cfg.block_m, cfg.ctas_per_sm)
     else:
         grid = ((Nq + cfg.block_m - 1) // cfg.block_m, Hq, B)

@@ -14,7 +14,7 @@ _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
-         ctas_per_sm: int = 1) -> Tuple[int, int, int]:
+         ctas_per_sm: int = 1, dynamic: bool = False) -> Tuple[int, int, int]:
     """CTAs walk work tiles t = pid, pid + grid, ... (row block t % n_m of head
     t // n_m, n_m row blocks per head).
 
@@ -33,12 +33,15 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
     One consumer warpgroup a CTA (block_m 64) puts two or three CTAs on an SM:
     "one per SM" above then reads ctas_per_sm.
 
+    dynamic (the kernel's DYNAMIC: CTAs draw work tiles from a global counter):
+    one CTA per SM slot whatever the mask, as without a right edge.
+
     Always three entries: a launch plan calls Triton's compiled launcher, which,
     unlike the JIT launch, does not pad a shorter grid."""
     n_m = (Nq + block_m - 1) // block_m
     work = B * Hq * n_m
     sms *= ctas_per_sm
-    if not causal:
+    if not causal or dynamic:
         return (min(work, sms), 1, 1)
     stride = sms
     while math.gcd(stride, n_m) != 1:
@@ -113,20 +116,29 @@ def tma_descriptors(block_n: int) -> Callable:
 
 def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
                 block_m, block_n, stages, q_buffers, pingpong=False, p_fp32=False, late_pv_wait=False,
-                lazy_rescale=False, ctas_per_sm=1):
+                lazy_rescale=False, ctas_per_sm=1, dynamic=False):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
     args = (
-        *descs, lse if lse is not None else descs[3].base,
+        *descs, lse if lse is not None else descs[3].base, tile_counter(descs[3].base.device),
         B, Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
         *score_scales(scale, softcap),
     )
     return args, _constexprs(D, block_m, block_n, stages, q_buffers, left >= 0, right >= 0, softcap is not None,
-                             lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm)
+                             lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
+
+
+@lru_cache(maxsize=None)
+def tile_counter(device: torch.device) -> torch.Tensor:
+    """The DYNAMIC kernel's work-tile counter for a device: two int32 zeros (the
+    next tile past the grid's first, the CTAs finished), which the last CTA of
+    each launch zeroes again. Launches on one stream run in order; two launches
+    in flight at once on other streams would share it (not yet guarded)."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
-                pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm) -> dict:
+                pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: causal tiles run longest first (REVERSE_M), and the
     consumer count and CTAs an SM set the consumers' register budget."""
@@ -134,13 +146,14 @@ def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_rig
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
                 CONSUMER_REGS=hopper.CONSUMER_REGS[(block_m // hopper.CONSUMER_ROWS, ctas_per_sm)], Q_BUFFERS=q_buffers,
                 PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
-                LAZY_RESCALE=lazy_rescale)
+                LAZY_RESCALE=lazy_rescale, DYNAMIC=dynamic)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
                  stages: int = 2, q_buffers: int = 1, causal: bool = False, window_left: bool = False,
                  softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False,
-                 late_pv_wait: bool = False, lazy_rescale: bool = False, ctas_per_sm: int = 1):
+                 late_pv_wait: bool = False, lazy_rescale: bool = False, ctas_per_sm: int = 1,
+                 dynamic: bool = False):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
     Gluon code does not run under it."""
@@ -155,11 +168,11 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
         return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
+                 "LSE": "*fp32", "tile_counter": "*i32", "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32",
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
-                             pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm)
+                             pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(block_m, ctas_per_sm))
