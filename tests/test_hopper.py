@@ -40,6 +40,8 @@ def test_kernel_compiles_for_sm90(tmp_path):
             dict(head_dim=64, block_m=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2, ctas_per_sm=2),
             dict(head_dim=64, block_m=64, block_n=64, causal=True, p_fp32=True, lazy_rescale=True, q_buffers=2,
                  ctas_per_sm=3),
+            # work tiles drawn from a counter: one atomic add a tile, in the producer only
+            dict(head_dim=128, causal=True, dynamic=True),
         ]
         for kw in variants:
             k = hopper.compile_sm90(**kw)
@@ -52,13 +54,14 @@ def test_kernel_compiles_for_sm90(tmp_path):
             assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
             if per_sm > 1:
                 assert re.search(rf"\.maxnreg {hopper.launch_options(64, per_sm)['maxnreg']}\b", ptx), kw
+            assert ("atom.global" in ptx) == kw.get("dynamic", False), kw
             assert len(k.asm["cubin"]) > 0, kw
             print("built", kw["head_dim"], k.metadata.shared)
     """)
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("built") == 6
+    assert run.stdout.count("built") == 7
 
 
 def test_grid_persistence_and_stride():
@@ -79,6 +82,9 @@ def test_grid_persistence_and_stride():
     assert hopper.grid(32, 16, 512, 64, 132, causal=True, ctas_per_sm=2) == (263, 1, 1)  # 8 row blocks: <= 264
     assert hopper.grid(2, 4, 4096, 64, 132, causal=False, ctas_per_sm=3) == (396, 1, 1)
     assert hopper.grid(32, 16, 512, 64, 132, causal=True, ctas_per_sm=3) == (395, 1, 1)  # 396 shares 2 with 8
+    # Work tiles drawn from a counter: one CTA an SM slot, whatever the mask.
+    assert hopper.grid(4, 16, 4096, 128, 132, causal=True, dynamic=True) == (132, 1, 1)
+    assert hopper.grid(1, 1, 256, 128, 132, causal=True, dynamic=True) == (2, 1, 1)
     assert hopper.launch_options(64, 2) == dict(num_warps=4, maxnreg=128)
     assert hopper.launch_options(128) == dict(num_warps=4)
     assert hopper.launch_options(64, 3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
@@ -138,8 +144,7 @@ def test_kernel_args_follow_the_signature():
     by_name = dict(zip(names, args))
     assert len(args) + len(constexprs) == len(names)
     assert by_name["LSE"] is descs[3].base and by_name["kv_group"] == 4 and by_name["off"] == 100
-    assert by_name["tile_counter"].dtype == torch.int32 and not by_name["tile_counter"].any()
-    assert not constexprs["DYNAMIC"]
+    assert by_name["tile_counter"] is None and not constexprs["DYNAMIC"]  # a constexpr None unless DYNAMIC
     assert by_name["batch"] == 3 and by_name["n_heads_q"] == 8
     assert constexprs["HAS_RIGHT"] and not constexprs["HAS_LEFT"] and not constexprs["STORE_LSE"]
     assert constexprs["Q_BUFFERS"] == 2
@@ -168,6 +173,7 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
                                                                                   tiles.lazy_rescale)
         causal_cfg = ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d)
         assert (causal_cfg.p_fp32, causal_cfg.lazy_rescale) == (tiles.p_fp32_causal, tiles.lazy_rescale_causal)
+        assert causal_cfg.dynamic == tiles.dynamic_causal and not cfg.dynamic  # never without a right edge
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves: the one-consumer tiles, else the portable kernel
@@ -286,4 +292,16 @@ def test_gpu_hopper_one_consumer_tiles_match_the_oracle(case):
             cfg = ops.hopper_tile_config(tiles, right_edge)
             for q_buffers in (1, 2):
                 _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()])
+def test_gpu_hopper_dynamic_tiles_match_the_oracle(case):
+    # DYNAMIC (work tiles drawn from a counter) on every case, whatever its mask, with
+    # the launcher's switches for a right edge and one and two Q buffers; each launch
+    # takes a fresh counter, so a second run of a case is as right as the first.
+    cfg = dataclasses.replace(ops.hopper_config(case.D, True), dynamic=True)
+    for q_buffers in range(1, hopper_kernels.HOPPER_CONFIGS[case.D].q_buffers + 1):
+        _assert_case_with(case, dataclasses.replace(cfg, q_buffers=q_buffers))
 

@@ -95,11 +95,13 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
-@pytest.mark.parametrize("opts", [dict(), dict(causal=True, return_lse=True), dict(window=(64, 0), softcap=20.0)])
-def test_gpu_planned_calls_match_the_full_path(opts):
+@pytest.mark.parametrize("n,opts", [(300, dict()), (300, dict(causal=True, return_lse=True)),
+                                    (300, dict(window=(64, 0), softcap=20.0)),
+                                    (1100, dict(causal=True))])  # Hopper: work tiles drawn from a counter
+def test_gpu_planned_calls_match_the_full_path(n, opts):
     plans.clear()
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 8, n, 128, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
     first = vflash.attention(q, k, v, **opts)
     assert len(plans._plans) == 1
     q2, k2, v2 = (torch.randn_like(q) for _ in range(3))
@@ -248,3 +250,85 @@ def test_direct_launch_encodes_each_descriptor_once_per_pointer(triton36, monkey
         launch(q, k, v, t, lse)
     launch(q, k, v, outs[0], lse)  # the table was cleared when full: re-encoded
     assert encoded[-1] == (f"d{outs[0].data_ptr()}", "mo")
+
+
+def test_direct_launch_passes_a_counter_after_lse(triton36, monkeypatch):
+    import triton.backends.nvidia.driver as nvidia
+    from vflash.ops.direct_launch import direct_launch
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: [desc])
+    c, fallback = _Recorder(), []
+    descriptors = lambda q, k, v, o: ["dq", "dk", "dv", "do"]  # noqa: E731
+    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, ["m"] * 4)), (9, 1, 1), [7], 0, descriptors,
+                           lambda *a: fallback.append(a), counter=True)
+    q, lse, count = torch.randn(4), torch.randn(4), torch.zeros(1, dtype=torch.int32)
+    launch(q, q, q, q, lse, count)
+    assert c.calls[0][13:] == ("dq", "dk", "dv", "do", lse.data_ptr(), count.data_ptr(), 7) and not fallback
+    # a kernel of pointers has no counter: left to Triton's launch
+    assert direct_launch(_compiled(_Recorder()), (1, 1, 1), [], 0, None, lambda *a: None, counter=True) is None
+
+
+def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
+    # A kernel that draws work tiles from a counter gets a new int32 zero per launch, after
+    # LSE; the recorded tail starts after it. A static one takes None there (a constexpr).
+    from vflash.kernels import attention_fwd_hopper as hopper_kernels
+    from vflash.ops import hopper
+    if not hopper_kernels.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    launched = []
+
+    class FakeCompiled:
+        def __getitem__(self, grid):
+            return lambda *args: launched.append(args)
+
+    recorded = {}
+    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
+
+    class Desc:
+        base = torch.empty(1)
+    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    for dynamic in (False, True):
+        args, constexprs = hopper.kernel_args((Desc(),) * 4, None, 1, 2, 2, 300, 300, 128, 0, -1, 0, 0.1, None,
+                                              128, 128, 2, 1, dynamic=dynamic)
+        assert constexprs["DYNAMIC"] == dynamic
+        assert (args[5] is None) != dynamic
+        ops._record_plan(dynamic, hopper_kernels.attention_fwd_hopper_kernel, FakeCompiled(), (1, 1, 1), args,
+                         constexprs, Desc.base, None, None)
+        plan = recorded[dynamic]
+        assert plan.counter == dynamic
+        q = torch.randn(1, 2, 300, 128)
+        for _ in range(2):
+            plan(q, q, q)
+        first, second = launched[-2:]
+        assert len(first) == len(names)
+        if dynamic:
+            assert first[5].dtype == torch.int32 and first[5].shape == (1,) and not first[5].any()
+            assert first[5] is not second[5]
+        else:
+            assert first[5] is None
+        assert dict(zip(names, first))["n_q"] == 300
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("n", [300, 1100])
+def test_gpu_cuda_graph_replays_match_the_oracle(n):
+    # A captured call replays with whatever its input buffers hold; on the Hopper kernel
+    # (n = 1100, causal) each replay draws its work tiles from a counter zeroed in the graph.
+    plans.clear()
+    q, k, v = (torch.randn(2, 8, n, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    vflash.attention(q, k, v, causal=True)  # compile and record the plan outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        vflash.attention(q, k, v, causal=True)
+        with torch.cuda.graph(graph, stream=stream):
+            out = vflash.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = attention_explicit(q, k, v, causal=True, compute_dtype=torch.float32)
+        assert (out.float() - ref.float()).abs().max().item() < 2e-2

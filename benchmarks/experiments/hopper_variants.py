@@ -69,7 +69,9 @@ VARIANTS = {
          Variant("c1-n64-x3", 64, 64, 2, q_buffers=1, pingpong=False, per_sm=3),
          Variant("c1-n64-s3-x3", 64, 64, 3, q_buffers=1, pingpong=False, per_sm=3),
          Variant("c1-n64-x3-q2", 64, 64, 2, q_buffers=2, pingpong=False, per_sm=3),  # 49 KB
-         Variant("c1-n64-s3-x3-q2", 64, 64, 3, q_buffers=2, pingpong=False, per_sm=3)],  # 66 KB
+         Variant("c1-n64-s3-x3-q2", 64, 64, 3, q_buffers=2, pingpong=False, per_sm=3),  # 66 KB
+         Variant("c1-n64-x3-q2-dyn", 64, 64, 2, q_buffers=2, pingpong=False, per_sm=3, dynamic=True),
+         Variant("c1-q2-dyn", 64, 128, 2, q_buffers=2, pingpong=False, dynamic=True)],
     128: [Variant("base", 128, 128, 2), Variant("pp", 128, 128, 2, pingpong=True),
           Variant("p16", 128, 128, 2, p_fp32=False), Variant("p32", 128, 128, 2, p_fp32=True),
           Variant("late", 128, 128, 2, p_fp32=False, late=True),
@@ -89,7 +91,8 @@ VARIANTS = {
           Variant("c1-n64-s3", 64, 64, 3, q_buffers=1, pingpong=False),  # 115 KB: two still fit an SM
           Variant("c1-n64-q2", 64, 64, 2, q_buffers=2, pingpong=False),  # 98 KB
           # the persistent grid with work tiles drawn from a global counter (FA3's dynamic scheduler)
-          Variant("dyn", 128, 128, 2, dynamic=True), Variant("dyn-q2", 128, 128, 2, q_buffers=2, dynamic=True)],
+          Variant("dyn", 128, 128, 2, dynamic=True), Variant("dyn-q2", 128, 128, 2, q_buffers=2, dynamic=True),
+          Variant("c1-n64-q2-dyn", 64, 64, 2, q_buffers=2, pingpong=False, dynamic=True)],
     256: [Variant("base", 128, 64, 2), Variant("pp", 128, 64, 2, pingpong=True),
           Variant("p16", 128, 64, 2, p_fp32=False), Variant("p32", 128, 64, 2, p_fp32=True),
           Variant("late", 128, 64, 2, late=True),

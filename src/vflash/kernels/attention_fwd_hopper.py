@@ -82,6 +82,8 @@ if HAVE_GLUON:
     _CVT_BF16X2 = gl.constexpr("cvt.rn.bf16x2.f32 $0, $2, $1;")
     _F16_PAIR = gl.constexpr((gl.float16, gl.float16))
     _BF16_PAIR = gl.constexpr((gl.bfloat16, gl.bfloat16))
+    # A work tile's index in tile_ids, stored and loaded as a [1] tensor (DYNAMIC).
+    _ID_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
     @gluon.jit
     def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
@@ -117,10 +119,11 @@ if HAVE_GLUON:
         # complete, so the first waits on empty barriers pass at once.
         #
         # Work tiles: CTA pid takes pid, pid + grid, ... (static), or with DYNAMIC
-        # pid first and then whichever tile a global counter hands out next (FA3's
-        # dynamic scheduler: a CTA that drew short tiles takes more), passing each
-        # tile's index to its consumers beside its Q (tile_ids), and n_work once
-        # there is none left. The last CTA out zeroes the counter for the next launch.
+        # pid first and then whichever tile the launch's counter (an int32 zero,
+        # fresh each launch) hands out next: FA3's dynamic scheduler, so a CTA
+        # that drew short causal tiles takes more, and one CTA an SM carries its
+        # K/V ring and Q loads on from tile to tile. Each tile's index goes to the
+        # consumers beside its Q (tile_ids), and n_work once there is none left.
         ROWS: gl.constexpr = 64
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
@@ -133,16 +136,11 @@ if HAVE_GLUON:
                                      REVERSE_M, DYNAMIC)
                 done += 1
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
-            id_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             for c in gl.static_range(BLOCK_M // ROWS):
                 qb = c * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
-                tile_ids.index(qb).store(gl.full([1], n_work, gl.int32, id_layout))
+                tile_ids.index(qb).store(gl.full([1], n_work, gl.int32, _ID_LAYOUT))
                 mbarrier.arrive(q_ready.index(qb), count=1)
-            finished = gl.atomic_add(tile_counter + 1, 1)
-            if finished == gl.num_programs(0) - 1:
-                gl.store(tile_counter, 0)
-                gl.store(tile_counter + 1, 0)
         else:
             for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
                 kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
@@ -166,7 +164,7 @@ if HAVE_GLUON:
             qb = c * Q_BUFFERS + done % Q_BUFFERS
             mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
             if DYNAMIC:  # before the arrival below, which publishes it (release)
-                tile_ids.index(qb).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
+                tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
             if n_tiles > 0:
                 mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
@@ -501,7 +499,7 @@ if HAVE_GLUON:
                 done += 1
                 qb = C * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
-                t = gl.sum(tile_ids.index(qb).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+                t = gl.sum(tile_ids.index(qb).load(_ID_LAYOUT), axis=0)
         else:
             for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
                 kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
@@ -647,6 +645,7 @@ class HopperTiles(NamedTuple):
     lazy_rescale: bool  # LAZY_RESCALE without a right mask edge
     lazy_rescale_causal: bool  # LAZY_RESCALE with one
     ctas_per_sm: int = 1  # CTAs resident on an SM: the register cap a thread and the persistent grid follow
+    dynamic_causal: bool = False  # DYNAMIC where there is a right mask edge
 
 
 # Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2
@@ -678,11 +677,17 @@ class HopperTiles(NamedTuple):
 #   382 / 488 at N = 4096 / 16384; D = 128 without one 569 / 613 / 617 -> 584 /
 #   628 / 640. It lost at D = 128 causal (-1 to -2 % against the packed carry,
 #   N = 512-16384) and was even to -2.7 % at D = 256.
+# - dynamic_causal (session 13, same run, CUDA graphs, TFLOP/s against the static
+#   causal grid, which at these lengths is one CTA per work tile): D = 128 N 1024 /
+#   2048 / 4096 / 8192 402 / 469 / 509 / 528 -> 397 / 491 / 548 / 570 [cuDNN 415 /
+#   474 / 510 / 531]; D = 64 N 4096 / 8192 / 16384 422 / 462 / 503 -> 434 / 478 /
+#   506 [409 / 420 / 432]. Not measured at D = 256, nor without a right edge
+#   (where the static persistent grid is balanced already).
 HOPPER_CONFIGS = {
     64: HopperTiles(192, 128, 2, 2, 1, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
-                    lazy_rescale_causal=True),
+                    lazy_rescale_causal=True, dynamic_causal=True),
     128: HopperTiles(128, 128, 2, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
-                     lazy_rescale_causal=False),
+                     lazy_rescale_causal=False, dynamic_causal=True),
     256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
                      lazy_rescale_causal=False),
 }

@@ -128,7 +128,7 @@ def hopper_tile_config(t: hopper.HopperTiles, right_edge: bool) -> TileConfig:
                       q_buffers=t.q_buffers_causal if right_edge else t.q_buffers,
                       pingpong=t.pingpong, p_fp32=t.p_fp32_causal and right_edge, late_pv_wait=t.late_pv_wait,
                       lazy_rescale=t.lazy_rescale_causal if right_edge else t.lazy_rescale,
-                      ctas_per_sm=t.ctas_per_sm)
+                      ctas_per_sm=t.ctas_per_sm, dynamic=t.dynamic_causal and right_edge)
 
 
 def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, batch_heads: int,
@@ -223,19 +223,21 @@ def attention_forward(
 def _record_plan(key, kernel, compiled, grid, args, constexprs, out, lse, prepare) -> None:
     # The compiled launcher takes every kernel parameter in signature order,
     # constexprs included; the first five (q, k, v, out, lse or their TMA
-    # descriptors) change per call.
+    # descriptors) change per call, and so does the Hopper kernel's work-tile
+    # counter (the sixth) where it draws tiles dynamically.
     try:
         runner = compiled[grid]
     except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
         return
     names = kernel.arg_names
-    tail = list(args[5:]) + [constexprs[name] for name in names[len(args):]]
+    counter = bool(constexprs.get("DYNAMIC"))
+    tail = list(args[6 if counter else 5:]) + [constexprs[name] for name in names[len(args):]]
 
-    def launch(q, k, v, o, lse_or_out):
-        runner(*((q, k, v, o) if prepare is None else prepare(q, k, v, o)), lse_or_out, *tail)
-    fast = direct_launch(compiled, grid, tail, out.device.index, prepare, launch)
+    def launch(q, k, v, o, lse_or_out, *count):
+        runner(*((q, k, v, o) if prepare is None else prepare(q, k, v, o)), lse_or_out, *count, *tail)
+    fast = direct_launch(compiled, grid, tail, out.device.index, prepare, launch, counter)
     plans.record(key, plans.LaunchPlan(fast or launch, out.device.index, tuple(out.shape),
-                                       None if lse is None else tuple(lse.shape)))
+                                       None if lse is None else tuple(lse.shape), counter))
 
 
 def _kernel_args(q, k, v, out, lse, Hq, Hkv, Nq, Nk, D, head_dim_pad, off, left, right, scale, softcap, cfg):

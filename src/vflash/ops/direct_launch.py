@@ -65,18 +65,20 @@ def c_launcher(compiled) -> Optional[tuple]:
 
 
 def direct_launch(compiled, grid: Sequence[int], tail: Sequence, device_index: int,
-                  descriptors: Optional[Callable], fallback: Callable) -> Optional[Callable]:
+                  descriptors: Optional[Callable], fallback: Callable, counter: bool = False) -> Optional[Callable]:
     """A function (q, k, v, out, lse) -> None that launches `compiled` on the
     current stream with `tail` after the five data arguments, or None where
     `compiled` does not have the layout this module knows. `descriptors` (q, k,
     v, out) -> their TensorDescriptors, for a kernel that takes q, k, v and out
-    as TMA descriptors; None for one that takes pointers. `fallback(q, k, v, out,
-    lse)` is Triton's own launch, used while a launch hook is set."""
+    as TMA descriptors; None for one that takes pointers. With `counter` (a
+    descriptor kernel's work-tile counter) the function takes it as a sixth data
+    argument. `fallback(q, k, v, out, lse[, counter])` is Triton's own launch,
+    used while a launch hook is set."""
     found = c_launcher(compiled)
     if found is None or current_raw_stream is None:
         return None
     launch, run, meta = found
-    if (descriptors is None) != (not meta):
+    if (descriptors is None) != (not meta) or (counter and descriptors is None):
         return None
     head = (grid[0], grid[1], grid[2])
     rest = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
@@ -125,4 +127,10 @@ def direct_launch(compiled, grid: Sequence[int], tail: Sequence, device_index: i
         if hooks_set():
             return fallback(q, k, v, out, lse)
         launch(*head, stream_of(device_index), *rest, *expanded(q, k, v, out), lse.data_ptr(), *tail)
-    return launch_descriptors
+
+    def launch_descriptors_counted(q, k, v, out, lse, count):
+        if hooks_set():
+            return fallback(q, k, v, out, lse, count)
+        launch(*head, stream_of(device_index), *rest, *expanded(q, k, v, out), lse.data_ptr(), count.data_ptr(),
+               *tail)
+    return launch_descriptors_counted if counter else launch_descriptors

@@ -119,22 +119,16 @@ def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, 
                 lazy_rescale=False, ctas_per_sm=1, dynamic=False):
     """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
     args = (
-        *descs, lse if lse is not None else descs[3].base, tile_counter(descs[3].base.device),
+        *descs, lse if lse is not None else descs[3].base,
+        # DYNAMIC's work-tile counter: one int32 zero, fresh each launch (a shared
+        # one would race between streams and across CUDA graph replays).
+        descs[3].base.new_zeros(1, dtype=torch.int32) if dynamic else None,
         B, Hq, Hq // Hkv, Nq, Nk,
         off, left, right,
         *score_scales(scale, softcap),
     )
     return args, _constexprs(D, block_m, block_n, stages, q_buffers, left >= 0, right >= 0, softcap is not None,
                              lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
-
-
-@lru_cache(maxsize=None)
-def tile_counter(device: torch.device) -> torch.Tensor:
-    """The DYNAMIC kernel's work-tile counter for a device: two int32 zeros (the
-    next tile past the grid's first, the CTAs finished), which the last CTA of
-    each launch zeroes again. Launches on one stream run in order; two launches
-    in flight at once on other streams would share it (not yet guarded)."""
-    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
@@ -168,11 +162,13 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
         return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "tile_counter": "*i32", "batch": "i32", "n_heads_q": "i32", "kv_group": "i32",
-                 "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32", "right": "i32",
+                 "LSE": "*fp32", "tile_counter": "*i32" if dynamic else "constexpr", "batch": "i32",
+                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
                              pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
     signature.update({k: "constexpr" for k in constexprs})
+    if not dynamic:
+        constexprs = dict(constexprs, tile_counter=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(block_m, ctas_per_sm))

@@ -33,25 +33,28 @@ class LaunchPlan:
     """A recorded launch: call with (q, k, v) of the key's metadata.
 
     launch(q, k, v, out, lse) runs the kernel; a call without LSE passes out in
-    lse's place (the kernel does not store it)."""
+    lse's place (the kernel does not store it). With `counter`, launch takes a
+    sixth argument, a fresh int32 zero: the work-tile counter of a kernel that
+    draws its tiles dynamically."""
 
-    __slots__ = ("launch", "device_index", "out_shape", "lse_shape")
+    __slots__ = ("launch", "device_index", "out_shape", "lse_shape", "counter")
 
     def __init__(self, launch: Callable, device_index: int, out_shape: Tuple[int, ...],
-                 lse_shape: Optional[Tuple[int, ...]]):
+                 lse_shape: Optional[Tuple[int, ...]], counter: bool = False):
         self.launch = launch
         self.device_index = device_index
         self.out_shape = out_shape
         self.lse_shape = lse_shape
+        self.counter = counter
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         # The key fixes q's dtype and device: they are out's.
         out = q.new_empty(self.out_shape)
-        if self.lse_shape is None:
-            self.launch(q, k, v, out, out)
-            return out, None
-        lse = q.new_empty(self.lse_shape, dtype=torch.float32)
-        self.launch(q, k, v, out, lse)
+        lse = None if self.lse_shape is None else q.new_empty(self.lse_shape, dtype=torch.float32)
+        if self.counter:
+            self.launch(q, k, v, out, out if lse is None else lse, q.new_zeros(1, dtype=torch.int32))
+        else:
+            self.launch(q, k, v, out, out if lse is None else lse)
         return out, lse
 
 
