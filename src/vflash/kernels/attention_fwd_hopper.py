@@ -127,27 +127,22 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
-        if DYNAMIC:
-            t = gl.program_id(0)
-            while t < n_work:
-                kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k,
-                                     off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                     REVERSE_M, DYNAMIC)
-                done += 1
+        t = gl.program_id(0)
+        while t < n_work:
+            kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                 k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k, off, left,
+                                 right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, DYNAMIC)
+            done += 1
+            if DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
+            else:
+                t += gl.num_programs(0)
+        if DYNAMIC:
             for c in gl.static_range(BLOCK_M // ROWS):
                 qb = c * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
                 tile_ids.index(qb).store(gl.full([1], n_work, gl.int32, _ID_LAYOUT))
                 mbarrier.arrive(q_ready.index(qb), count=1)
-        else:
-            for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-                kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                     v_ready, k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k,
-                                     off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                     REVERSE_M, DYNAMIC)
-                done += 1
 
     @gluon.jit
     def _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
@@ -486,27 +481,20 @@ if HAVE_GLUON:
         kv = 0  # ring tiles consumed so far, over all work tiles
         done = 0
         turn = 0  # PINGPONG turns taken so far
-        if DYNAMIC:
-            # The next tile's index arrives with its Q (_load_partition); n_work ends.
-            t = gl.program_id(0)
-            while t < n_work:
-                kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                          k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q,
-                                          kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C,
-                                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                          STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
-                done += 1
+        t = gl.program_id(0)
+        while t < n_work:
+            kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                      k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q, kv_group,
+                                      n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C, BLOCK_M,
+                                      BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
+            done += 1
+            if DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
                 qb = C * Q_BUFFERS + done % Q_BUFFERS
                 mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
                 t = gl.sum(tile_ids.index(qb).load(_ID_LAYOUT), axis=0)
-        else:
-            for t in range(gl.program_id(0), n_work, gl.num_programs(0)):
-                kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                          k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q,
-                                          kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C,
-                                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                          STORE_LSE, REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
-                done += 1
+            else:
+                t += gl.num_programs(0)
         tma.store_wait(0)
 
     @gluon.jit
