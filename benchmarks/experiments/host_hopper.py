@@ -4,6 +4,7 @@ Per-call host microseconds (CPU timer around many calls) for tiny shapes:
   1. vflash.attention, planned repeat: portable kernel (D = 64), Hopper kernel (D = 128), each
      with the plan's direct C launch (vflash.ops.direct_launch) and with Triton's own runner;
   2. the pieces of a planned repeat: the key, the lookup, the output allocation, the launch alone;
+     and a causal Hopper call that draws its work tiles from a counter (one more allocation and fill);
   3. SDPA flash, the same-run yardstick.
 Both head dims run twice, in alternating order, to show the host's drift. Timing: launch_overhead's
 per_call_us (kernels queued behind a sleep kernel, so only host work is timed).
@@ -53,6 +54,12 @@ def main():
         row("  lookup", per_call_us(lambda: plans.lookup(key, q, q, q)))
         row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.out_shape)))
         row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out, out)))
+        if d == 128:  # causal on the main tiles: DYNAMIC, a fresh work-tile counter a call
+            long_q = torch.randn(1, 2, 1100, d, device="cuda", dtype=torch.float16)
+            vflash.attention(long_q, long_q, long_q, causal=True)
+            row("planned repeat, Hopper kernel, causal N 1100 (DYNAMIC)",
+                per_call_us(lambda: vflash.attention(long_q, long_q, long_q, causal=True)))
+            row("  q.new_zeros(1, int32) (its counter)", per_call_us(lambda: q.new_zeros(1, dtype=torch.int32)))
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
         row("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)))
 
