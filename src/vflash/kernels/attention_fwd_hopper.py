@@ -382,24 +382,24 @@ if HAVE_GLUON:
                 p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
                 p = _carried_p(p_f32, dtype, P_FP32)
 
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, 1, c_left, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                    s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(c_left, 1), c_mid, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, False, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
-                o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                    anchor, kv, gl.maximum(c_mid, 1), c_end, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, True, HAS_LEFT,
-                    HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
-                    LAZY_RESCALE)
+                # Key tiles [1, c_left) masked, [c_left, c_mid) unmasked, [c_mid, c_end)
+                # masked: three loops, each compiled for its mask (tile 0 went above).
+                for segment in gl.static_range(3):
+                    if segment == 0:
+                        first = 1
+                        last = c_left
+                    elif segment == 1:
+                        first = gl.maximum(c_left, 1)
+                        last = c_mid
+                    else:
+                        first = gl.maximum(c_mid, 1)
+                        last = c_end
+                    o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
+                        o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        turns, anchor, kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
+                        softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, segment != 1,
+                        HAS_LEFT, HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT,
+                        LAZY_RESCALE)
 
                 # The last key tile's PV product.
                 last = kv + c_end - 1
