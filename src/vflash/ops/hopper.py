@@ -54,9 +54,10 @@ def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
     more than one CTA an SM a register cap of the CTA's share of the file, in
     multiples of 8 (two CTAs of one consumer: 128 a thread; setmaxnreg then gives
     the consumer CONSUMER_REGS[(1, 2)], the producer the rest)."""
-    n = ctas_per_sm
     threads = (block_m // hopper.CONSUMER_ROWS + 1) * 128
-    return dict(num_warps=4) if n == 1 else dict(num_warps=4, maxnreg=65536 // (n * threads) // 8 * 8)
+    if ctas_per_sm == 1:
+        return dict(num_warps=4)
+    return dict(num_warps=4, maxnreg=65536 // (ctas_per_sm * threads) // 8 * 8)
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block_m: int) -> bool:
