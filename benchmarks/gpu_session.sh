@@ -8,7 +8,7 @@
 # DYNAMIC tests); keep the call's limit above the sum, and run tests_fast alone in its call.
 # HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path).
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast hvariants host profile ab
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -44,6 +44,11 @@ for step in "$@"; do
            VFLASH_TEST_DEVICE=cuda timeout 560 python3 -m pytest -q -p no:cacheprovider -n 8 \
              tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
+    tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
+           pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
+           VFLASH_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -n 8 \
+             $TESTS > "$R/pytest_gpu_some.txt" 2>&1
+           tail -2 "$R/pytest_gpu_some.txt" ;;
     hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
               > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
     hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \

@@ -91,7 +91,7 @@ def test_grid_persistence_and_stride():
     # every tile table's (consumers, CTAs an SM) has a register share, which with the producer's
     # fits the CTA's cap
     tables = [*hopper_kernels.HOPPER_CONFIGS.values(), *hopper_kernels.HOPPER_FEW_TILES.values(),
-              *(t for _, t in hopper_kernels.HOPPER_SHORT_CAUSAL.values())]
+              *(t for bands in hopper_kernels.HOPPER_SHORT_CAUSAL.values() for _, t in bands)]
     for t in tables:
         consumers = t.block_m // hopper_kernels.CONSUMER_ROWS
         cap = hopper.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
@@ -187,12 +187,20 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
                 assert not few.hopper
             assert ops.choose_config(d, torch.float16, -1, 20 * block_m, 4 * 132 // 20 + 1, dev, d).block_m == block_m
         assert not ops.choose_config(d, torch.float32, -1, 4096, 32, dev, d).hopper  # fp32: portable kernel
-    for d, (longest, tiles) in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
-        short = ops.choose_config(d, torch.float16, 0, longest, 512, dev, d)
-        assert short.hopper and (short.block_m, short.block_n) == (tiles.block_m, tiles.block_n)
-        assert (short.q_buffers, short.ctas_per_sm) == (tiles.q_buffers_causal, tiles.ctas_per_sm)
-        assert ops.choose_config(d, torch.float16, 0, longest + 1, 512, dev, d).block_m != tiles.block_m
-        assert ops.choose_config(d, torch.float16, -1, longest, 512, dev, d).block_m != tiles.block_m
+    for d, bands in hopper_kernels.HOPPER_SHORT_CAUSAL.items():
+        # causal: each band's tiles from the row after the band below it up to its longest, then
+        # the main tiles; without a right edge the main tiles at any length
+        assert [n for n, _ in bands] == sorted({n for n, _ in bands})
+        shortest = max(hopper_kernels.HOPPER_USE[d][1], 1)
+        for (longest, tiles), below in zip(bands, [shortest - 1] + [n for n, _ in bands]):
+            for n_q in (below + 1, longest):
+                short = ops.choose_config(d, torch.float16, 0, n_q, 512, dev, d)
+                assert short == ops.hopper_tile_config(tiles, True), (d, n_q)
+                assert (short.q_buffers, short.ctas_per_sm) == (tiles.q_buffers_causal, tiles.ctas_per_sm)
+            plain = ops.choose_config(d, torch.float16, -1, longest, 512, dev, d)
+            assert plain == ops.hopper_tile_config(hopper_kernels.HOPPER_CONFIGS[d], False)
+        after = ops.choose_config(d, torch.float16, 0, bands[-1][0] + 1, 512, dev, d)
+        assert after == ops.hopper_tile_config(hopper_kernels.HOPPER_CONFIGS[d], True)
     for d, tiles in hopper_kernels.HOPPER_FEW_TILES.items():
         assert hopper_kernels.HOPPER_USE[d][2]
         for right in (0, -1):  # too few main tiles, either mask, whatever the length: the few-tile tiles
@@ -273,21 +281,22 @@ def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32,
                                                 p_fp32=p_fp32, late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale))
 
 
-def _one_consumer_tiles(d):
-    short = hopper_kernels.HOPPER_SHORT_CAUSAL.get(d)
-    return [t for t in (short and short[1], hopper_kernels.HOPPER_FEW_TILES.get(d)) if t]
+def _band_tiles(d):
+    few = hopper_kernels.HOPPER_FEW_TILES.get(d)
+    return [t for _, t in hopper_kernels.HOPPER_SHORT_CAUSAL.get(d, ())] + ([few] if few else [])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
-                                  if _one_consumer_tiles(c.D)])
-def test_gpu_hopper_one_consumer_tiles_match_the_oracle(case):
-    # HOPPER_SHORT_CAUSAL's and HOPPER_FEW_TILES' tiles (one consumer, two or three
-    # CTAs an SM) on every case of the head dim, whatever its mask, with the
-    # switches the launcher takes for a right edge and for none, and with one Q
-    # buffer and with two: the kernel must be right for any.
-    for tiles in _one_consumer_tiles(case.D):
+                                  if _band_tiles(c.D)])
+def test_gpu_hopper_band_tiles_match_the_oracle(case):
+    # HOPPER_SHORT_CAUSAL's bands' and HOPPER_FEW_TILES' tiles (one consumer and
+    # two or three CTAs an SM; DYNAMIC where the band has it) on every case of the
+    # head dim, whatever its mask, with the switches the launcher takes for a right
+    # edge and for none, and with one Q buffer and with two: the kernel must be
+    # right for any.
+    for tiles in _band_tiles(case.D):
         for right_edge in (True, False):
             cfg = ops.hopper_tile_config(tiles, right_edge)
             for q_buffers in (1, 2):

@@ -643,7 +643,8 @@ class HopperTiles(NamedTuple):
 #   take one buffer, as two measured 1-7 % slower there (not diagnosed), while
 #   the one-consumer tiles (HOPPER_SHORT_CAUSAL, HOPPER_FEW_TILES) take two (session 12: +4.6 / +6 % at
 #   D = 64 N 1024 / 2048, +8 % at D = 128 N = 512; their consumer had waited 9 %
-#   of its stalls for Q, which also stages the output); D = 256 has no room for two.
+#   of its stalls for Q, which also stages the output), and so do D = 128's causal
+#   tiles up to N = 2048 under DYNAMIC (HOPPER_SHORT_CAUSAL); D = 256 has no room for two.
 # - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
 #   warpgroup's softmax keeps the tensor cores busy (+6-11 % over two at N >= 4096).
 # - pingpong gained 2-3.5 % at D = 64 without a right edge and was even with one; at
@@ -668,7 +669,8 @@ class HopperTiles(NamedTuple):
 #   causal grid, which at these lengths is one CTA per work tile): D = 128 N 1024 /
 #   2048 / 4096 / 8192 402 / 469 / 509 / 528 -> 397 / 491 / 548 / 570 [cuDNN 415 /
 #   474 / 510 / 531]; D = 64 N 4096 / 8192 / 16384 422 / 462 / 503 -> 434 / 478 /
-#   506 [409 / 420 / 432]. Not measured at D = 256, nor without a right edge
+#   506 [409 / 420 / 432]; D = 256 (session 14) N 1024 / 4096 / 16384 447 / 576 /
+#   677 -> 459 / 580 / 676 [446 / 561 / 591]. Not measured without a right edge
 #   (where the static persistent grid is balanced already).
 HOPPER_CONFIGS = {
     64: HopperTiles(192, 128, 2, 2, 1, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
@@ -676,27 +678,34 @@ HOPPER_CONFIGS = {
     128: HopperTiles(128, 128, 2, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
                      lazy_rescale_causal=False, dynamic_causal=True),
     256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
-                     lazy_rescale_causal=False),
+                     lazy_rescale_causal=False, dynamic_causal=True),
 }
-# One consumer warpgroup a CTA and several CTAs an SM, instead of one CTA of two
-# or three consumers, where 192- or 128-row tiles leave the tensor cores idle:
-# - HOPPER_SHORT_CAUSAL (head dim: (longest n_q, tiles)): a right mask edge and at
-#   most n_q query rows. Short causal work tiles hold 1-8 key tiles, so each tile's
-#   serial chain (first QK^T and its softmax, last PV, output store) is exposed;
-#   consumers of one tile walk the same chain in step and leave the tensor cores
-#   idle together, CTAs walk theirs apart (lead k, NOTES session 11).
+# Tiles other than HOPPER_CONFIGS' where those leave the tensor cores idle:
+# - HOPPER_SHORT_CAUSAL (head dim: bands of (longest n_q, tiles), shortest first):
+#   a right mask edge and at most n_q query rows, the first band that holds n_q.
+#   Short causal work tiles hold 1-8 key tiles, so each tile's serial chain (first
+#   QK^T and its softmax, last PV, output store) is exposed; consumers of one tile
+#   walk the same chain in step and leave the tensor cores idle together, CTAs of
+#   one consumer warpgroup each, several an SM, walk theirs apart (lead k, NOTES
+#   session 11). A little longer, two Q buffers let the next work tile's Q load
+#   under this one's chain.
 # - HOPPER_FEW_TILES: either mask, with too few work tiles of HOPPER_CONFIGS'
 #   height for HOPPER_USE's waves (the last wave would leave SMs idle).
 # H200, fp16, same runs (TFLOP/s, [cuDNN]):
 # - D = 128 causal, two CTAs of 64 x 64: N = 512 304 against 273 [322], N = 1024
 #   365 against 406, 2048 433 against 476 (session 11); two Q buffers N = 512
-#   303 -> 329 [326] (session 13).
+#   303 -> 329 [326] (session 13); with DYNAMIC N = 512 308 against 334 (session 14).
+# - D = 128 causal, HOPPER_CONFIGS' tiles with DYNAMIC (CUDA graphs): two Q buffers
+#   N 1024 / 2048 / 4096 / 8192 413 / 509 / 532 / 560 against one 397 / 491 / 548 /
+#   570 [415 / 474 / 510 / 531] (session 13), N = 1024 421 against 396 [423]
+#   (session 14).
 # - D = 64 causal, 16k-token shapes (session 13, CUDA graphs, two runs): three
 #   CTAs of 64 x 64 with two Q buffers N 1024 / 2048 333-334 / 357-368, against
 #   two CTAs of 64 x 128 (two Q buffers) 321-325 / 342-350, one Q buffer 306 / 350,
 #   the portable kernel 300 / 352-359 [332-333 / 384-385]; three CTAs an SM cap a
 #   thread at 80 registers (Triton 3.6's SASS: 2 spill instructions), and 128-key
-#   tiles do not compile under that cap.
+#   tiles do not compile under that cap. With DYNAMIC (session 14) 337 / 370 ->
+#   342 / 382 [333 / 386].
 # - D = 64, B = 1, H = 16 (session 13): two CTAs of 64 x 128, two Q buffers,
 #   non-causal N 1024 / 2048 / 4096 247 / 387-391 / 459-460 [239-241 / 378-379 /
 #   447]; three CTAs lose there (234 / 308 / 377), causal they are even or behind
@@ -705,10 +714,12 @@ HOPPER_CONFIGS = {
 # D = 256 cannot: ptxas needs more than the 128 registers a thread (half the file
 # a CTA) for a 64 x 256 wgmma.
 HOPPER_SHORT_CAUSAL = {
-    64: (2048, HopperTiles(64, 64, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
-                           lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=3)),
-    128: (512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
-                           lazy_rescale=False, lazy_rescale_causal=False, ctas_per_sm=2)),
+    64: ((2048, HopperTiles(64, 64, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
+                            lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=3, dynamic_causal=True)),),
+    128: ((512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
+                            lazy_rescale=False, lazy_rescale_causal=False, ctas_per_sm=2)),
+          (2048, HopperTiles(128, 128, 2, 2, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
+                             lazy_rescale=True, lazy_rescale_causal=False, dynamic_causal=True))),
 }
 HOPPER_FEW_TILES = {
     64: HopperTiles(64, 128, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,

@@ -110,15 +110,14 @@ def hopper_config(head_dim: int, right_edge: bool = False, n_q: Optional[int] = 
                   few_tiles: bool = False) -> TileConfig:
     """The Hopper kernel's tiles for a head dim (HOPPER_CONFIGS); HOPPER_FEW_TILES'
     with `few_tiles` (too few work tiles of the main height for HOPPER_USE's
-    waves), else HOPPER_SHORT_CAUSAL's with a right mask edge (causal) and at most
-    that table's n_q rows. A right edge takes the tiles' Q buffers, P in fp32 and
-    lazy rescale for it."""
+    waves), else with a right mask edge (causal) those of HOPPER_SHORT_CAUSAL's
+    first band that holds n_q. A right edge takes the tiles' Q buffers, P in fp32,
+    lazy rescale and DYNAMIC for it."""
     t = hopper.HOPPER_CONFIGS[head_dim]
-    short = hopper.HOPPER_SHORT_CAUSAL.get(head_dim)
     if few_tiles and head_dim in hopper.HOPPER_FEW_TILES:
         t = hopper.HOPPER_FEW_TILES[head_dim]
-    elif short and right_edge and n_q is not None and n_q <= short[0]:
-        t = short[1]
+    elif right_edge and n_q is not None:
+        t = next((band for longest, band in hopper.HOPPER_SHORT_CAUSAL.get(head_dim, ()) if n_q <= longest), t)
     return hopper_tile_config(t, right_edge)
 
 

@@ -164,7 +164,8 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: 
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
                  "LSE": "*fp32", "tile_counter": "*i32" if dynamic else "constexpr", "batch": "i32",
-                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32", "right": "i32",
+                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32",
+                 "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
                              pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
