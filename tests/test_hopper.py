@@ -174,6 +174,13 @@ def test_choose_config_takes_the_hopper_kernel_only_where_it_serves(monkeypatch)
         causal_cfg = ops.choose_config(d, torch.float16, 0, 16384, 512, dev, d)
         assert (causal_cfg.p_fp32, causal_cfg.lazy_rescale) == (tiles.p_fp32_causal, tiles.lazy_rescale_causal)
         assert causal_cfg.dynamic == tiles.dynamic_causal and not cfg.dynamic  # never without a right edge
+        if not min_waves:  # (grids this small take the few-tile tiles where a head dim has them)
+            # no more work tiles than CTA slots: each CTA takes one either way, and no counter is allocated
+            slots = 132 * tiles.ctas_per_sm
+            fits = ops.choose_config(d, torch.float16, 0, 16384, slots * tiles.block_m // 16384, dev, d)
+            over = ops.choose_config(d, torch.float16, 0, 16384, slots * tiles.block_m // 16384 + 1, dev, d)
+            assert not fits.dynamic and over.dynamic == tiles.dynamic_causal
+            assert dataclasses.replace(fits, dynamic=over.dynamic) == over
         if min_plain > 1:
             assert not ops.choose_config(d, torch.float16, -1, min_plain - 1, 512, dev, d).hopper
         if min_waves:  # a grid of too few waves: the one-consumer tiles, else the portable kernel

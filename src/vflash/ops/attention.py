@@ -6,7 +6,7 @@ configuration and launches.
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Hashable, Optional, Tuple
 
@@ -145,7 +145,11 @@ def choose_config(head_dim_pad: int, dtype: torch.dtype, right: int, n_q: int, b
     if use and hopper.HAVE_GLUON and n_q >= use[right >= 0] and _is_hopper(device.index):
         few = batch_heads * -(-n_q // hopper.HOPPER_CONFIGS[head_dim].block_m) < use[2] * sms
         if not few or head_dim in hopper.HOPPER_FEW_TILES:
-            return hopper_config(head_dim, right >= 0, n_q, few)
+            cfg = hopper_config(head_dim, right >= 0, n_q, few)
+            if cfg.dynamic and batch_heads * -(-n_q // cfg.block_m) <= cfg.ctas_per_sm * sms:
+                # a CTA for each work tile either way: the static grid, without the counter's allocation
+                cfg = replace(cfg, dynamic=False)
+            return cfg
     if right < 0:
         cfg = default_config(head_dim_pad, dtype, "split")
         if cfg.split and batch_heads * -(-n_q // cfg.block_m) >= sms:
