@@ -8,7 +8,7 @@
 # DYNAMIC tests); keep the call's limit above the sum, and run tests_fast alone in its call.
 # HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path).
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host profile ab
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host clocks profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -75,6 +75,14 @@ for step in "$@"; do
           PYTHONPATH=$PWD/$t timeout 80 python3 benchmarks/experiments/ab_trees.py --label "$t" \
             ${AB_SHAPES:+--shapes "$AB_SHAPES"}
         done; done >> "$R/ab.txt" 2>&1; tail -40 "$R/ab.txt" ;;
+    clocks) # SM clock, power and throttle reasons sampled every 100 ms during one fp16 and one bf16 bench of
+            # CLOCKS_SHAPE (default the fa sweep's D = 128 non-causal N = 8192 row): does fp16 run at lower clocks?
+            nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+              --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
+            smi=$!
+            timeout 120 python3 -m vflash bench --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 \
+              --methods vflash,sdpa_cudnn --out "$R/clocks_bench.csv" | tail -4
+            kill $smi; wait $smi 2>/dev/null ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
