@@ -11,7 +11,7 @@ import triton.language as tl
 
 import vflash
 from vflash.harness.cases import Case, make_inputs, run_case
-from vflash.kernels.attention_fwd import key_range, masked_logits, row_tiles
+from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, row_tiles
 from vflash.ops import attention as ops_attention
 from vflash.ops.attention import TileConfig, attention_forward, mask_band
 from vflash.reference import attention_explicit
@@ -222,7 +222,7 @@ def _row_tiles_kernel(Out, n_q, n_k, off, left, right, BLOCK_M: tl.constexpr, BL
     c = tl.program_id(1)
     start_m = pid_m * BLOCK_M
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    n_tiles = tl.cdiv(full_lo - lo, BLOCK_N) + (full_hi - full_lo) // BLOCK_N + tl.cdiv(hi - full_hi, BLOCK_N)
+    n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)
     c_left, c_mid, c_end = row_tiles(start_m + c * ROWS, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
                                      HAS_LEFT, HAS_RIGHT)
     base = Out + (pid_m * tl.num_programs(1) + c) * 5
