@@ -18,6 +18,13 @@ if [ -f "$OUT/results.tar.gz" ] && [ ! -d "$R" ]; then tar -C "$OUT" -xzf "$OUT/
 mkdir -p "$R"
 python3 -m vflash env --json > "$R/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
+# The GPU suite over 8 workers (pytest-xdist from .device-wheels): output file, time limit, pytest arguments.
+gpu_tests() {
+  local out=$1 limit=$2; shift 2
+  pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
+  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n 8 "$@" > "$R/$out" 2>&1
+  tail -2 "$R/$out"
+}
 for step in "$@"; do
   echo "== $step $(date -u +%H:%M:%S)"
   case $step in
@@ -40,15 +47,10 @@ for step in "$@"; do
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
     d256) timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
-    tests_fast) pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
-           VFLASH_TEST_DEVICE=cuda timeout 560 python3 -m pytest -q -p no:cacheprovider -n 8 \
-             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
-           tail -2 "$R/pytest_gpu.txt" ;;
+    tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
+                  tests/test_hopper.py ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
-           pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
-           VFLASH_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -n 8 \
-             $TESTS > "$R/pytest_gpu_some.txt" 2>&1
-           tail -2 "$R/pytest_gpu_some.txt" ;;
+                gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
     hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
               > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
     hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
