@@ -135,6 +135,10 @@ def _fa4_anchors():
 _D64_SHORT_HOPPER = ("the Hopper kernel with three consumer warpgroups runs these since P's packed carry (NOTES "
                      "session 9: 368 / 409 against the portable kernel's 345 / 386 at N 512 / 1024); a work tile "
                      "has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one CTA per SM")
+_POWER = ("; these long rows run at the board's 700 W power cap (NOTES session 15: SM clock 1590-1725 MHz for "
+          "vflash, 1980 unloaded, 30-90 MHz below cuDNN's as vflash does more MMA work a clock; fp16 clocks and "
+          "TFLOP/s 3-4 % below bf16 for both engines), so time follows energy per FLOP; FA4's anchors are fp16 "
+          "figures")
 _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with or above cuDNN at long N and below "
                "FA4's anchors. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe 57 % active, MUFU (exp2) "
                "pipe 59 %: one exp2 per score at 16 per SM per clock takes as many cycles as that score's MMA work "
@@ -146,7 +150,7 @@ _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with o
                "tensor cores meanwhile. Carrying P packed two halves to a register took the PRMTs out of the loop "
                "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9); FA4's lazy "
                "rescale (O rescaled only when a row's max grows by more than 2^8) gained 2.5-4.5 % more (NOTES "
-               "session 10)")
+               "session 10)" + _POWER)
 _SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
           "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
           "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
@@ -165,10 +169,10 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "overlap (304 against 273 at N = 512; with two Q buffers since session 13, 329 against 303); at "
                  "N = 1024 that lost (365 against 406, and 379 against 406 with two Q buffers) and two consumers "
                  "a CTA stay; D = 256 cannot run that way (ptxas needs more than 128 registers a thread for its "
-                 "64 x 256 products). Since 190b882 (after `-s14`), D = 128 causal rows of N 513-2048 run two "
+                 "64 x 256 products). Since 190b882 (in `-s15`), D = 128 causal rows of N 513-2048 run two "
                  "consumers a CTA with two Q buffers and work tiles drawn from a counter (DYNAMIC; CUDA-graph "
                  "timings at N = 1024: 421 against 396 with one Q buffer and 407 on the static grid, cuDNN 423; "
-                 "`-s14-bands`: 0.99x cuDNN in both dtypes, from 0.94-0.95x), and D = 256 causal takes DYNAMIC "
+                 "`-s14`: 0.94-0.95x cuDNN), and D = 256 causal takes DYNAMIC "
                  "(459 against 447 at N = 1024, cuDNN 446)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
@@ -178,19 +182,19 @@ GAP_WHY = {
                               "kernel's 300-301, cuDNN 332-333); each tile's serial chain is exposed as at D = 128 "
                               "below; three consumers a CTA, even with each stopping at its own last key tile, "
                               "215 (NOTES session 12); issuing the next tile's first key tiles before its Q "
-                              "(KV_AHEAD) 303 against 306 (session 13); since 190b882 (after `-s14`) with work "
+                              "(KV_AHEAD) 303 against 306 (session 13); since 190b882 with work "
                               "tiles drawn from a counter (DYNAMIC: 342 against 337, cuDNN 333). N = 512 runs the "
                               "portable kernel"),
     ("fa", 64, False, True): _D64_HOPPER,
     ("fa", 64, True, True): ("N = 2048 runs one consumer warpgroup a CTA, three CTAs an SM on 64 x 64 tiles "
                              "with two Q buffers (NOTES session 13, two runs: 357-368 against 342-350 for two "
                              "CTAs of 64 x 128, the portable kernel's 352-359, cuDNN 384-385; three consumers a "
-                             "CTA 335 in session 12), with work tiles drawn from a counter since 190b882, after "
-                             "`-s14` (DYNAMIC: 382 against 370, cuDNN 386; `-s14-bands`: 0.98x cuDNN in both "
-                             "dtypes); from N = 4096 three consumer warpgroups, each stopping at its own last key "
-                             "tile since session 12 (422 against 388 at N = 4096, 472 against 465 at 8192), and "
-                             "drawing work tiles from a counter since session 14 (CUDA graphs: 434 / 478 against "
-                             "422 / 462 at N 4096 / 8192); " + _D64_HOPPER),
+                             "CTA 335 in session 12), with work tiles drawn from a counter since 190b882 "
+                             "(DYNAMIC: 382 against 370, cuDNN 386; the main 192 x 128 tiles with DYNAMIC 342-345 "
+                             "there, NOTES session 15); from N = 4096 three consumer warpgroups, each stopping at "
+                             "its own last key tile since session 12 (422 against 388 at N = 4096, 472 against 465 "
+                             "at 8192), and drawing work tiles from a counter since session 14 (CUDA graphs: 434 / "
+                             "478 against 422 / 462 at N 4096 / 8192); " + _D64_HOPPER),
     ("fa", 128, False, False): _SHORT,
     ("fa", 128, True, False): _SHORT_CAUSAL,
     ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is level with cuDNN at long N; FA4's "
@@ -200,7 +204,7 @@ GAP_WHY = {
                                "8; the other consumer's products already fill the tensor cores), PINGPONG (0 to "
                                "-2 %). Carrying P packed two halves to a register (491 -> 459 instructions a key "
                                "tile) gained 2-3 % (NOTES session 9); FA4's lazy rescale, which skips O's rescale "
-                               "on most tiles, 2.5-3.7 % (NOTES session 10)"),
+                               "on most tiles, 2.5-3.7 % (NOTES session 10)" + _POWER),
     ("fa", 128, True, True): ("as the non-causal long rows. Since session 14 persistent CTAs draw causal work "
                               "tiles from a per-launch counter (DYNAMIC, FA3's dynamic scheduler): CUDA-graph "
                               "timings at N 2048 / 4096 / 8192 491 / 548 / 570 against 469 / 509 / 528 when "
