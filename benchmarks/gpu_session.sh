@@ -7,7 +7,8 @@
 # A cold machine (empty Triton cache) needs ~380 s for `tests` (tests_fast: 384 s in session 13, before the
 # DYNAMIC tests); keep the call's limit above the sum, and run tests_fast alone in its call.
 # HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
-# HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path).
+# HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
+# HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 #   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host clocks profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -56,6 +57,7 @@ for step in "$@"; do
     hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
               --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} ${HOPPER_GRAPHS:+--graphs} \
+              --rounds ${HOPPER_ROUNDS:-1} \
               >> "$R/hopper_variants.txt" 2>&1
                tail -40 "$R/hopper_variants.txt" ;;
     profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers[:tiles]]]",

@@ -162,9 +162,13 @@ def check(dims, names) -> bool:
     return ok
 
 
-def timing(ns, dims, causals, names, article=False, graphs=False) -> None:
+def timing(ns, dims, causals, names, article=False, graphs=False, rounds=1) -> None:
     # Shapes of the fa / d256 sweeps (16k tokens, 2048 / D heads), or with `article`
-    # the article sweep's (B = 1, H = 16: few work tiles).
+    # the article sweep's (B = 1, H = 16: few work tiles). Each of `rounds` rounds
+    # times every candidate once, odd rounds in reverse order: under the board's
+    # power cap a candidate's figure depends on when it runs (NOTES session 15: a
+    # 5-12 % dip about 0.8 s into sustained load), so one pass in a fixed order
+    # is not evidence for a few per cent.
     gemm_warmup()
     sms = ops._sm_count(0)
     for d, causal, n in itertools.product(dims, causals, ns):
@@ -186,9 +190,13 @@ def timing(ns, dims, causals, names, article=False, graphs=False) -> None:
             if names and var.name not in names:
                 continue
             cands.append((var.name, lambda var=var: launch(var, q, k, v, out, None, mode, d ** -0.5, (-1, -1), None)))
-        res = tflops(cands + sdpa_calls(q, k, v, causal), flops, graphs)
+        cands += sdpa_calls(q, k, v, causal)
         label = f"D{d} causal={causal:d} N{n}{' B1 H16' if article else ''}"
-        print(f"{label}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res), flush=True)
+        for r in range(rounds):
+            res = sorted(tflops(cands[::-1] if r % 2 else cands, flops, graphs),
+                         key=lambda x: [nm for nm, _ in cands].index(x[0].split("!")[0]))
+            print(f"{label}{f' r{r + 1}' if rounds > 1 else ''}: " + "  ".join(f"{nm}:{tf:.0f}" for nm, tf in res),
+                  flush=True)
 
 
 def main() -> int:
@@ -199,6 +207,7 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="comma-separated variant names to time (default: all)")
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--article", action="store_true", help="time the article sweep's shapes (B = 1, H = 16)")
+    ap.add_argument("--rounds", type=int, default=1, help="time every candidate this many times, alternating order")
     ap.add_argument("--graphs", action="store_true",
                     help="time each candidate's CUDA graph: short calls then time the kernel, not Python's launch")
     a = ap.parse_args()
@@ -209,7 +218,7 @@ def main() -> int:
         ok = check(dims, names)
         print("CHECK", "PASS" if ok else "FAIL", flush=True)
     timing([int(x) for x in a.n.split(",")], dims, [bool(int(c)) for c in a.causal.split(",")], names, a.article,
-           a.graphs)
+           a.graphs, a.rounds)
     return 0 if ok else 1
 
 
