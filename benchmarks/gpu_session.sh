@@ -19,6 +19,16 @@ if [ -f "$OUT/results.tar.gz" ] && [ ! -d "$R" ]; then tar -C "$OUT" -xzf "$OUT/
 mkdir -p "$R"
 python3 -m vflash env --json > "$R/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
+# A command with nvidia-smi sampling the SM clock and power every 200 ms into $R/clocks_NAME.csv: the sweeps
+# run at the board's power cap, whose clock moves between runs (NOTES session 15); report.py prints its median.
+sampled() {
+  local name=$1; shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 200 > "$R/clocks_$name.csv" 2>&1 &
+  local smi=$!
+  "$@"
+  kill $smi; wait $smi 2>/dev/null
+}
 # The GPU suite over 8 workers (pytest-xdist from .device-wheels): output file, time limit, pytest arguments.
 gpu_tests() {
   local out=$1 limit=$2; shift 2
@@ -34,19 +44,19 @@ for step in "$@"; do
              tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
-    fa_bf16) timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    fa_bf16) sampled fa_bf16 timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_bf16.csv" | tail -4 ;;
-    article) timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
-    fa_fp16) timeout 120 python3 -m vflash bench --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    article) sampled article timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
+    fa_fp16) sampled fa_fp16 timeout 120 python3 -m vflash bench --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_fp16.csv" | tail -4 ;;
-    fa_fp16_flex) timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
+    fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
     launch) timeout 90 python3 benchmarks/experiments/launch_overhead.py > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
-    d256) timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    d256) sampled d256 timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                   tests/test_hopper.py ;;

@@ -102,3 +102,19 @@ def test_host_gap_spans_every_run_and_says_whether_the_goal_holds(tmp_path):
     assert "met on some runs, not on all" in line and "allocation (3.5-3.5 us)" in line
     assert ": not met." in report.host_gap([str(second)])  # 16.0 us only
     assert report.host_gap([str(tmp_path)]) is None  # no host rows: nothing to judge
+
+
+def test_clock_text_takes_the_median_clock_of_the_loaded_samples(tmp_path):
+    trace = ["timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu, clocks_event_reasons.active",
+             "2026/11/30 03:48:44.146, 1980 MHz, 126.50 W, 38, 0x0000000000000000",  # idle: not counted
+             "2026/11/30 03:48:44.246, 1590 MHz, 690.00 W, 40, 0x0000000000000004",
+             "2026/11/30 03:48:44.346, 1605 MHz, 701.20 W, 40, 0x0000000000000004",
+             "2026/11/30 03:48:44.446, 1395 MHz, 702.00 W, 41, 0x0000000000000004",
+             "Unable to determine the device handle for GPU: Unknown Error"]
+    (tmp_path / "clocks_fa_fp16.csv").write_text("\n".join(trace) + "\n")
+    # a bench CSV that shares the prefix is not a trace
+    (tmp_path / "clocks_bench.csv").write_text("date,gpu,sweep,method,tflops\n2026,H200,custom,vflash,600\n")
+    text = report.clock_text(str(tmp_path))
+    assert "`clocks_fa_fp16.csv` 1590 MHz (3 samples, 1395-1605)" in text
+    assert "clocks_bench" not in text
+    assert report.clock_text(str(tmp_path), min_watts=800) is None
