@@ -79,6 +79,8 @@ def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
     line = lines[0]
     assert "D = 128, non-causal, N 4096, 8192: 2 rows" in line
     assert "0.94-0.95x of the bar (FA4's anchor is the bar on 2), 0.98-1.02x same-run cuDNN" in line
+    # each engine against the cuDNN of its own run: FA4's anchors 613 / 585 and 639 / 588 (ANCHORS.md)
+    assert "vflash is 0.98-1.02x same-run cuDNN and FA4's anchor 1.05-1.09x the cuDNN of its own run" in line
     assert report.GAP_WHY[("fa", 128, False, True)] in line
 
 
