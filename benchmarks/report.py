@@ -146,9 +146,9 @@ _D64_SHORT_HOPPER = ("the Hopper kernel with three consumer warpgroups runs thes
                      "session 9: 368 / 409 against the portable kernel's 345 / 386 at N 512 / 1024); a work tile "
                      "has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one CTA per SM")
 _POWER = ("; these long rows run at the board's 700 W power cap (NOTES session 15: SM clock 1590-1725 MHz for "
-          "vflash, 1980 unloaded, 30-90 MHz below cuDNN's as vflash does more MMA work a clock; fp16 clocks and "
-          "TFLOP/s 3-4 % below bf16 for both engines), so time follows energy per FLOP; FA4's anchors are fp16 "
-          "figures")
+          "vflash in fp16, 1980 unloaded, 30-90 MHz below cuDNN's as vflash does more MMA work a clock; fp16 "
+          "clocks and TFLOP/s 3-4 % below bf16 for both engines), so time follows energy per FLOP; FA4's anchors "
+          "are fp16 figures")
 _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with or above cuDNN at long N and below "
                "FA4's anchors. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe 57 % active, MUFU (exp2) "
                "pipe 59 %: one exp2 per score at 16 per SM per clock takes as many cycles as that score's MMA work "
@@ -182,7 +182,7 @@ _SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 51
                  "64 x 256 products). Since 190b882 (in `-s15`), D = 128 causal rows of N 513-2048 run two "
                  "consumers a CTA with two Q buffers and work tiles drawn from a counter (DYNAMIC; CUDA-graph "
                  "timings at N = 1024: 421 against 396 with one Q buffer and 407 on the static grid, cuDNN 423; "
-                 "`-s14`: 0.94-0.95x cuDNN), and D = 256 causal takes DYNAMIC "
+                 "0.94-0.95x cuDNN before them, in `-s14`), and D = 256 causal takes DYNAMIC "
                  "(459 against 447 at N = 1024, cuDNN 446)")
 GAP_WHY = {
     ("fa", 64, False, False): _D64_SHORT_HOPPER,
