@@ -29,11 +29,14 @@ sampled() {
   "$@"
   kill $smi; wait $smi 2>/dev/null
 }
-# The GPU suite over 8 workers (pytest-xdist from .device-wheels): output file, time limit, pytest arguments.
+# The GPU suite over TESTS_WORKERS workers (default 8; pytest-xdist from .device-wheels): output file, time
+# limit, pytest arguments. Most of its time is Gluon compiles, on the CPU: the machine has 16 cores, and
+# tests_fast took 489 s of its 560 in session 15 at 8.
 gpu_tests() {
   local out=$1 limit=$2; shift 2
   pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
-  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n 8 "$@" > "$R/$out" 2>&1
+  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-8}" "$@" \
+    > "$R/$out" 2>&1
   tail -2 "$R/$out"
 }
 for step in "$@"; do
