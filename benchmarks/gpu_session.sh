@@ -9,6 +9,7 @@
 # HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
+# BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
 #   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host clocks profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -47,19 +48,19 @@ for step in "$@"; do
              tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
-    fa_bf16) sampled fa_bf16 timeout 100 python3 -m vflash bench --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    fa_bf16) sampled fa_bf16 timeout 100 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_bf16.csv" | tail -4 ;;
-    article) sampled article timeout 130 python3 -m vflash bench --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
-    fa_fp16) sampled fa_fp16 timeout 120 python3 -m vflash bench --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    article) sampled article timeout 130 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
+    fa_fp16) sampled fa_fp16 timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
                --out "$R/fa_fp16.csv" | tail -4 ;;
-    fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench --sweep fa --dtype fp16 \
+    fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
     launch) timeout 90 python3 benchmarks/experiments/launch_overhead.py > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
     variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
-    d256) sampled d256 timeout 150 python3 -m vflash bench --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
+    d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                   tests/test_hopper.py ;;

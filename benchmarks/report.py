@@ -384,6 +384,12 @@ def goal_table(bench):
     return f"Rows meeting the bar: **{met} of {total}**.\n\n" + "\n".join(lines)
 
 
+def _timing(csv_path):
+    """The `timing` of a bench CSV's environment record (absent before session 15)."""
+    path = os.path.splitext(csv_path)[0] + ".env.json"
+    return json.load(open(path)).get("timing") if os.path.exists(path) else None
+
+
 def clock_text(folder, min_watts=600.0):
     """One line per nvidia-smi trace of the folder (`clocks*.csv`: timestamp, SM clock, power, ...,
     sampled while a step ran): the SM clock's median over the samples whose averaged power draw is
@@ -442,6 +448,11 @@ def main(folders):
         clocks = clock_text(folder)
         if clocks:
             print(clocks + "\n")
+        interleaved = [os.path.basename(p) for p, _ in bench if _timing(p) == "interleaved"]
+        if interleaved:
+            print(f"Timed interleaved (`vflash bench --interleave`: a shape's methods in turn, one repetition of "
+                  f"each per round after 1.2 s of them all, instead of each after a GEMM warm-up): "
+                  f"{', '.join(interleaved)}.\n")
         note = os.path.join(folder, "NOTE.md")
         if os.path.exists(note):
             print(open(note).read().strip() + "\n")

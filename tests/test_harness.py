@@ -8,7 +8,7 @@ import torch
 
 import vflash
 from vflash.cli import main
-from vflash.harness.bench import CSV_COLUMNS, Shape, attention_flops, visible_pairs
+from vflash.harness.bench import CSV_COLUMNS, Shape, attention_flops, time_calls_interleaved, visible_pairs
 from vflash.reference import visible_mask
 
 FIXTURES = __file__.rsplit("/", 1)[0] + "/fixtures"
@@ -32,6 +32,28 @@ def test_smoke_bench_writes_documented_csv_and_environment(tmp_path, capsys):
     env = json.loads((tmp_path / "smoke.env.json").read_text())
     assert {"date", "torch", "triton", "vflash", "gpu", "triton_interpreter", "commit", "gluon"} <= set(env)
     assert "[########################] 4/4" in capsys.readouterr().out
+
+
+def test_interleaved_timing_takes_the_calls_in_turn():
+    order = []
+    calls = [(name, lambda name=name: order.append(name)) for name in ("a", "b", "c")]
+    stats = time_calls_interleaved(calls, torch.device("cpu"))
+    assert order == ["a", "b", "c"] * 3  # one repetition of each per round
+    assert set(stats) == {"a", "b", "c"}
+    for med, p20, p80, reps in stats.values():
+        assert p20 <= med <= p80 and reps == 3
+
+
+def test_smoke_bench_interleaved_writes_every_method_and_says_so(tmp_path):
+    out = tmp_path / "inter.csv"
+    assert main(["bench", "--smoke", "--interleave", "--methods", "vflash,tiled", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert {r["method"] for r in rows} == {"vflash", "tiled"} and len(rows) == 2 * 4
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert float(r["ms_p20"]) <= float(r["ms_median"]) <= float(r["ms_p80"]) and int(r["reps"]) == 3
+        assert float(r["peak_mib"]) > 0
+    assert json.loads((tmp_path / "inter.env.json").read_text())["timing"] == "interleaved"
 
 
 def test_smoke_bench_memory_column_measures_the_output(tmp_path):

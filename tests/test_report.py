@@ -1,5 +1,6 @@
 """BENCHMARKS.md and the README's speed sentence are generated from committed CSVs."""
 
+import json
 import os
 import re
 import subprocess
@@ -120,3 +121,16 @@ def test_clock_text_takes_the_median_clock_of_the_loaded_samples(tmp_path):
     assert "`clocks_fa_fp16.csv` 1590 MHz (3 samples, 1395-1605)" in text
     assert "clocks_bench" not in text
     assert report.clock_text(str(tmp_path), min_watts=800) is None
+
+
+def test_a_folder_says_which_csvs_were_timed_interleaved(tmp_path, capsys):
+    rows = ["date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,ms_median,tflops",
+            "d,g,fa,vflash,fp16,4,16,16,4096,4096,128,False,ok,1.0,600.0",
+            "d,g,fa,sdpa_cudnn,fp16,4,16,16,4096,4096,128,False,ok,1.0,590.0"]
+    for name, timing in (("fa_fp16", "interleaved"), ("fa_bf16", "one method after another")):
+        (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
+        (tmp_path / f"{name}.env.json").write_text(json.dumps({"timing": timing}))
+    report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("Timed interleaved"))
+    assert line.endswith("fa_fp16.csv.") and "fa_bf16" not in line

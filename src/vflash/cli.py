@@ -148,7 +148,8 @@ def cmd_bench(args) -> int:
         if d not in ("fp16", "bf16", "fp32"):
             raise SystemExit(f"error: unknown dtype {d!r}; choose fp16, bf16 or fp32")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    run_bench(shapes, sweep, dtypes, args.out, methods, device, printer=lambda s: print(s, flush=True))
+    run_bench(shapes, sweep, dtypes, args.out, methods, device, printer=lambda s: print(s, flush=True),
+              interleave=args.interleave)
     print(f"wrote {args.out}")
     return 0
 
@@ -214,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "sdpa_flash, sdpa_cudnn, flex, fa4 (default: all that can run)")
     p.add_argument("--out", default="bench.csv", metavar="CSV")
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the interpreter: tests the harness")
+    p.add_argument("--interleave", action="store_true",
+                   help="time a shape's methods in turn, one repetition of each per round after 1.2 s of them "
+                        "all, so each sees the same clocks (default: one method after another, each after a "
+                        "0.1 s GEMM warm-up)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("plot", help="PNGs from a bench or memory CSV",

@@ -237,8 +237,58 @@ def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 
     return q(0.5), q(0.2), q(0.8), reps
 
 
+Stats = Tuple[float, float, float, int]
+
+
+def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], device: torch.device,
+                           rep_ms: float = 200.0, warmup_ms: float = 1200.0) -> Dict[str, Stats]:
+    """{name: (median, p20, p80, repetitions)} in milliseconds for several calls timed in
+    turn, one repetition of each per round, so that all of them see the same clocks.
+
+    Under sustained load the H200 holds its power cap and its SM clock moves within
+    the first second (benchmarks/NOTES.md, session 15: a 5-12 % dip about 0.8 s in),
+    so calls timed one after another can meet different clocks. CUDA: every call
+    once, then rounds of all of them for warmup_ms (past that dip), then rounds with
+    the L2 cache flushed before each call, as time_call does, and events around it,
+    about rep_ms of each call in all. CPU: wall clock, three rounds."""
+    if device.type != "cuda":
+        times = {name: [] for name, _ in calls}
+        for _ in range(3):
+            for name, call in calls:
+                t0 = time.perf_counter()
+                call()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        return {name: (sorted(ts)[1], min(ts), max(ts), 3) for name, ts in times.items()}
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _, call in calls:
+        call()
+    end.record()
+    end.synchronize()
+    round_ms = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / round_ms))):
+        for _, call in calls:
+            call()
+    reps = int(min(1000, max(5, rep_ms * len(calls) / round_ms)))
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(reps)] for name, _ in calls}
+    for i in range(reps):
+        for name, call in calls:
+            flush.zero_()
+            events[name][i][0].record()
+            call()
+            events[name][i][1].record()
+    torch.cuda.synchronize()
+    stats = {}
+    for name, pairs in events.items():
+        times = sorted(s.elapsed_time(e) for s, e in pairs)
+        stats[name] = tuple(times[min(reps - 1, int(round(f * (reps - 1))))] for f in (0.5, 0.2, 0.8)) + (reps,)
+    return stats
+
+
 def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], methods: Sequence[str],
-                device: torch.device) -> List[dict]:
+                device: torch.device, interleave: bool = False) -> List[dict]:
     dt = DTYPES[dtype]
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(s.B, s.Hq, s.Nq, s.D, device=device, dtype=dt, generator=g)
@@ -247,11 +297,18 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
     flops = attention_flops(s)
     out_lse_mib = (q.numel() * q.element_size() + s.B * s.Hq * s.Nq * 4) / 2**20
     rows = []
+    ready = []  # interleave: (name, call, row) of the methods that ran once, to be timed together
     for name in methods:
         row = dict(date=env["date"], gpu=env["gpu"], sweep=sweep, method=name, dtype=dtype, B=s.B, Hq=s.Hq,
                    Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, causal=s.causal, out_lse_mib=round(out_lse_mib, 3))
         try:
             call = PREPARE[name](q, k, v, s.causal)
+            if interleave:
+                with torch.no_grad():
+                    call()  # a method that fails, fails here and alone
+                ready.append((name, call, row))
+                rows.append(row)
+                continue
             if device.type == "cuda":
                 # The slow references leave the GPU idle on the host's loops; bring the
                 # clocks back up so every method starts from the same state.
@@ -271,6 +328,21 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
+    if ready:
+        try:
+            with torch.no_grad():
+                stats = time_calls_interleaved([(name, call) for name, call, _ in ready], device)
+                for name, call, row in ready:
+                    med, p20, p80, reps = stats[name]
+                    row.update(status="ok", ms_median=med, ms_p20=p20, ms_p80=p80, reps=reps,
+                               tflops=flops / (med * 1e-3) / 1e12, peak_mib=round(peak_mib(call, device), 6))
+        except torch.cuda.OutOfMemoryError:
+            for _, _, row in ready:
+                row.update(status="oom")
+        except Exception as exc:  # one row per method still, each saying why
+            first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
+            for _, _, row in ready:
+                row.update(status=f"error (interleaved): {type(exc).__name__}: {first}")
     by = {r["method"]: r for r in rows}
     for r in rows:
         for base, col in (("sdpa_flash", "vs_sdpa_flash"), ("sdpa_cudnn", "vs_sdpa_cudnn")):
@@ -290,9 +362,10 @@ def env_path(out_csv: str) -> str:
 
 
 def run_bench(shapes: Sequence[Shape], sweep: str, dtypes: Sequence[str], out_csv: str,
-              methods: Optional[Sequence[str]], device: torch.device, printer=print) -> List[dict]:
+              methods: Optional[Sequence[str]], device: torch.device, printer=print,
+              interleave: bool = False) -> List[dict]:
     methods = list(methods or default_methods(device))
-    env = environment(device)
+    env = dict(environment(device), timing="interleaved" if interleave else "one method after another")
     with open(env_path(out_csv), "w") as f:
         json.dump(env, f, indent=2)
     if device.type == "cuda":
@@ -303,7 +376,7 @@ def run_bench(shapes: Sequence[Shape], sweep: str, dtypes: Sequence[str], out_cs
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for i, (dtype, s) in enumerate(itertools.product(dtypes, shapes)):
-            shape_rows = bench_shape(s, dtype, sweep, env, methods, device)
+            shape_rows = bench_shape(s, dtype, sweep, env, methods, device, interleave)
             for r in shape_rows:
                 w.writerow(r)
             f.flush()
