@@ -387,7 +387,10 @@ def goal_table(bench):
 def _timing(csv_path):
     """The `timing` of a bench CSV's environment record (absent before session 15)."""
     path = os.path.splitext(csv_path)[0] + ".env.json"
-    return json.load(open(path)).get("timing") if os.path.exists(path) else None
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("timing")
 
 
 def clock_text(folder, min_watts=600.0):
