@@ -194,8 +194,20 @@ def gemm_warmup(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
+Stats = Tuple[float, float, float, int]
+
+
+def _stats(times: Sequence[float]) -> Stats:
+    """(median, p20, p80, count) of repeated timings."""
+    times = sorted(times)
+
+    def q(f):
+        return times[min(len(times) - 1, int(round(f * (len(times) - 1))))]
+    return q(0.5), q(0.2), q(0.8), len(times)
+
+
 def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 200.0,
-              warmup_ms: float = 100.0) -> Tuple[float, float, float, int]:
+              warmup_ms: float = 100.0) -> Stats:
     """(median, p20, p80) milliseconds and the repetition count.
 
     CUDA: events around each call, after warm-up, with the L2 cache flushed in
@@ -207,8 +219,7 @@ def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 
             t0 = time.perf_counter()
             call()
             times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        return times[1], times[0], times[2], 3
+        return _stats(times)
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     call()
     torch.cuda.synchronize()
@@ -230,14 +241,7 @@ def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 
         call()
         ends[i].record()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-    def q(f):
-        return times[min(reps - 1, int(round(f * (reps - 1))))]
-    return q(0.5), q(0.2), q(0.8), reps
-
-
-Stats = Tuple[float, float, float, int]
+    return _stats([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
 def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], device: torch.device,
@@ -258,7 +262,7 @@ def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], de
                 t0 = time.perf_counter()
                 call()
                 times[name].append((time.perf_counter() - t0) * 1e3)
-        return {name: (sorted(ts)[1], min(ts), max(ts), 3) for name, ts in times.items()}
+        return {name: _stats(ts) for name, ts in times.items()}
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -280,11 +284,13 @@ def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], de
             call()
             events[name][i][1].record()
     torch.cuda.synchronize()
-    stats = {}
-    for name, pairs in events.items():
-        times = sorted(s.elapsed_time(e) for s, e in pairs)
-        stats[name] = tuple(times[min(reps - 1, int(round(f * (reps - 1))))] for f in (0.5, 0.2, 0.8)) + (reps,)
-    return stats
+    return {name: _stats([s.elapsed_time(e) for s, e in pairs]) for name, pairs in events.items()}
+
+
+def _error_text(exc: Exception) -> str:
+    """An exception as a CSV status: its type and first line, commas made semicolons."""
+    first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
+    return f"{type(exc).__name__}: {first}"
 
 
 def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], methods: Sequence[str],
@@ -323,8 +329,7 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
         except torch.cuda.OutOfMemoryError:
             row.update(status="oom")
         except Exception as exc:  # a baseline that fails on a shape is a row, not a crash
-            first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
-            row.update(status=f"error: {type(exc).__name__}: {first}")
+            row.update(status=f"error: {_error_text(exc)}")
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
@@ -340,9 +345,8 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
             for _, _, row in ready:
                 row.update(status="oom")
         except Exception as exc:  # one row per method still, each saying why
-            first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
             for _, _, row in ready:
-                row.update(status=f"error (interleaved): {type(exc).__name__}: {first}")
+                row.update(status=f"error (interleaved): {_error_text(exc)}")
     by = {r["method"]: r for r in rows}
     for r in rows:
         for base, col in (("sdpa_flash", "vs_sdpa_flash"), ("sdpa_cudnn", "vs_sdpa_cudnn")):
