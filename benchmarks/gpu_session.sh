@@ -22,10 +22,11 @@ python3 -m vflash env --json > "$R/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
 # A command with nvidia-smi sampling the SM clock and power every 200 ms into $R/clocks_NAME.csv: the sweeps
 # run at the board's power cap, whose clock moves between runs (NOTES session 15); report.py prints its median.
+# SAMPLE_MS sets the interval.
 sampled() {
   local name=$1; shift
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv -lms 200 > "$R/clocks_$name.csv" 2>&1 &
+    --format=csv -lms "${SAMPLE_MS:-200}" > "$R/clocks_$name.csv" 2>&1 &
   local smi=$!
   "$@"
   kill $smi; wait $smi 2>/dev/null
@@ -93,14 +94,11 @@ for step in "$@"; do
           PYTHONPATH=$PWD/$t timeout 80 python3 benchmarks/experiments/ab_trees.py --label "$t" \
             ${AB_SHAPES:+--shapes "$AB_SHAPES"}
         done; done >> "$R/ab.txt" 2>&1; tail -40 "$R/ab.txt" ;;
-    clocks) # SM clock, power and throttle reasons sampled every 100 ms during one fp16 and one bf16 bench of
-            # CLOCKS_SHAPE (default the fa sweep's D = 128 non-causal N = 8192 row): does fp16 run at lower clocks?
-            nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-              --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
-            smi=$!
-            timeout 120 python3 -m vflash bench --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 \
-              --methods vflash,sdpa_cudnn --out "$R/clocks_bench.csv" | tail -4
-            kill $smi; wait $smi 2>/dev/null ;;
+    clocks) # SM clock, power and throttle reasons sampled every 100 ms (clocks_shape.csv) during one fp16 and
+            # one bf16 bench of CLOCKS_SHAPE (default the fa sweep's D = 128 non-causal N = 8192 row)
+            SAMPLE_MS=100 sampled shape timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
+              --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 --methods vflash,sdpa_cudnn \
+              --out "$R/clocks_bench.csv" | tail -4 ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1

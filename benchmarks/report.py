@@ -402,12 +402,15 @@ def clock_text(folder, min_watts=600.0):
     for path in sorted(glob.glob(os.path.join(folder, "clocks*.csv"))):
         with open(path, newline="") as f:
             rows = list(csv.reader(f))
-        if not rows or not any("clocks." in cell for cell in rows[0]):
+        head = [cell.strip() for cell in rows[0]] if rows else []
+        sm = [i for i, cell in enumerate(head) if cell.startswith(("clocks.sm", "clocks.current.sm"))]
+        power = [i for i, cell in enumerate(head) if cell.startswith("power.draw")]
+        if not sm or not power:
             continue  # a bench CSV whose name starts with "clocks"
         loaded = []
         for r in rows[1:]:
             try:
-                mhz, watts = float(r[1].split()[0]), float(r[2].split()[0])
+                mhz, watts = float(r[sm[0]].split()[0]), float(r[power[0]].split()[0])
             except (IndexError, ValueError):
                 continue  # a line nvidia-smi wrote for something else
             if watts >= min_watts:

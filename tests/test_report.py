@@ -121,6 +121,12 @@ def test_clock_text_takes_the_median_clock_of_the_loaded_samples(tmp_path):
     assert "`clocks_fa_fp16.csv` 1590 MHz (3 samples, 1395-1605)" in text
     assert "clocks_bench" not in text
     assert report.clock_text(str(tmp_path), min_watts=800) is None
+    # columns are found by their header: a trace with the memory clock before the power
+    (tmp_path / "clocks.csv").write_text(
+        "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W]\n"
+        "2026/11/30 03:47:05.000, 1980 MHz, 3201 MHz, 126.00 W\n"
+        "2026/11/30 03:47:05.100, 1455 MHz, 3201 MHz, 702.10 W\n")
+    assert "`clocks.csv` 1455 MHz (1 samples, 1455-1455)" in report.clock_text(str(tmp_path))
 
 
 def test_a_folder_says_which_csvs_were_timed_interleaved(tmp_path, capsys):
