@@ -160,7 +160,10 @@ _D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with o
                "tensor cores meanwhile. Carrying P packed two halves to a register took the PRMTs out of the loop "
                "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9); FA4's lazy "
                "rescale (O rescaled only when a row's max grows by more than 2^8) gained 2.5-4.5 % more (NOTES "
-               "session 10)" + _POWER)
+               "session 10)" + _POWER + ". At one clock, timed in turn with cuDNN (`-s16-interleave-cudnn`, "
+               "NOTES session 16), vflash is 1.20 / 1.22-1.23x cuDNN non-causal and 1.17 / 1.21x causal at N "
+               "8192 / 16384 in fp16 and bf16; FA4's anchors are 1.16 / 1.17x and 1.15 / 1.17x the cuDNN of "
+               "their own run")
 _SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
           "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
           "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
@@ -207,22 +210,31 @@ GAP_WHY = {
                              "478 against 422 / 462 at N 4096 / 8192); " + _D64_HOPPER),
     ("fa", 128, False, False): _SHORT,
     ("fa", 128, True, False): _SHORT_CAUSAL,
-    ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is level with cuDNN at long N; FA4's "
+    ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is ahead of cuDNN at long N; FA4's "
                                "anchors stay ahead. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe "
                                "75.5 % active. Measured and ruled out: keeping each consumer's PV wait after its "
                                "softmax (LATE_PV_WAIT, FA3's intra-warpgroup overlap: 0 to -1.7 %, NOTES session "
                                "8; the other consumer's products already fill the tensor cores), PINGPONG (0 to "
                                "-2 %). Carrying P packed two halves to a register (491 -> 459 instructions a key "
                                "tile) gained 2-3 % (NOTES session 9); FA4's lazy rescale, which skips O's rescale "
-                               "on most tiles, 2.5-3.7 % (NOTES session 10)" + _POWER),
+                               "on most tiles, 2.5-3.7 % (NOTES session 10); Q as QK^T's register operand "
+                               "(wgmma RS, Q_REGS, for a fifth fewer shared-memory reads) lost 4-8 % (NOTES "
+                               "session 16)" + _POWER + ". At one clock, timed in turn with cuDNN "
+                               "(`-s16-interleave-cudnn`, NOTES session 16), vflash is 1.08-1.09x cuDNN at N "
+                               "4096-16384 in fp16 and bf16 (FA4's anchors: 1.05 / 1.09 / 1.12x the cuDNN of "
+                               "their own run at N 4096 / 8192 / 16384); timed alone, as here, its higher power a "
+                               "second lowers its own capped clock more"),
     ("fa", 128, True, True): ("as the non-causal long rows. Since session 14 persistent CTAs draw causal work "
                               "tiles from a per-launch counter (DYNAMIC, FA3's dynamic scheduler): CUDA-graph "
                               "timings at N 2048 / 4096 / 8192 491 / 548 / 570 against 469 / 509 / 528 when "
                               "each tile had its own CTA (NOTES session 13); up to N = 2048 with two Q buffers "
-                              "since 190b882 (509 against 491)"),
+                              "since 190b882 (509 against 491). At one clock, timed in turn with cuDNN "
+                              "(`-s16-interleave-cudnn`, NOTES session 16), vflash is 1.09-1.10 / 1.14 / "
+                              "1.19-1.20x cuDNN at N 4096 / 8192 / 16384 in fp16 and bf16 (FA4's anchors: "
+                              "1.06 / 1.11 / 1.14x the cuDNN of their own run)"),
     ("fa", 256, False, False): _SHORT,
     ("fa", 256, True, False): _SHORT_CAUSAL,
-    ("fa", 256, False, True): ("level with cuDNN rather than ahead of it: over eleven full runs (sessions 5-15) "
+    ("fa", 256, False, True): ("level with cuDNN rather than ahead of it: over twelve full runs (sessions 5-16) "
                                "vflash / cuDNN at N = 8192 ranged 0.97-1.03 (median 0.99) and at N = 4096 "
                                "0.99-1.02, so these rows fall either side of the bar from run to run. D = 256 runs "
                                "one CTA an SM on 128 x 64 tiles: its shared memory leaves no room for a second Q "
@@ -458,7 +470,10 @@ def main(folders):
         if interleaved:
             print(f"Timed interleaved (`vflash bench --interleave`: a shape's methods in turn, one repetition of "
                   f"each per round after 1.2 s of them all, instead of each after a GEMM warm-up): "
-                  f"{', '.join(interleaved)}.\n")
+                  f"{', '.join(interleaved)}. All methods of a shape then run at the one clock their mix sets under "
+                  f"the board's power cap: the ratios compare work a clock, without each engine's own power "
+                  f"draw, and the figures move with the mix (a slower, cooler method in it raises everyone's; "
+                  f"NOTES session 16).\n")
         note = os.path.join(folder, "NOTE.md")
         if os.path.exists(note):
             print(open(note).read().strip() + "\n")
