@@ -213,35 +213,7 @@ def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 
     CUDA: events around each call, after warm-up, with the L2 cache flushed in
     between (a 256 MiB write), as triton.testing.do_bench does. CPU: wall clock.
     """
-    if device.type != "cuda":
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return _stats(times)
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        call()
-    end.record()
-    end.synchronize()
-    estimate = max(start.elapsed_time(end) / 3, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        call()
-    reps = int(min(1000, max(5, rep_ms / estimate)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        call()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return _stats([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return time_calls_interleaved([("call", call)], device, rep_ms, warmup_ms)["call"]
 
 
 def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], device: torch.device,
@@ -252,9 +224,10 @@ def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], de
     Under sustained load the H200 holds its power cap and its SM clock moves within
     the first second (benchmarks/NOTES.md, session 15: a 5-12 % dip about 0.8 s in),
     so calls timed one after another can meet different clocks. CUDA: every call
-    once, then rounds of all of them for warmup_ms (past that dip), then rounds with
-    the L2 cache flushed before each call, as time_call does, and events around it,
-    about rep_ms of each call in all. CPU: wall clock, three rounds."""
+    once, three rounds to estimate a round's time, rounds of all of them for
+    warmup_ms (past that dip), then rounds with the L2 cache flushed before each
+    call and events around it, about rep_ms of each call in all. CPU: wall clock,
+    three rounds. time_call is this with one call and a 100 ms warm-up."""
     if device.type != "cuda":
         times = {name: [] for name, _ in calls}
         for _ in range(3):
@@ -264,13 +237,17 @@ def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], de
                 times[name].append((time.perf_counter() - t0) * 1e3)
         return {name: _stats(ts) for name, ts in times.items()}
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
     for _, call in calls:
         call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        for _, call in calls:
+            call()
     end.record()
     end.synchronize()
-    round_ms = max(start.elapsed_time(end), 1e-3)
+    round_ms = max(start.elapsed_time(end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / round_ms))):
         for _, call in calls:
             call()
