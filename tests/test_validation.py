@@ -97,3 +97,40 @@ def test_messages_do_not_print_tensor_contents():
     with pytest.raises(TypeError) as info:
         vflash.attention(q, k.bfloat16(), v)
     assert "tensor([" not in str(info.value)
+
+
+@pytest.mark.parametrize("name,bad,words", [
+    ("list", [[1.0] * 1000] * 169, ["q", "list of length 169", "torch.tensor(x)"]),
+    ("numpy", "numpy", ["q", "numpy.ndarray", "(169, 1000)", "torch.from_numpy(x)"]),
+])
+def test_non_tensor_input_is_named_not_printed(name, bad, words):
+    if bad == "numpy":
+        np = pytest.importorskip("numpy")
+        bad = np.full((169, 1000), 1.0)
+    _, k, v = qkv()
+    with pytest.raises(TypeError) as info:
+        vflash.attention(bad, k, v)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, msg
+    assert "1.0" not in msg and len(msg) < 200, msg
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(causal="x" * 10_000), ["causal", "str", "..."]),
+    (dict(causal=[True] * 10_000), ["causal", "list of length 10000"]),
+    (dict(window=list(range(10_000))), ["window", "list of length 10000"]),
+    (dict(window=(10**5000, 0)), ["window left", "too large"]),  # str() of this int raises in Python
+    (dict(window=(-10**5000, 0)), ["window left", ">= 0"]),
+    (dict(scale=torch.full((100, 100), 0.123)), ["scale", "shape=(100, 100)"]),
+    (dict(softcap="9" * 10_000), ["softcap", "str"]),
+    (dict(return_lse=[1] * 10_000), ["return_lse", "list of length 10000"]),
+], ids=["long causal str", "causal list", "window list", "window huge", "window huge negative",
+        "scale tensor", "softcap long str", "return_lse list"])
+def test_option_messages_stay_short(kwargs, words):
+    with pytest.raises((TypeError, ValueError)) as info:
+        vflash.attention(*qkv(), **kwargs)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, msg
+    assert len(msg) < 200 and "0.123" not in msg and "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" not in msg, msg

@@ -22,10 +22,41 @@ _INT32_MAX = 2**31 - 1
 CausalArg = Union[bool, str]
 
 
+_REPR_MAX = 40  # longest repr of a short scalar or string a message quotes
+
+
+def _type_name(x) -> str:
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__name__}"
+
+
 def _describe(x) -> str:
+    """What `x` is, for an error message: its type, and its shape or length for
+    containers, never its contents. Only a short scalar or string is quoted."""
     if isinstance(x, torch.Tensor):
         return f"tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})"
-    return f"{type(x).__name__} {x!r}"
+    if x is None or isinstance(x, (bool, numbers.Number, str)):
+        text = repr(x) if not isinstance(x, int) or x.bit_length() < 64 else f"<int of {x.bit_length()} bits>"
+        if len(text) > _REPR_MAX:
+            text = text[:_REPR_MAX - 5] + "...'" if isinstance(x, str) else f"<{len(text)} characters>"
+        return f"{_type_name(x)} {text}"
+    shape = getattr(x, "shape", None)
+    if isinstance(shape, tuple) and all(isinstance(d, int) for d in shape):
+        dtype = getattr(x, "dtype", None)
+        return f"{_type_name(x)} of shape {shape}" + (f" and dtype {dtype}" if dtype is not None else "")
+    try:
+        return f"{_type_name(x)} of length {len(x)}"
+    except Exception:  # not sized
+        return _type_name(x)
+
+
+def _as_tensor_hint(x) -> str:
+    """How to turn a list or an array into the tensor that was expected."""
+    if type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "shape"):
+        return "; convert it with torch.from_numpy(x)"
+    if isinstance(x, (list, tuple)):
+        return "; convert it with torch.tensor(x)"
+    return ""
 
 
 def check_qkv(q, k, v) -> None:
@@ -33,7 +64,7 @@ def check_qkv(q, k, v) -> None:
     # Runs on every call: the common case goes through a handful of cheap tests.
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
         if t.dim() != 4:
             raise ValueError(
                 f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}; "
@@ -93,7 +124,7 @@ def resolve_causal(causal) -> Optional[str]:
     if isinstance(causal, str):
         if causal in CAUSAL_MODES:
             return causal
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {_describe(causal)}")
     raise TypeError(f"causal must be a bool or one of 'top_left', 'bottom_right', got {_describe(causal)}")
 
 
@@ -108,9 +139,9 @@ def check_window(window) -> Tuple[int, int]:
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
             raise TypeError(f"window {side} must be an int (-1 for unbounded), got {_describe(w)}")
         if w < -1:
-            raise ValueError(f"window {side} must be >= 0, or -1 for unbounded, got {w}")
+            raise ValueError(f"window {side} must be >= 0, or -1 for unbounded, got {_describe(w)}")
         if w > _INT32_MAX // 2:
-            raise ValueError(f"window {side} is too large ({w}); use -1 for unbounded")
+            raise ValueError(f"window {side} is too large (over {_INT32_MAX // 2}); use -1 for unbounded")
         out.append(int(w))
     return out[0], out[1]
 
