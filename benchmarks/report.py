@@ -1,12 +1,20 @@
-"""Generate BENCHMARKS.md from committed result folders (never edit it by hand).
+"""Generate the benchmark documents from committed result folders (never edit them by hand).
 
-Usage: python benchmarks/report.py benchmarks/results/<run> [...] > BENCHMARKS.md
-       python benchmarks/report.py --readme README.md benchmarks/results/<run>
-         (rewrites the README's headline between its bench:headline markers)
+Usage (from the repository root; `--help` lists them):
+  python benchmarks/report.py --all          BENCHMARKS.md (the primary run, PRIMARY below), each run
+                                             folder's REPORT.md, benchmarks/results/INDEX.md and the
+                                             README's headline
+  python benchmarks/report.py --brief benchmarks/results/<run> > BENCHMARKS.md
+  python benchmarks/report.py --run-report benchmarks/results/<run> [...]   writes <run>/REPORT.md
+  python benchmarks/report.py --index        writes benchmarks/results/INDEX.md from runs.csv
+  python benchmarks/report.py --readme README.md benchmarks/results/<run>
+                                             rewrites the README's headline between its markers
 
 Each folder may hold `vflash bench` CSVs (with <name>.env.json beside them), a
-`vflash memory` CSV (memory.csv), a `vflash check` log (check_gpu.log) and the
-PNGs that `vflash plot` made under plots/.
+`vflash memory` CSV (memory.csv), a `vflash check` log (check_gpu.log), the GPU
+suite's log (pytest_gpu.txt), nvidia-smi clock traces (clocks*.csv), host-cost
+records (launch_overhead.txt, host_hopper.txt) and a NOTE.md. Plots are not
+committed: `vflash plot <csv> --out plots/` draws them from the CSV.
 """
 
 import csv
@@ -137,127 +145,41 @@ def _fa4_over_cudnn():
             for r in _read(ANCHORS_FA4)}
 
 
-# Why a group of rows misses the bar, from the measurements in benchmarks/NOTES.md
-# (text only; every number printed beside it comes from the CSVs). It describes
-# the code of the first folder given, so only that folder gets the summary. Keyed
-# on (sweep, head dim, causal, long), long meaning N >= 2048; the fa and d256
-# sweeps share the key "fa".
-_D64_SHORT_HOPPER = ("the Hopper kernel with three consumer warpgroups runs these since P's packed carry (NOTES "
-                     "session 9: 368 / 409 against the portable kernel's 345 / 386 at N 512 / 1024); a work tile "
-                     "has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one CTA per SM")
-_POWER = ("; these long rows run at the board's 700 W power cap (NOTES session 15: SM clock 1590-1725 MHz for "
-          "vflash in fp16, 1980 unloaded, 30-90 MHz below cuDNN's as vflash does more MMA work a clock; fp16 "
-          "clocks and TFLOP/s 3-4 % below bf16 for both engines), so time follows energy per FLOP; FA4's anchors "
-          "are fp16 figures")
-_D64_HOPPER = ("the Hopper kernel with three consumer warpgroups is level with or above cuDNN at long N and below "
-               "FA4's anchors. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe 57 % active, MUFU (exp2) "
-               "pipe 59 %: one exp2 per score at 16 per SM per clock takes as many cycles as that score's MMA work "
-               "at peak, and the two overlap only in part. Measured and ruled out: moving a consumer's exponentials "
-               "to the FMA pipes (a cubic, FA4's offload) lost 7-20 % (the issue slots then bind); PINGPONG gained "
-               "2-3.5 % and is on. ptxas puts each consumer's wait for its PV product before its softmax, so softmax "
-               "and PV do not overlap within a warpgroup; pinning the wait after the softmax (LATE_PV_WAIT) "
-               "gained nothing at D = 128 (NOTES session 8), as the other consumers' products already fill the "
-               "tensor cores meanwhile. Carrying P packed two halves to a register took the PRMTs out of the loop "
-               "(458 -> 426 instructions a key tile) and gained 5 % at N = 16384 (NOTES session 9); FA4's lazy "
-               "rescale (O rescaled only when a row's max grows by more than 2^8) gained 2.5-4.5 % more (NOTES "
-               "session 10)" + _POWER + ". At one clock, timed in turn with cuDNN (`-s16-interleave-cudnn`, "
-               "NOTES session 16), vflash is 1.20 / 1.22-1.23x cuDNN non-causal and 1.17 / 1.21x causal at N "
-               "8192 / 16384 in fp16 and bf16; FA4's anchors are 1.16 / 1.17x and 1.15 / 1.17x the cuDNN of "
-               "their own run")
-_SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, with one "
-          "CTA per SM (its shared memory leaves no room for a second); two Q buffers hide the next tile's Q load "
-          "and this tile's output store at D 64 / 128 (+4-14 % at N 512-4096, NOTES session 6), but D = 256 has "
-          "no room for them")
-_SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles (2.5 on average at N = 512), so each tile's serial chain "
-                 "(first QK^T, its softmax, last PV, output store) is exposed; Nsight Compute at D = 128, N = 512: "
-                 "tensor pipe 33 % active. Measured and ruled out as the main cost (NOTES sessions 6-7, D = 128 "
-                 "N = 512-1024): a deeper K/V ring (237 against 243), two Q buffers (229 against 246), 64-key tiles "
-                 "with less waste on the diagonal (264, but 405 against 449 at N = 2048), FlashAttention-3's "
-                 "ping-pong order of the consumers (359 against 362 at N = 1024); the persistent grid with a stride "
-                 "coprime to the row blocks gained 3 %. Each masked (diagonal) tile cost 58 % more instructions than "
-                 "an unmasked one; folding the key count into each row's edge gained 3-6 % at D = 128 N 512-2048 "
-                 "(NOTES session 8; 1-5 % in session 9's A/B). Two Q buffers with P in 16 bits, a build without "
-                 "spills, also lost (240 against 259 at N = 512, NOTES session 9). Since session 11, D = 128 "
-                 "causal rows up to N = 512 run one consumer warpgroup a CTA and two CTAs an SM, whose serial chains "
-                 "overlap (304 against 273 at N = 512; with two Q buffers since session 13, 329 against 303); at "
-                 "N = 1024 that lost (365 against 406, and 379 against 406 with two Q buffers) and two consumers "
-                 "a CTA stay; D = 256 cannot run that way (ptxas needs more than 128 registers a thread for its "
-                 "64 x 256 products). Since 190b882 (in `-s15`), D = 128 causal rows of N 513-2048 run two "
-                 "consumers a CTA with two Q buffers and work tiles drawn from a counter (DYNAMIC; CUDA-graph "
-                 "timings at N = 1024: 421 against 396 with one Q buffer and 407 on the static grid, cuDNN 423; "
-                 "0.94-0.95x cuDNN before them, in `-s14`), and D = 256 causal takes DYNAMIC "
-                 "(459 against 447 at N = 1024, cuDNN 446)")
+# Why a group of rows misses the bar: one short reason each (text only; every number
+# printed beside it comes from the CSVs), with the section of docs/performance.md that
+# gives the measurements behind it. It describes the current code, so only the brief
+# report (the primary run) prints it. Keyed on (sweep, head dim, causal, long), long
+# meaning N >= 2048; the fa and d256 sweeps share the key "fa".
+PERF_DOC = "docs/performance.md"
+_SHORT = ("a work tile has 4-8 key tiles, so its fill and drain (first QK^T, last PV) are exposed, "
+          "with one CTA an SM", "short-rows")
+_SHORT_CAUSAL = ("causal work tiles hold 1-8 key tiles, so each tile's serial chain (first QK^T, softmax, "
+                 "last PV, store) is exposed", "short-causal-rows")
+_LONG_D64 = ("exp2 on the MUFU pipe takes as many cycles as the MMAs (tensor pipe 57 %, MUFU 59 % active), "
+             "and the long rows run at the board's 700 W power cap", "long-rows-at-d-64")
+_LONG_D128 = ("FA3's structure, ahead of cuDNN and behind FA4's anchors; the long rows run at the board's 700 W "
+              "power cap, so time follows energy per FLOP", "long-rows-at-d-128")
+_FEW_TILES = ("B * H = 16 leaves few work tiles for 132 SMs", "few-work-tiles-the-article-sweep")
 GAP_WHY = {
-    ("fa", 64, False, False): _D64_SHORT_HOPPER,
-    ("fa", 64, True, False): ("N = 1024 runs one consumer warpgroup a CTA, three CTAs an SM on 64 x 64 tiles "
-                              "with two Q buffers since session 13 (CUDA-graph timings, two runs: 333-334 against "
-                              "321-327 for two CTAs of 64 x 128 with two Q buffers, 306 with one, the portable "
-                              "kernel's 300-301, cuDNN 332-333); each tile's serial chain is exposed as at D = 128 "
-                              "below; three consumers a CTA, even with each stopping at its own last key tile, "
-                              "215 (NOTES session 12); issuing the next tile's first key tiles before its Q "
-                              "(KV_AHEAD) 303 against 306 (session 13); since 190b882 with work "
-                              "tiles drawn from a counter (DYNAMIC: 342 against 337, cuDNN 333). N = 512 runs the "
-                              "portable kernel"),
-    ("fa", 64, False, True): _D64_HOPPER,
-    ("fa", 64, True, True): ("N = 2048 runs one consumer warpgroup a CTA, three CTAs an SM on 64 x 64 tiles "
-                             "with two Q buffers (NOTES session 13, two runs: 357-368 against 342-350 for two "
-                             "CTAs of 64 x 128, the portable kernel's 352-359, cuDNN 384-385; three consumers a "
-                             "CTA 335 in session 12), with work tiles drawn from a counter since 190b882 "
-                             "(DYNAMIC: 382 against 370, cuDNN 386; the main 192 x 128 tiles with DYNAMIC 342-345 "
-                             "there, NOTES session 15); from N = 4096 three consumer warpgroups, each stopping at "
-                             "its own last key tile since session 12 (422 against 388 at N = 4096, 472 against 465 "
-                             "at 8192), and drawing work tiles from a counter since session 14 (CUDA graphs: 434 / "
-                             "478 against 422 / 462 at N 4096 / 8192); " + _D64_HOPPER),
+    ("fa", 64, False, False): _SHORT,
+    ("fa", 64, True, False): ("one consumer warpgroup a CTA, three CTAs an SM; each tile's serial chain is "
+                              "exposed", "short-causal-rows"),
+    ("fa", 64, False, True): _LONG_D64,
+    ("fa", 64, True, True): ("N = 2048 runs one-consumer tiles whose serial chain is exposed; longer rows as the "
+                             "non-causal ones", "long-rows-at-d-64"),
     ("fa", 128, False, False): _SHORT,
     ("fa", 128, True, False): _SHORT_CAUSAL,
-    ("fa", 128, False, True): ("the Hopper kernel has FA3's structure and is ahead of cuDNN at long N; FA4's "
-                               "anchors stay ahead. Nsight Compute at N = 16384 (NOTES session 7): tensor pipe "
-                               "75.5 % active. Measured and ruled out: keeping each consumer's PV wait after its "
-                               "softmax (LATE_PV_WAIT, FA3's intra-warpgroup overlap: 0 to -1.7 %, NOTES session "
-                               "8; the other consumer's products already fill the tensor cores), PINGPONG (0 to "
-                               "-2 %). Carrying P packed two halves to a register (491 -> 459 instructions a key "
-                               "tile) gained 2-3 % (NOTES session 9); FA4's lazy rescale, which skips O's rescale "
-                               "on most tiles, 2.5-3.7 % (NOTES session 10); Q as QK^T's register operand "
-                               "(wgmma RS, Q_REGS, for a fifth fewer shared-memory reads) lost 4-8 % (NOTES "
-                               "session 16)" + _POWER + ". At one clock, timed in turn with cuDNN "
-                               "(`-s16-interleave-cudnn`, NOTES session 16), vflash is 1.08-1.09x cuDNN at N "
-                               "4096-16384 in fp16 and bf16 (FA4's anchors: 1.05 / 1.09 / 1.12x the cuDNN of "
-                               "their own run at N 4096 / 8192 / 16384); timed alone, as here, its higher power a "
-                               "second lowers its own capped clock more"),
-    ("fa", 128, True, True): ("as the non-causal long rows. Since session 14 persistent CTAs draw causal work "
-                              "tiles from a per-launch counter (DYNAMIC, FA3's dynamic scheduler): CUDA-graph "
-                              "timings at N 2048 / 4096 / 8192 491 / 548 / 570 against 469 / 509 / 528 when "
-                              "each tile had its own CTA (NOTES session 13); up to N = 2048 with two Q buffers "
-                              "since 190b882 (509 against 491). At one clock, timed in turn with cuDNN "
-                              "(`-s16-interleave-cudnn`, NOTES session 16), vflash is 1.09-1.10 / 1.14 / "
-                              "1.19-1.20x cuDNN at N 4096 / 8192 / 16384 in fp16 and bf16 (FA4's anchors: "
-                              "1.06 / 1.11 / 1.14x the cuDNN of their own run)"),
+    ("fa", 128, False, True): _LONG_D128,
+    ("fa", 128, True, True): _LONG_D128,
     ("fa", 256, False, False): _SHORT,
     ("fa", 256, True, False): _SHORT_CAUSAL,
-    ("fa", 256, False, True): ("level with cuDNN rather than ahead of it: over twelve full runs (sessions 5-16) "
-                               "vflash / cuDNN at N = 8192 ranged 0.97-1.03 (median 0.99) and at N = 4096 "
-                               "0.99-1.02, so these rows fall either side of the bar from run to run. D = 256 runs "
-                               "one CTA an SM on 128 x 64 tiles: its shared memory leaves no room for a second Q "
-                               "buffer, which gained 4-14 % at D 64 / 128 (NOTES session 6)"),
-    ("fa", 256, True, True): "within run-to-run spread of cuDNN",
-    ("article", 64, False, False): ("B * H = 16 leaves few work tiles: one consumer warpgroup a CTA, two CTAs an "
-                                    "SM, two Q buffers run these since session 13 (hopper_variants, CUDA graphs, "
-                                    "two runs: 247 at N = 1024 against cuDNN's 239-241)"),
-    ("article", 64, True, False): ("B * H = 16 leaves few work tiles; one consumer warpgroup a CTA and two "
-                                   "CTAs an SM run these since session 12 (vflash bench at N = 1024: 111 on the "
-                                   "portable kernel in -s11-short, 133 in -s12), with two Q buffers since session "
-                                   "13"),
-    ("article", 64, False, True): ("B * H = 16 leaves few work tiles: below N = 8192 under 4 waves of the Hopper "
-                                   "kernel's 192-row tiles on 132 SMs; since session 13 one consumer warpgroup a "
-                                   "CTA, two CTAs an SM, two Q buffers run them (hopper_variants, CUDA graphs, two "
-                                   "runs: 387-391 / 459-460 at N 2048 / 4096 against the portable kernel's 364-366 "
-                                   "/ 428, cuDNN 378-379 / 447; vflash bench's own timing of these rows swings as "
-                                   "much as the gap); at N = 8192 " + _D64_HOPPER),
-    ("article", 64, True, True): ("B * H = 16 leaves few work tiles; below N = 8192 one consumer warpgroup a CTA "
-                                  "and two CTAs an SM run these since session 12 (vflash bench at N 2048 / 4096: "
-                                  "203 / 293 on the portable kernel in -s11-short, 219 / 333 in -s12; two Q buffers "
-                                  "since session 13); at N = 8192 "
-                                  + _D64_HOPPER),
+    ("fa", 256, False, True): ("level with cuDNN: over twelve full runs these rows fell either side of the bar",
+                               "head-dim-256"),
+    ("fa", 256, True, True): ("within run-to-run spread of cuDNN", "head-dim-256"),
+    ("article", 64, False, False): _FEW_TILES,
+    ("article", 64, True, False): _FEW_TILES,
+    ("article", 64, False, True): _FEW_TILES,
+    ("article", 64, True, True): _FEW_TILES,
 }
 
 
@@ -293,18 +215,19 @@ def host_gap(folders):
         return None
 
     def span(xs):
-        return f"{min(xs):.1f}-{max(xs):.1f}" if xs else "?"
+        if not xs:
+            return "?"
+        lo, hi = f"{min(xs):.1f}", f"{max(xs):.1f}"
+        return lo if lo == hi else f"{lo}-{hi}"
     plain, hopper = ([x for name in _PLANNED[k] for x in us[name]] for k in ("portable", "hopper"))
     every = plain + hopper
     met = "met" if max(every) <= 15.0 else "met on some runs, not on all" if min(every) <= 15.0 else "not met"
-    return (f"- Host cost (goal: 15 us per call): a planned repeat takes {span(plain)} us on the portable kernel "
-            f"and {span(hopper)} us on the Hopper kernel, against SDPA flash's {span(us['SDPA flash'])} us in the "
-            f"same runs ({', '.join(runs)}): {met}. Why: vflash's "
-            f"plans already call Triton's compiled C launcher directly (`ops/direct_launch.py`); what remains is "
-            f"that launcher with its argument parsing ({span(us['plan.launch alone (output preallocated)'])} us), "
-            f"torch's output allocation ({span(us['q.new_empty(out shape)'])} us), the plan key "
-            f"({span(us['plan_key'])} us) and lookup ({span(us['lookup'])} us), on a shared host whose timings "
-            f"drift by up to 1.5x between runs minutes apart.")
+    return (f"- Host cost (goal: 15 us a call): a planned repeat takes {span(plain)} us on the portable kernel "
+            f"and {span(hopper)} us on the Hopper kernel, SDPA flash {span(us['SDPA flash'])} us "
+            f"({', '.join(runs)}): {met}. What remains is Triton's C launcher "
+            f"({span(us['plan.launch alone (output preallocated)'])} us), torch's output allocation "
+            f"({span(us['q.new_empty(out shape)'])} us), the plan key ({span(us['plan_key'])} us) and its lookup "
+            f"({span(us['lookup'])} us). [Details]({PERF_DOC}#host-cost)")
 
 
 # A row whose vflash or cuDNN timing spreads wider than this (p80 / p20 of the
@@ -347,8 +270,11 @@ def gap_summary(bench):
     """Rows below the bar, grouped by csv, head dim, causal and short / long N, each
     with its measured gap and the reason from GAP_WHY."""
     groups = defaultdict(list)
+    unsteady = []
     lead = _fa4_over_cudnn()
     for p, sweep, dtype, d, causal, n, vf, cudnn, anchor, bar, need, spread in _bar_rows(bench):
+        if vf / bar >= need and spread > UNSTEADY:
+            unsteady.append((os.path.basename(p), d, causal == "True", n, spread))
         if vf / bar < need:
             key = (os.path.basename(p), "article" if sweep == "article" else "fa", d, causal == "True", n >= 2048)
             fa4_bar = anchor is not None and anchor > cudnn
@@ -362,7 +288,8 @@ def gap_summary(bench):
     for (name, sweep, d, causal, long), g in sorted(groups.items()):
         ns = sorted({x[3] for x in g})
         fa4_bar = sum(x[2] for x in g)
-        why = GAP_WHY.get((sweep, d, causal, long), "not analysed")
+        why, section = GAP_WHY.get((sweep, d, causal, long), ("not analysed", None))
+        more = f" [More]({PERF_DOC}#{section})" if section else ""
         rows = "1 row" if len(g) == 1 else f"{len(g)} rows"
         bar = f" (FA4's anchor is the bar on {fa4_bar})" if fa4_bar else ""
         leads = [(x[1], x[4]) for x in g if x[4] is not None]
@@ -370,7 +297,11 @@ def gap_summary(bench):
                    f"anchor {span([f for _, f in leads])} the cuDNN of its own run") if leads else ""
         lines.append(f"- `{name}`, D = {d}, {'causal' if causal else 'non-causal'}, N {', '.join(map(str, ns))}: "
                      f"{rows} at {span([x[0] for x in g])} of the bar{bar}, {span([x[1] for x in g])} same-run "
-                     f"cuDNN{against}. Why: {why}.")
+                     f"cuDNN{against}. Why: {why}.{more}")
+    for name, d, causal, n, spread in unsteady:
+        lines.append(f"- `{name}`, D = {d}, {'causal' if causal else 'non-causal'}, N {n}: 1 row above the bar but "
+                     f"not counted: the timings spread {spread:.2f}x (p80 / p20), so its median is no yardstick. "
+                     f"Why: SDPA cuDNN's calls of about 20 us swing from run to run.")
     return lines
 
 
@@ -437,89 +368,275 @@ def clock_text(folder, min_watts=600.0):
             f">= {min_watts:.0f} W averaged power; 1980 MHz unloaded): " + "; ".join(parts) + ".")
 
 
-def main(folders):
-    print("# vflash benchmarks\n")
-    print("Generated by `benchmarks/report.py` from the committed result folders named below; do not edit "
-          "by hand. TFLOP/s counts useful FLOPs (4·D per visible query/key pair, exact causal pair count). "
-          "Latency is the median over repeated CUDA-event timings after a GEMM warm-up, with the L2 cache "
-          "flushed between repetitions. SDPA flash / SDPA cuDNN are PyTorch's "
-          "`scaled_dot_product_attention` restricted to one backend; Flex is `torch.compile(flex_attention)`. "
-          "All methods of a row were measured in the same run. `vflash / X` is X's time over vflash's "
-          "(above 1: vflash faster). Peak memory is the incremental peak of one call.\n")
-    # Folders without CSVs hold host runs only: the first folder's host line counts them too.
-    host_only = [f for f in folders[1:] if not glob.glob(os.path.join(f, "*.csv"))]
-    for i, folder in enumerate(folders):
-        csvs = sorted(glob.glob(os.path.join(folder, "*.csv")))
-        bench = [(p, _read(p)) for p in csvs if "method" in (_read(p)[0] if _read(p) else {}) and
-                 "tflops" in _read(p)[0]]
-        mem = [(p, _read(p)) for p in csvs if _read(p) and "S" in _read(p)[0]]
-        print(f"## `{folder}`\n")
-        print(f"Environment: {env_text(folder)}\n")
-        log = os.path.join(folder, "check_gpu.log")
-        if os.path.exists(log):
-            last = open(log).read().strip().splitlines()[-1]
-            print(f"`vflash check` on this machine: **{last}** (log: `{log}`).\n")
-        tests = os.path.join(folder, "pytest_gpu.txt")
-        if os.path.exists(tests):
-            last = open(tests).read().strip().splitlines()[-1]
-            print(f"GPU test suite on this machine: **{last.strip('= ')}** (`{tests}`).\n")
-        clocks = clock_text(folder)
-        if clocks:
-            print(clocks + "\n")
-        interleaved = [os.path.basename(p) for p, _ in bench if _timing(p) == "interleaved"]
-        if interleaved:
-            print(f"Timed interleaved (`vflash bench --interleave`: a shape's methods in turn, one repetition of "
-                  f"each per round after 1.2 s of them all, instead of each after a GEMM warm-up): "
-                  f"{', '.join(interleaved)}. All methods of a shape then run at the one clock their mix sets under "
-                  f"the board's power cap: the ratios compare work a clock, without each engine's own power "
-                  f"draw, and the figures move with the mix (a slower, cooler method in it raises everyone's; "
-                  f"NOTES session 16).\n")
-        note = os.path.join(folder, "NOTE.md")
-        if os.path.exists(note):
-            print(open(note).read().strip() + "\n")
-        goal = goal_table(bench)
-        if goal:
-            print("### Issue 4 bar: vflash against the best engine, row by row\n")
-            print("fa sweeps (D 64/128, 16k tokens): the bar is the better of same-run SDPA cuDNN and FA4's "
-                  "anchor figure (fp16, `shared/ANCHORS.md`; FA4 is not installed on the GPU machine, and its "
-                  "fp16 figure stands in for bf16); needed: 1.0x from N = 1024, 0.9x at N = 512. D = 256 and "
-                  "the article sweep (N >= 1024): the bar is same-run SDPA cuDNN. Why the gaps remain: "
-                  "`benchmarks/NOTES.md`.\n")
-            print(goal + "\n")
-            gaps = gap_summary(bench) if i == 0 else []
-            host = host_gap([folder] + host_only) if i == 0 else None
-            gaps += [host] if host else []
-            if gaps:
-                print("Where the bar is not met, by group, with the measured gap and its reason:\n")
-                print("\n".join(gaps) + "\n")
-        for name in ("launch_overhead.txt", "host_hopper.txt"):
-            host = os.path.join(folder, name)
-            if os.path.exists(host):
-                print(f"### Host cost per call (`{name}`: CPU timer around many calls of a tiny shape, same run)\n")
-                print("```\n" + open(host).read().strip() + "\n```\n")
-        lines = []
-        for p, rows in bench:
-            lines += summary(f"`{os.path.basename(p)}`", rows)
-        if lines:
-            print("### Summary\n")
-            print("\n".join(lines) + "\n")
-        for p, rows in bench:
-            print(f"### `{os.path.basename(p)}` (sweep `{rows[0]['sweep']}`)\n")
-            print(f"Measured {rows[0]['date']} on {rows[0]['gpu']}.\n")
-            print(bench_table(rows) + "\n")
-            stem = os.path.splitext(os.path.basename(p))[0]
-            for kind in ("tflops", "ratio", "latency", "memory"):
-                png = os.path.join(folder, "plots", f"{stem}_{kind}.png")
-                if os.path.exists(png):
-                    print(f"![{stem} {kind}]({png})\n")
-        for p, rows in mem:
-            r0 = rows[0]
-            print(f"### Peak memory (`{os.path.basename(p)}`): B={r0['B']}, H={r0['H']}, D={r0['D']}, "
-                  f"{r0['dtype']}, causal\n")
-            print(memory_table(rows) + "\n")
-            png = os.path.join(folder, "plots", f"{os.path.splitext(os.path.basename(p))[0]}_peak_memory.png")
-            if os.path.exists(png):
-                print(f"![peak memory]({png})\n")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = "benchmarks/results"
+# The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
+PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
+RUNS_CSV = "benchmarks/results/runs.csv"
+WIDTH = 110
+
+
+def _wrap(text, indent=""):
+    """A paragraph or bullet wrapped to WIDTH columns (markdown joins the lines again)."""
+    import textwrap
+    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def _link(path, base):
+    """`path` (relative to the repository root) as seen from the document at `base`."""
+    return os.path.relpath(path, base) if base else path
+
+
+def _bench_csvs(folder):
+    bench, mem = [], []
+    for p in sorted(glob.glob(os.path.join(folder, "*.csv"))):
+        rows = _read(p)
+        if rows and "method" in rows[0] and "tflops" in rows[0]:
+            bench.append((p, rows))
+        elif rows and "S" in rows[0]:
+            mem.append((p, rows))
+    return bench, mem
+
+
+def _last_line(path):
+    with open(path) as f:
+        lines = f.read().strip().splitlines()
+    return lines[-1].strip("= ") if lines else ""
+
+
+def _env_lines(folder, bench, base):
+    """The run's environment, test and check results, clocks and protocol, as bullets."""
+    out = [_wrap(f"- Environment: {env_text(folder)}", "  ")]
+    log = os.path.join(folder, "check_gpu.log")
+    if os.path.exists(log):
+        out.append(f"- `vflash check` on this machine: **{_last_line(log)}** ([log]({_link(log, base)}))")
+    tests = os.path.join(folder, "pytest_gpu.txt")
+    if os.path.exists(tests):
+        out.append(f"- GPU test suite on this machine: **{_last_line(tests)}** ([log]({_link(tests, base)}))")
+    clocks = clock_text(folder)
+    if clocks:
+        out.append(_wrap("- " + clocks, "  "))
+    interleaved = [os.path.basename(p) for p, _ in bench if _timing(p) == "interleaved"]
+    if interleaved:
+        out.append(_wrap(
+            f"- Timed interleaved (`vflash bench --interleave`: a shape's methods in turn, one repetition of each "
+            f"per round after 1.2 s of them all, instead of each after a GEMM warm-up): {', '.join(interleaved)}. "
+            f"All methods of a shape then run at the one clock their mix sets under the board's power cap: the "
+            f"ratios compare work a clock, without each engine's own power draw, and the figures move with the mix "
+            f"(a slower, cooler method in it raises everyone's; {PERF_DOC}).", "  "))
+    return out
+
+
+def _summary_table(bench):
+    """vflash against each other engine, per CSV: the range of time ratios and the wins."""
+    head = ["csv", "against", "all N", "faster on", "N >= 2048", "faster on"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p, rows in bench:
+        vf = {(r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"]): float(r["ms_median"]) for r in rows
+              if r["method"] == "vflash" and r["status"] == "ok"}
+        for other in ("sdpa_flash", "sdpa_cudnn", "flex", "fa4"):
+            spans = []
+            for lo in (0, 2048):
+                ratios = [float(r["ms_median"]) / vf[k] for r in rows
+                          for k in [(r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"])]
+                          if r["method"] == other and r["status"] == "ok" and int(r["Nq"]) >= lo and k in vf]
+                spans += ([f"{min(ratios):.2f}-{max(ratios):.2f}x", f"{sum(x >= 1.0 for x in ratios)} of {len(ratios)}"]
+                          if ratios else ["-", "-"])
+            if spans[0] != "-":
+                lines.append(f"| {os.path.basename(p)} | {LABEL[other]} | " + " | ".join(spans) + " |")
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
+_BAR_TEXT = ("fa sweeps (D 64/128, 16k tokens): the bar is the better of same-run SDPA cuDNN and FA4's anchor "
+             "figure (fp16, [docs/ANCHORS.md](docs/ANCHORS.md); FA4 is not installed on the GPU machine, and its "
+             "fp16 figure stands in for bf16); needed: 1.0x from N = 1024, 0.9x at N = 512. D = 256 and the "
+             "article sweep (N >= 1024): the bar is same-run SDPA cuDNN. A row whose vflash or cuDNN timings "
+             f"spread more than {UNSTEADY}x (p80 / p20) does not count.")
+
+_INTRO = ("TFLOP/s counts useful FLOPs (4·D per visible query/key pair, exact causal pair count). Latency is the "
+          "median over repeated CUDA-event timings with the L2 cache flushed between repetitions. SDPA flash / "
+          "SDPA cuDNN are PyTorch's `scaled_dot_product_attention` restricted to one backend; Flex is "
+          "`torch.compile(flex_attention)`. All methods of a row were measured in the same run. `vflash / X` is "
+          "X's time over vflash's (above 1: vflash faster). Peak memory is the incremental peak of one call.")
+
+
+def _sweeps(bench, mem, base, level="##"):
+    out = []
+    for p, rows in bench:
+        out.append(f"{level} `{os.path.basename(p)}` (sweep `{rows[0]['sweep']}`)\n")
+        out.append(f"Measured {rows[0]['date']} on {rows[0]['gpu']}. Plots: `vflash plot {p} --out plots/`.\n")
+        out.append(bench_table(rows) + "\n")
+    for p, rows in mem:
+        r0 = rows[0]
+        out.append(f"{level} Peak memory (`{os.path.basename(p)}`): B={r0['B']}, H={r0['H']}, D={r0['D']}, "
+                   f"{r0['dtype']}, causal\n")
+        out.append(memory_table(rows) + "\n")
+    return out
+
+
+def run_report(folder):
+    """A run folder's own report (its REPORT.md): everything its CSVs and text files say,
+    without the gap reasons, which describe the current code (BENCHMARKS.md has them)."""
+    bench, mem = _bench_csvs(folder)
+    base = folder
+    name = os.path.basename(os.path.normpath(folder))
+    out = [f"# Run `{name}`\n",
+           _wrap(f"Generated by `python benchmarks/report.py --run-report {folder}` from this folder's files; do "
+                 f"not edit by hand. Every run: [INDEX.md]({_link(os.path.join(RESULTS, 'INDEX.md'), base)}); the "
+                 f"current primary run: [BENCHMARKS.md]({_link('BENCHMARKS.md', base)}).") + "\n"]
+    if bench:
+        out.append(_wrap(_INTRO) + "\n")
+    out.append("\n".join(_env_lines(folder, bench, base)) + "\n")
+    note = os.path.join(folder, "NOTE.md")
+    if os.path.exists(note):
+        out.append("## Note\n")
+        with open(note) as f:
+            out.append(f.read().strip() + "\n")
+    goal = goal_table(bench)
+    if goal:
+        out.append("## Issue 4 bar: vflash against the best engine, row by row\n")
+        out.append(_wrap(_BAR_TEXT.replace("(docs/", f"({_link('docs', base)}/")) + "\n")
+        out.append(goal + "\n")
+    table = _summary_table(bench)
+    if table:
+        out.append("## vflash against the other engines\n")
+        out.append(table + "\n")
+    for host in ("launch_overhead.txt", "host_hopper.txt"):
+        path = os.path.join(folder, host)
+        if os.path.exists(path):
+            out.append(f"## Host cost per call (`{host}`: CPU timer around many calls of a tiny shape)\n")
+            with open(path) as f:
+                out.append("```\n" + f.read().strip() + "\n```\n")
+    out += _sweeps(bench, mem, base)
+    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"}
+    others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))
+    if others:
+        out.append("## Other files\n")
+        out.append(_wrap(", ".join(f"[{f}]({f})" for f in others)) + "\n")
+    return "\n".join(out)
+
+
+def brief(folder, host_folders=()):
+    """BENCHMARKS.md: the primary run only (environment, the bar row by row, one line per
+    gap with its reason, the sweeps), with links to the run's full report and every run."""
+    bench, mem = _bench_csvs(folder)
+    base = ""
+    out = [f"<!-- Generated by `python benchmarks/report.py --brief {folder}` from the committed CSVs; do not edit "
+           f"by hand. -->\n",
+           "# vflash benchmarks\n",
+           _wrap(f"The current primary run, `{folder}`, on one GPU. Its full report (host-cost breakdown, every file): "
+                 f"[REPORT.md]({folder}/REPORT.md). Every run, with its purpose: "
+                 f"[{RESULTS}/INDEX.md]({RESULTS}/INDEX.md). Why the gaps remain and what is on per head dim and "
+                 f"mask: [{PERF_DOC}]({PERF_DOC}); ideas measured and refuted: "
+                 f"[docs/perf/refuted.md](docs/perf/refuted.md).") + "\n",
+           _wrap(_INTRO) + "\n",
+           "## Environment\n",
+           "\n".join(_env_lines(folder, bench, base)) + "\n"]
+    note = os.path.join(folder, "NOTE.md")
+    if os.path.exists(note):
+        with open(note) as f:
+            out.append(f.read().strip() + "\n")
+    table = _summary_table(bench)
+    if table:
+        out.append("## vflash against the other engines\n")
+        out.append(table + "\n")
+    goal = goal_table(bench)
+    if goal:
+        out.append("## Issue 4 bar: vflash against the best engine, row by row\n")
+        out.append(_wrap(_BAR_TEXT) + "\n")
+        out.append(goal + "\n")
+    gaps = gap_summary(bench)
+    host = host_gap([folder, *host_folders])
+    gaps += [host] if host else []
+    if gaps:
+        out.append("## Where the bar is not met\n")
+        out.append("One line per group of rows, with the measured gap and its reason.\n")
+        out.append("\n".join(_wrap(g, "  ") for g in gaps) + "\n")
+    out += _sweeps(bench, mem, base)
+    return "\n".join(out)
+
+
+def _run_folders(results=RESULTS):
+    """Every run folder under results/ and results/archive/, relative to the repository root."""
+    out = []
+    for sub in ("", "archive"):
+        top = os.path.join(results, sub)
+        if os.path.isdir(top):
+            out += sorted(os.path.join(top, d) for d in os.listdir(top)
+                          if os.path.isdir(os.path.join(top, d)) and d != "archive")
+    return out
+
+
+def _run_headline(folder):
+    """One line from a run's CSVs: the bar count and vflash / cuDNN on the fa, d256 and article rows."""
+    bench, mem = _bench_csvs(folder)
+    parts = []
+    rows = list(_bar_rows(bench))
+    if rows:
+        met = sum(vf / bar >= need and spread <= UNSTEADY for *_, vf, cudnn, anchor, bar, need, spread in rows)
+        parts.append(f"{met} of {len(rows)} rows at the bar")
+        ratios = [vf / cudnn for _, sweep, *_, vf, cudnn, anchor, bar, need, spread in rows if sweep != "article"]
+        if ratios:
+            parts[-1] += f"; fa / d256 rows vflash / cuDNN {min(ratios):.2f}-{max(ratios):.2f}x"
+    elif bench:
+        parts.append("bench CSVs: " + ", ".join(os.path.basename(p) for p, _ in bench))
+    for name in ("pytest_gpu.txt",):
+        path = os.path.join(folder, name)
+        if os.path.exists(path) and " passed" in _last_line(path):
+            parts.append("GPU suite " + _last_line(path).split(" in ")[0])
+    log = os.path.join(folder, "check_gpu.log")
+    if os.path.exists(log):
+        parts.append("check " + _last_line(log).split(",")[0])
+    if mem:
+        parts.append("peak-memory CSV")
+    return "; ".join(parts)
+
+
+def index(results=RESULTS):
+    """benchmarks/results/INDEX.md: one row per run folder (date, commit, purpose, headline). Dates come
+    from the folder name, commits and purposes from runs.csv (hand-kept: they are not in the CSVs), the
+    headline from the run's CSVs where it has bench CSVs and from runs.csv otherwise."""
+    with open(os.path.join(results, "runs.csv"), newline="") as f:
+        meta = {r["run"]: r for r in csv.DictReader(f)}
+    lines = ["# Benchmark runs\n",
+             _wrap(f"Generated by `python benchmarks/report.py --index` from each folder's CSVs and "
+                   f"`runs.csv` (commit, purpose, and the result of runs without bench CSVs, from the commit "
+                   f"that added the folder and its NOTE.md); do not edit by hand. The commit is the tree "
+                   f"measured where the run recorded it, else the commit that added the folder. Newest first; "
+                   f"`archive/` holds the runs that no current document cites (the dated log, "
+                   f"[docs/perf/log.md](../../docs/perf/log.md), still reads them). Each run's own report is "
+                   f"its REPORT.md. The primary run, reported in [BENCHMARKS.md](../../BENCHMARKS.md): "
+                   f"`{os.path.basename(PRIMARY)}`.") + "\n",
+             "| run | date | commit | purpose | headline |", "|---|---|---|---|---|"]
+    folders = _run_folders(results)
+    missing = [f for f in folders if os.path.relpath(f, results) not in meta]
+    if missing:
+        raise SystemExit(f"runs.csv has no row for {', '.join(missing)}")
+    def order(folder):  # newest first: by date, then session number; a session's runs by name
+        name = os.path.basename(folder)
+        session = re.search(r"-s(\d+)(?!\d)", name)
+        return -int(name[:10].replace("-", "")), -(int(session.group(1)) if session else 0), name
+    for folder in sorted(folders, key=order):
+        rel = os.path.relpath(folder, results)
+        m = meta[rel]
+        head = m["result"] or _run_headline(folder)
+        date = os.path.basename(folder)[:10]
+        lines.append(f"| [{rel}]({rel}/REPORT.md) | {date} | {m['commit']} | {m['purpose']} | {head} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def write_all():
+    """Every generated document: BENCHMARKS.md, each run's REPORT.md, INDEX.md, the README headline."""
+    _write("BENCHMARKS.md", brief(PRIMARY))
+    for folder in _run_folders():
+        _write(os.path.join(folder, "REPORT.md"), run_report(folder))
+    _write(os.path.join(RESULTS, "INDEX.md"), index())
+    rewrite_readme("README.md", PRIMARY)
 
 
 def headline(folder):
@@ -550,8 +667,8 @@ def headline(folder):
             f"{min(cudnn):.2f}-{max(cudnn):.2f}x NVIDIA's cuDNN\n  kernel ({min(cudnn_long):.2f}-"
             f"{max(cudnn_long):.2f}x at N >= 4096, D 64/128; `{folder}`, generated by\n"
             f"  `benchmarks/report.py --readme`). The row-by-row comparison with cuDNN and FlashAttention-4 is\n"
-            f"  in [BENCHMARKS.md](BENCHMARKS.md); what was tried to close the gap, with predictions and\n"
-            f"  outcomes, is in [benchmarks/NOTES.md](benchmarks/NOTES.md).")
+            f"  in [BENCHMARKS.md](BENCHMARKS.md); why each gap remains, and what was tried, is in\n"
+            f"  [docs/performance.md](docs/performance.md).")
 
 
 def rewrite_readme(readme, folder):
@@ -563,8 +680,26 @@ def rewrite_readme(readme, folder):
         f.write(text[:a] + "\n" + headline(folder) + "\n" + text[b:])
 
 
+USAGE = """usage (from the repository root):
+  report.py --all                     every generated document (BENCHMARKS.md, REPORT.md, INDEX.md, README)
+  report.py --brief RUN > BENCHMARKS.md
+  report.py --run-report RUN [...]    writes RUN/REPORT.md
+  report.py --index                   writes benchmarks/results/INDEX.md
+  report.py --readme README.md RUN    rewrites the README's headline"""
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--readme"]:
-        rewrite_readme(sys.argv[2], sys.argv[3])
+    args = sys.argv[1:]
+    if args == ["--all"]:
+        write_all()
+    elif args[:1] == ["--brief"] and len(args) == 2:
+        sys.stdout.write(brief(args[1]))
+    elif args[:1] == ["--run-report"] and len(args) > 1:
+        for run in args[1:]:
+            _write(os.path.join(run, "REPORT.md"), run_report(run))
+    elif args == ["--index"]:
+        _write(os.path.join(RESULTS, "INDEX.md"), index())
+    elif args[:1] == ["--readme"] and len(args) == 3:
+        rewrite_readme(args[1], args[2])
     else:
-        main(sys.argv[1:])
+        raise SystemExit(USAGE)

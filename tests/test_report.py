@@ -1,4 +1,5 @@
-"""BENCHMARKS.md and the README's speed sentence are generated from committed CSVs."""
+"""BENCHMARKS.md, each run's REPORT.md, benchmarks/results/INDEX.md and the README's speed sentence
+are generated from committed CSVs."""
 
 import json
 import os
@@ -27,14 +28,85 @@ def test_readme_headline_is_the_generated_one():
         os.chdir(cwd)
 
 
-def test_benchmarks_md_is_the_generated_one():
-    with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+def _brief_folder(text):
+    return re.search(r"report.py --brief (benchmarks/results/[^`]+)`", text.splitlines()[0]).group(1)
+
+
+def test_benchmarks_md_is_the_generated_brief_of_the_primary_run(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with open("BENCHMARKS.md") as f:
         text = f.read()
-    folders = re.findall(r"^## `(benchmarks/results/[^`]+)`$", text, flags=re.M)
-    assert folders
-    out = subprocess.run([sys.executable, "benchmarks/report.py", *folders], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
+    folder = _brief_folder(text)
+    assert folder == report.PRIMARY
+    assert text == report.brief(folder)
+    out = subprocess.run([sys.executable, "benchmarks/report.py", "--brief", folder], capture_output=True, text=True,
+                         check=True).stdout
     assert out == text
+
+
+def test_benchmarks_md_is_short_with_lines_of_sane_length():
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), "rb") as f:
+        data = f.read()
+    assert len(data) < 40_000
+    lines = data.decode().splitlines()
+    assert max(len(line) for line in lines) <= 300  # the widest is a sweep table's row
+    prose = [line for line in lines if not line.startswith("|")]
+    assert max(len(line) for line in prose) <= 200
+    # one line per gap group: each bullet of the gap list carries its reason and a link to the details
+    gaps = text_between(data.decode(), "## Where the bar is not met", "\n## ")
+    bullets = [b for b in gaps.split("\n- ")[1:]]
+    assert bullets and all("Why:" in b or "What remains" in b for b in bullets)
+
+
+def text_between(text, start, end):
+    body = text.split(start, 1)[1]
+    return body.split(end, 1)[0]
+
+
+def test_every_run_report_is_the_generated_one(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    folders = report._run_folders()
+    assert report.PRIMARY in folders
+    for folder in folders:
+        with open(os.path.join(folder, "REPORT.md")) as f:
+            assert f.read() == report.run_report(folder), folder
+
+
+def test_index_lists_every_run_folder(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with open(os.path.join(report.RESULTS, "INDEX.md")) as f:
+        text = f.read()
+    assert text == report.index()
+    folders = report._run_folders()
+    listed = re.findall(r"^\| \[([^\]]+)\]\(", text, flags=re.M)
+    assert sorted(listed) == sorted(os.path.relpath(f, report.RESULTS) for f in folders)
+    on_disk = [d for d in os.listdir(report.RESULTS) if os.path.isdir(os.path.join(report.RESULTS, d))]
+    archived = os.listdir(os.path.join(report.RESULTS, "archive"))
+    assert len(folders) == len(on_disk) - 1 + len(archived)  # every folder but archive/ itself
+
+
+def test_results_hold_no_plots():
+    # `vflash plot <csv> --out plots/` draws them from the committed CSVs
+    pngs = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(ROOT, "benchmarks", "results"))
+            for f in files if f.endswith(".png")]
+    assert pngs == []
+
+
+def test_every_run_outside_the_archive_is_cited_by_a_current_document(monkeypatch):
+    """A run folder at the top of results/ is cited (by its name or its short form, e.g. `-s16-order`)
+    by the README, BENCHMARKS.md or a docs/ page other than the dated log; the others live in archive/."""
+    monkeypatch.chdir(ROOT)
+    docs = ["README.md", "BENCHMARKS.md"] + [os.path.join(d, f) for d, _, files in os.walk("docs") for f in files
+                                             if f.endswith(".md") and f != "log.md"]
+    text = "".join(open(p).read() for p in docs)
+    for folder in report._run_folders():
+        name = os.path.basename(folder)
+        if folder.startswith(os.path.join(report.RESULTS, "archive")):
+            continue
+        short = re.sub(r"^\d{4}-\d\d-\d\d-h200", "", name)
+        cited = re.search(re.escape(name) + r"(?![-\w])", text) or (
+            short and re.search(r"(?<![\w-])" + re.escape(short) + r"(?![-\w])", text))
+        assert cited, f"{folder} is cited nowhere: move it to {report.RESULTS}/archive/"
 
 
 def test_goal_table_marks_rows_against_the_better_engine(tmp_path):
@@ -65,6 +137,8 @@ def test_goal_table_does_not_count_a_row_with_unsteady_timings(tmp_path):
     assert any("| 1024 | 200 | 100 | - | 100 | 2.00x | >= 1.00x | no (unsteady: p80/p20 1.60) |" in line
                for line in lines)
     assert any("| 2048 | 200 | 100 | - | 100 | 2.00x | >= 1.00x | yes |" in line for line in lines)
+    gaps = report.gap_summary([(str(path), report._read(str(path)))])
+    assert len(gaps) == 1 and "N 1024: 1 row above the bar but not counted: the timings spread 1.60x" in gaps[0]
 
 
 def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
@@ -82,7 +156,8 @@ def test_gap_summary_groups_the_rows_below_the_bar_with_their_reason(tmp_path):
     assert "0.94-0.95x of the bar (FA4's anchor is the bar on 2), 0.98-1.02x same-run cuDNN" in line
     # each engine against the cuDNN of its own run: FA4's anchors 613 / 585 and 639 / 588 (ANCHORS.md)
     assert "vflash is 0.98-1.02x same-run cuDNN and FA4's anchor 1.05-1.09x the cuDNN of its own run" in line
-    assert report.GAP_WHY[("fa", 128, False, True)] in line
+    why, section = report.GAP_WHY[("fa", 128, False, True)]
+    assert f"Why: {why}." in line and f"({report.PERF_DOC}#{section})" in line
 
 
 def test_host_gap_spans_every_run_and_says_whether_the_goal_holds(tmp_path):
@@ -98,11 +173,11 @@ def test_host_gap_spans_every_run_and_says_whether_the_goal_holds(tmp_path):
         "                            q.new_empty(out shape):     3.5 us per call (host)\n"
         "                                        SDPA flash:    26.0 us per call (host)\n")
     line = report.host_gap([str(first)])
-    assert "12.5-12.5 us on the portable kernel and 14.0-14.0 us on the Hopper kernel" in line
+    assert "12.5 us on the portable kernel and 14.0 us on the Hopper kernel" in line
     assert ": met." in line
     line = report.host_gap([str(first), str(second)])
-    assert "12.5-16.0 us on the portable kernel" in line and "SDPA flash's 24.0-26.0 us" in line
-    assert "met on some runs, not on all" in line and "allocation (3.5-3.5 us)" in line
+    assert "12.5-16.0 us on the portable kernel" in line and "SDPA flash 24.0-26.0 us" in line
+    assert "met on some runs, not on all" in line and "allocation (3.5 us)" in line
     assert ": not met." in report.host_gap([str(second)])  # 16.0 us only
     assert report.host_gap([str(tmp_path)]) is None  # no host rows: nothing to judge
 
@@ -129,15 +204,22 @@ def test_clock_text_takes_the_median_clock_of_the_loaded_samples(tmp_path):
     assert "`clocks.csv` 1455 MHz (1 samples, 1455-1455)" in report.clock_text(str(tmp_path))
 
 
-def test_a_folder_says_which_csvs_were_timed_interleaved(tmp_path, capsys):
+def test_a_folder_says_which_csvs_were_timed_interleaved(tmp_path):
     rows = ["date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,ms_median,tflops",
             "d,g,fa,vflash,fp16,4,16,16,4096,4096,128,False,ok,1.0,600.0",
             "d,g,fa,sdpa_cudnn,fp16,4,16,16,4096,4096,128,False,ok,1.0,590.0"]
     for name, timing in (("fa_fp16", "interleaved"), ("fa_bf16", "one method after another")):
         (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
         (tmp_path / f"{name}.env.json").write_text(json.dumps({"timing": timing}))
-    report.main([str(tmp_path)])
-    out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if x.startswith("Timed interleaved"))
-    assert "): fa_fp16.csv. " in line and "fa_bf16" not in line
-    assert "work a clock" in line  # how to read an interleaved ratio
+    for out in (report.run_report(str(tmp_path)), report.brief(str(tmp_path))):
+        bullet = " ".join(text_between(out, "- Timed interleaved", "\n\n").split())
+        assert "): fa_fp16.csv. " in bullet and "fa_bf16" not in bullet
+        assert "work a clock" in bullet  # how to read an interleaved ratio
+
+
+def test_run_report_lists_the_files_it_does_not_render(tmp_path):
+    (tmp_path / "NOTE.md").write_text("A/B of two trees.\n")
+    (tmp_path / "ab.txt").write_text("base 500 / variant 510\n")
+    out = report.run_report(str(tmp_path))
+    assert "## Note\n\nA/B of two trees." in out
+    assert "[ab.txt](ab.txt)" in out and "Environment: (no environment record)" in out
