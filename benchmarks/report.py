@@ -128,7 +128,7 @@ ANCHORS_FA4 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_
 
 
 def _fa4_anchors():
-    # FA4 is not installed on the GPU machine: its figures come from shared/ANCHORS.md
+    # FA4 is not installed on the GPU machine: its figures come from docs/ANCHORS.md
     # (fp16, same machine kind, 2026-11-29), committed as benchmarks/anchors_fa4.csv.
     if not os.path.exists(ANCHORS_FA4):
         return {}
@@ -339,7 +339,7 @@ def _timing(csv_path):
 def clock_text(folder, min_watts=600.0):
     """One line per nvidia-smi trace of the folder (`clocks*.csv`: timestamp, SM clock, power, ...,
     sampled while a step ran): the SM clock's median over the samples whose averaged power draw is
-    at or above min_watts, which is the board at its cap under sustained load (NOTES session 15);
+    at or above min_watts, which is the board at its cap under sustained load (docs/perf/log.md, session 15);
     None without traces."""
     parts = []
     for path in sorted(glob.glob(os.path.join(folder, "clocks*.csv"))):
