@@ -73,18 +73,34 @@ def test_bench_without_gpu_exits_2(capsys):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["bench", "--smoke", "--shape", "1,2,3"], ["six positive integers"]),
+    (["bench", "--smoke", "--shape", "1,2,3"], ["six integers"]),
     (["bench", "--smoke", "--shape", "1,3,2,8,8,16"], ["multiple of Hkv"]),
     (["bench", "--smoke", "--methods", "vflash,magic"], ["unknown method", "magic"]),
     (["bench", "--smoke", "--dtype", "fp8"], ["unknown dtype", "fp8"]),
     (["plot", "/nonexistent.csv"], ["no such file"]),
-    (["check", "--shape", "2,2,2,8,x,16"], ["six positive integers"]),
+    (["check", "--shape", "2,2,2,8,x,16"], ["six integers"]),
 ])
 def test_argument_errors_are_clear(argv, words, tmp_path):
     with pytest.raises(SystemExit) as info:
         main(argv + (["--out", str(tmp_path / "o.csv")] if argv[0] == "bench" else []))
     for w in words:
         assert w in str(info.value)
+
+
+@pytest.mark.parametrize("shape,causal", [("1,2,2,0,7,16", "false"), ("1,2,2,7,0,16", "true"),
+                                          ("1,2,1,0,0,16", "top_left")])
+def test_check_accepts_empty_sequences(shape, causal, capsys):
+    assert main(["check", "--shape", shape, "--causal", causal]) == 0
+    out = capsys.readouterr().out
+    nq, nk = shape.split(",")[3:5]
+    assert f"N{nq}x{nk}" in out and out.strip().endswith("1 passed, 0 failed")
+
+
+def test_bench_shape_accepts_empty_sequences():
+    assert Shape.parse("1,2,2,0,9,16", causal=True) == Shape(1, 2, 2, 0, 9, 16, True)
+    for bad in ("0,2,2,4,4,16", "1,0,2,4,4,16", "1,2,0,4,4,16", "1,2,2,4,4,0"):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            Shape.parse(bad, causal=False)
 
 
 def test_argparse_rejects_bad_causal(capsys):

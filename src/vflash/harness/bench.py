@@ -58,10 +58,12 @@ class Shape:
     def parse(text: str, causal: bool) -> "Shape":
         parts = text.split(",")
         if len(parts) != 6 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"--shape wants six positive integers B,Hq,Hkv,Nq,Nk,D, got {text!r}")
+            raise ValueError(f"--shape wants six integers B,Hq,Hkv,Nq,Nk,D, got {text!r}")
         B, Hq, Hkv, Nq, Nk, D = (int(p) for p in parts)
-        if min(B, Hq, Hkv, Nq, Nk, D) < 1 or Hq % Hkv:
-            raise ValueError(f"--shape {text!r}: all sizes must be >= 1 and Hq a multiple of Hkv")
+        # Nq = 0 or Nk = 0 is a call vflash.attention takes (an empty output; zeros and lse -inf).
+        if min(B, Hq, Hkv, D) < 1 or Hq % Hkv:
+            raise ValueError(f"--shape {text!r}: B, Hq, Hkv and D must be >= 1 (Nq and Nk may be 0), "
+                             f"and Hq a multiple of Hkv")
         return Shape(B, Hq, Hkv, Nq, Nk, D, causal)
 
 
