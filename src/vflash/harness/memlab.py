@@ -38,6 +38,10 @@ METHODS = {"materialised": materialised, "vflash": lambda q, k, v: vflash.attent
 
 def run_memory_lab(device: torch.device, sizes: Sequence[int], out_csv: str, printer=print,
                    B: int = 1, H: int = 28, D: int = 128) -> List[dict]:
+    """One CSV row per (size, method), and one printed line per size, written as
+    it goes: `printer(text, end=...)` gets the size when it starts and each
+    method's peak as that method finishes (slow under the Triton interpreter),
+    then the line's end."""
     dtype = torch.bfloat16
     rows = []
     with open(out_csv, "w", newline="") as f:
@@ -47,21 +51,21 @@ def run_memory_lab(device: torch.device, sizes: Sequence[int], out_csv: str, pri
             q = torch.randn(B, H, s, D, device=device, dtype=dtype)
             k, v = torch.randn_like(q), torch.randn_like(q)
             inputs_mib = 3 * q.numel() * q.element_size() / 2**20
-            line = [f"S={s:>6}"]
+            printer(f"S={s:>6}", end="")
             for name, fn in METHODS.items():
                 row = dict(method=name, S=s, B=B, H=H, D=D, dtype="bf16", causal=True,
                            inputs_mib=round(inputs_mib, 3))
                 try:
                     with torch.no_grad():
                         row.update(status="ok", peak_mib=round(peak_mib(lambda: fn(q, k, v), device), 6))
-                    line.append(f"{name} {row['peak_mib']:10.1f} MiB")
+                    printer(f"   {name} {row['peak_mib']:10.1f} MiB", end="")
                 except torch.cuda.OutOfMemoryError:
                     row.update(status="oom")
-                    line.append(f"{name} {'OOM':>10}    ")
+                    printer(f"   {name} {'OOM':>10}    ", end="")
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 w.writerow(row)
                 rows.append(row)
             f.flush()
-            printer("   ".join(line))
+            printer("")
     return rows
