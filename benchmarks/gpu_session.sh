@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host clocks profile ab
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
@@ -64,7 +64,7 @@ for step in "$@"; do
     d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
-                  tests/test_hopper.py ;;
+                  tests/test_hopper.py tests/test_dispatch.py ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
     hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
@@ -100,6 +100,10 @@ for step in "$@"; do
               --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 --methods vflash,sdpa_cudnn \
               --out "$R/clocks_bench.csv" | tail -4 ;;
     host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
+    host_old) # the same host measurement from the tree in HOST_OLD (a copy of an older checkout, e.g. .ab/old
+              # made by `git archive <commit> src benchmarks | tar -x -C .ab/old`; carry it), for a same-run before/after
+              PYTHONPATH=$PWD/${HOST_OLD:-.ab/old}/src timeout 90 python3 ${HOST_OLD:-.ab/old}/benchmarks/experiments/host_hopper.py \
+                > "$R/host_hopper_old.txt" 2>&1; cat "$R/host_hopper_old.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1

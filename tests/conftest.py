@@ -1,12 +1,6 @@
 import pytest
 import torch
 
-# vflash settles TRITON_INTERPRET (on without CUDA) before Triton is imported;
-# Triton decorates its own library functions (tl.zeros, ...) when first
-# imported, so a test module importing triton before vflash would otherwise
-# leave them compiled-only and break every interpreted kernel.
-import vflash._backend  # noqa: F401
-
 HAS_CUDA = torch.cuda.is_available()
 
 

@@ -10,10 +10,12 @@ import triton
 import triton.language as tl
 
 import vflash
+from vflash._backend import launcher
 from vflash.harness.cases import Case, make_inputs, run_case
-from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, row_tiles
-from vflash.ops import attention as ops_attention
-from vflash.ops.attention import TileConfig, attention_forward, mask_band
+from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
+from vflash.ops import mask_band
+from vflash.ops.attention import attention_forward
+from vflash.ops.tiles import PortableTiles
 from vflash.reference import attention_explicit
 from vflash.reference.explicit import visible_mask
 
@@ -149,9 +151,9 @@ def test_tile_sizes_and_poisoned_outputs(block_m, block_n, split, opts, device):
     out = torch.full((2, 4, 77, 32), float("nan"), dtype=q.dtype, device=device)
     lse = torch.full((2, 4, 77), float("nan"), dtype=torch.float32, device=device)
     from vflash._validate import check_window, resolve_causal
-    attention_forward(q, k, v, causal=resolve_causal(opts.get("causal", False)), scale=32 ** -0.5,
-                      window=check_window(opts.get("window")), softcap=None, return_lse=True,
-                      config=TileConfig(block_m, block_n, 4, 1, split), out=out, lse=lse)
+    band = mask_band(77, 131, resolve_causal(opts.get("causal", False)), check_window(opts.get("window")))
+    attention_forward(q, k, v, band=band, scale=32 ** -0.5, softcap=None, return_lse=True,
+                      tiles=PortableTiles(block_m, block_n, 4, 1, split), out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_o, ref_l = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
     same_o, _ = attention_explicit(q, k, v, compute_dtype=None, **opts)
@@ -199,7 +201,7 @@ def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative, device)
     for start, n_k, off, left, right in [(0, 20, 0, -1, 0), (32, 50, 10, -1, 0), (64, 70, 40, 5, 2),
                                          (32, 64, -20, 3, -1), (96, 100, 90, -1, -1), (0, 32, 7, 0, 0)]:
         out = torch.zeros(rows, block_n, device=device)
-        _masked_logits_kernel[(1,)](out, start, n_k, off, left, right, ROWS=rows, BLOCK_N=block_n,
+        launcher(_masked_logits_kernel, device)[(1,)](out, start, n_k, off, left, right, ROWS=rows, BLOCK_N=block_n,
                                     RELATIVE=relative, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0)
         out = out.cpu()
         i = torch.arange(rows)[:, None]
@@ -250,7 +252,7 @@ def test_row_tiles_cover_every_visible_key_and_only_skip_hidden_ones(block_m, bl
         off, left, right = mask_band(n_q, n_k, mode, window or (-1, -1))
         n_m = -(-n_q // block_m)
         out = torch.full((n_m, block_m // rows, 5), -7, dtype=torch.int32, device=device)
-        _row_tiles_kernel[(n_m, block_m // rows)](out, n_q, n_k, off, left, right, BLOCK_M=block_m,
+        launcher(_row_tiles_kernel, device)[(n_m, block_m // rows)](out, n_q, n_k, off, left, right, BLOCK_M=block_m,
                                                   BLOCK_N=block_n, ROWS=rows, HAS_LEFT=left >= 0,
                                                   HAS_RIGHT=right >= 0)
         out = out.cpu()
@@ -298,30 +300,43 @@ def test_return_types(device):
     assert out.is_contiguous()
 
 
-def test_interpreter_is_on_without_cuda():
-    from vflash._backend import interpreting
-    if not torch.cuda.is_available():
-        assert interpreting()
+def test_import_leaves_the_environment_and_other_triton_code_alone(tmp_path):
+    # No TRITON_INTERPRET set at import, CPU tensors still run (interpreted per call), and
+    # afterwards Triton's own library functions and JITFunction calls are as Triton made them.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import os
+        import torch
+        import triton.language as tl
+        from triton.runtime.jit import JITFunction
+        call = JITFunction.__call__
+        import vflash
+        assert "TRITON_INTERPRET" not in os.environ
+        q = torch.randn(1, 1, 5, 16)
+        out = vflash.attention(q, q, q)
+        ref = torch.softmax(q @ q.transpose(-1, -2) / 4, -1) @ q
+        assert (out - ref).abs().max() < 1e-5
+        assert isinstance(tl.sum, JITFunction) and JITFunction.__call__ is call
+        try:
+            tl.sum(q, 0)
+        except RuntimeError as e:
+            assert "outside of the scope of a kernel" in str(e)
+        else:
+            raise AssertionError("a compiled jit function ran outside a kernel")
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
-def test_choose_config_picks_tiles_from_mask_and_grid(monkeypatch):
-    # The GPU heuristics, checked as logic (an H200 has 132 SMs).
-    monkeypatch.setattr(ops_attention, "interpreting", lambda: False)
-    monkeypatch.setattr(ops_attention, "_sm_count", lambda index: 132)
-    ops_attention.default_config.cache_clear()
-    try:
-        def pick(d, causal, n, bh, dtype=torch.float16):
-            right = 0 if causal else -1
-            return ops_attention.choose_config(d, dtype, right, n, bh, torch.device("cuda", 0))
-        assert pick(128, False, 16384, 16).split  # 16 x 64 programs of 256 rows
-        assert pick(128, False, 2048, 8).block_m == 128 and not pick(128, False, 2048, 8).split  # 64 < 132
-        assert pick(64, False, 16384, 32) == TileConfig(128, 64, 8, 3)
-        assert pick(128, True, 512, 512).block_m == 64  # short causal
-        assert pick(128, True, 16384, 16) == TileConfig(128, 128, 8, 3)
-        assert pick(64, True, 4096, 16).block_m == 64  # 512 programs: under 4 waves
-        assert pick(64, True, 4096, 128).block_m == 128
-        assert pick(256, True, 4096, 32) == TileConfig(128, 64, 8, 2)
-        fp32 = pick(128, False, 16384, 16, torch.float32)
-        assert not fp32.split and fp32.block_m == 64 and fp32.num_warps == 4
-    finally:
-        ops_attention.default_config.cache_clear()
+def test_interpreter_warnings_stay_inside(device, recwarn):
+    # exp2(-inf) and masked lanes raise numpy floating-point warnings inside the interpreter.
+    import warnings
+    warnings.simplefilter("always")
+    q = torch.randn(1, 1, 9, 16, device=device)
+    vflash.attention(q, q[:, :, :3], q[:, :, :3], causal="top_left", window=(1, 0), return_lse=True)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

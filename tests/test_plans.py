@@ -8,14 +8,18 @@ import vflash
 from vflash.kernels.attention_fwd import attention_fwd_kernel
 from vflash.kernels import attention_fwd_hopper as hopper_kernels
 from vflash.ops import attention as ops
+from vflash.ops import launch as launches
 from vflash.ops import plans
+from vflash.ops.band import Band
+from vflash.ops.launch import Alloc, Slot
+from vflash.ops.tiles import HopperTiles, PortableTiles
 from vflash.reference import attention_explicit
 
 
 @pytest.fixture
 def keyed(monkeypatch):
     # Keys are computed only for compiled kernels; pretend, to test the key itself.
-    monkeypatch.setattr(plans, "interpreting", lambda: False)
+    monkeypatch.setattr(plans, "_planned", lambda q: True)
     q = torch.randn(1, 2, 8, 16)
     return q, lambda *a, **kw: plans.plan_key(q, q, q, *a, **kw)
 
@@ -57,10 +61,9 @@ def test_key_is_none_for_unkeyable_input(keyed):
     assert "plan" not in plans._plans.values()
 
 
-def test_interpreter_never_plans():
+def test_cpu_tensors_never_plan():
     q = torch.randn(1, 1, 4, 16)
-    if vflash._backend.interpreting():
-        assert plans.plan_key(q, q, q, False, None, None, None, False) is None
+    assert plans.plan_key(q, q, q, False, None, None, None, False) is None
 
 
 def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
@@ -76,11 +79,11 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     q = torch.randn(1, 2, 8, 16)
     out = torch.empty_like(q)
     lse = torch.empty(1, 2, 8)
-    cfg = ops.TileConfig(32, 32, 4, 1)
-    args, constexprs = ops._kernel_args(q, q, q, out, lse, 2, 2, 8, 8, 16, 16, 0, -1, 0, 0.25, None, cfg)
-    ops._record_plan("k", attention_fwd_kernel, FakeCompiled(), (1, 2, 1), args, constexprs, out, lse, None)
+    launch = ops._portable_launch(q, q, q, out, lse, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    allocs = [Alloc("out", (1, 2, 8, 16), q.dtype), Alloc("lse", (1, 2, 8), torch.float32)]
+    launches.record("k", launch, FakeCompiled(), ops.INPUTS, allocs, ops.RETURNS, 0)
     plan = recorded["k"]
-    assert calls == [("grid", (1, 2, 1))]
+    assert calls == [("grid", launch.grid)]
     o2, l2 = plan(q, q, q)
     launched = calls[-1][1]
     names = attention_fwd_kernel.arg_names
@@ -89,9 +92,14 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     by_name = dict(zip(names, launched))
     assert by_name["stride_qm"] == 16 and by_name["n_q"] == 8 and by_name["right"] == 0
     assert by_name["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
-    for name, value in constexprs.items():
+    for name, value in launch.constexprs.items():
         assert by_name[name] == value
     assert o2.shape == q.shape and l2.shape == (1, 2, 8) and l2.dtype == torch.float32
+    # without LSE the kernel's LSE slot takes out, and the plan returns None for it
+    launch = ops._portable_launch(q, q, q, out, None, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    launches.record("k2", launch, FakeCompiled(), ops.INPUTS, allocs[:1], ops.RETURNS, 0)
+    o3, l3 = recorded["k2"](q, q, q)
+    assert l3 is None and calls[-1][1][4] is o3 is calls[-1][1][3]
 
 
 @pytest.mark.gpu
@@ -186,31 +194,45 @@ def _compiled(launch, scratch=0):
     return SimpleNamespace(run=_CudaLauncherLike(launch, scratch), function=77, packed_metadata=(8, 1, 4096))
 
 
+PTR_SLOTS = [Slot(0, "q"), Slot(1, "k"), Slot(2, "v"), Slot(3, "out"), Slot(4, "lse")]
+
+
 def test_direct_launch_passes_the_c_launchers_arguments_in_order(triton36):
     from vflash.ops.direct_launch import direct_launch
     c = _Recorder()
     fallback = []
-    launch = direct_launch(_compiled(c), (3, 1, 1), [5, 2.5, True], 2, None, lambda *a: fallback.append(a))
+    params = [None] * 5 + [5, 2.5, True]
+    launch = direct_launch(_compiled(c), (3, 1, 1), params, PTR_SLOTS, range(5), 2, lambda *a: fallback.append(a))
     q, k, v, out, lse = (torch.randn(4) for _ in range(5))
     launch(q, k, v, out, lse)
     assert not fallback
     assert c.calls == [(3, 1, 1, 1002, 77, False, True, None, None, (8, 1, 4096), None, None, None,
                         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), 5, 2.5, True)]
+    # slots anywhere among the parameters, several taking one tensor (no LSE: out in its place)
+    c2 = _Recorder()
+    params = [9, None, 8, None, None, 7]
+    slots = [Slot(1, "q"), Slot(3, "out"), Slot(4, "out")]
+    launch = direct_launch(_compiled(c2), (3, 1, 1), params, slots, [0, 1, 1], 0, None)
+    launch(q, out)
+    assert c2.calls[0][13:] == (9, q.data_ptr(), 8, out.data_ptr(), out.data_ptr(), 7)
 
 
 def test_direct_launch_leaves_other_layouts_to_triton(triton36, monkeypatch):
     import triton
     from triton import knobs
     from vflash.ops.direct_launch import direct_launch
-    args = ((1, 1, 1), [], 0, None, lambda *a: None)
+    params = [None] * 5
+    args = ((1, 1, 1), params, PTR_SLOTS, range(5), 0, lambda *a: None)
     assert direct_launch(_compiled(_Recorder(), scratch=64), *args) is None  # needs scratch memory
     assert direct_launch(_compiled(lambda *a: None), *args) is None  # a Python layer, not the C function
-    assert direct_launch(_compiled(_Recorder()), (1, 1, 1), [], 0, lambda *t: t, lambda *a: None) is None  # no descs
+    described = [s._replace(describe=lambda t: t) for s in PTR_SLOTS[:4]] + PTR_SLOTS[4:]
+    assert direct_launch(_compiled(_Recorder()), (1, 1, 1), params, described, range(5), 0,
+                         lambda *a: None) is None  # descriptors where the launcher takes none
     monkeypatch.setattr(triton, "__version__", "3.9.0")
     assert direct_launch(_compiled(_Recorder()), *args) is None
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     c, fallback = _Recorder(), []
-    launch = direct_launch(_compiled(c), (1, 1, 1), [], 0, None, lambda *a: fallback.append(a))
+    launch = direct_launch(_compiled(c), (1, 1, 1), params, PTR_SLOTS, range(5), 0, lambda *a: fallback.append(a))
     t = torch.zeros(1)
     chain = knobs.runtime.launch_enter_hook  # an empty HookChain in Triton 3.6 and 3.9
     hook = lambda metadata: None  # noqa: E731
@@ -230,7 +252,7 @@ def test_direct_launch_leaves_other_layouts_to_triton(triton36, monkeypatch):
 
 def test_direct_launch_encodes_each_descriptor_once_per_pointer(triton36, monkeypatch):
     import triton.backends.nvidia.driver as nvidia
-    from vflash.ops.direct_launch import DESCRIPTORS_PER_OPERAND, direct_launch
+    from vflash.ops.direct_launch import DESCRIPTORS_PER_SLOT, direct_launch
     encoded = []
 
     def encode(desc, meta):
@@ -239,8 +261,10 @@ def test_direct_launch_encodes_each_descriptor_once_per_pointer(triton36, monkey
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", encode)
     c = _Recorder()
     meta = ["mq", "mk", "mv", "mo"]
-    descriptors = lambda q, k, v, o: [f"d{t.data_ptr()}" for t in (q, k, v, o)]  # noqa: E731
-    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, meta)), (9, 1, 1), [7], 0, descriptors, None)
+    describe = lambda t: f"d{t.data_ptr()}"  # noqa: E731
+    slots = [s._replace(describe=describe) for s in PTR_SLOTS[:4]] + PTR_SLOTS[4:]
+    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, meta)), (9, 1, 1), [None] * 5 + [7], slots,
+                           range(5), 0, None)
     q, k, v, o, o2, lse = (torch.randn(4) for _ in range(6))
     launch(q, k, v, o, lse)
     assert encoded == [(f"d{t.data_ptr()}", m) for t, m in zip((q, k, v, o), meta)]
@@ -249,7 +273,7 @@ def test_direct_launch_encodes_each_descriptor_once_per_pointer(triton36, monkey
     launch(q, k, v, o, lse)
     assert encoded[4:] == [(f"d{o2.data_ptr()}", "mo")]
     assert c.calls[2] == c.calls[0]
-    outs = [torch.randn(4) for _ in range(DESCRIPTORS_PER_OPERAND + 1)]
+    outs = [torch.randn(4) for _ in range(DESCRIPTORS_PER_SLOT + 1)]
     for t in outs:
         launch(q, k, v, t, lse)
     launch(q, k, v, outs[0], lse)  # the table was cleared when full: re-encoded
@@ -261,19 +285,19 @@ def test_direct_launch_passes_a_counter_after_lse(triton36, monkeypatch):
     from vflash.ops.direct_launch import direct_launch
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: [desc])
     c, fallback = _Recorder(), []
-    descriptors = lambda q, k, v, o: ["dq", "dk", "dv", "do"]  # noqa: E731
-    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, ["m"] * 4)), (9, 1, 1), [7], 0, descriptors,
-                           lambda *a: fallback.append(a), counter=True)
+    names = ["dq", "dk", "dv", "do"]
+    slots = [Slot(i, n, lambda t, i=i: names[i]) for i, n in enumerate(("q", "k", "v", "out"))]
+    slots += [Slot(4, "lse"), Slot(5, "tile_counter")]
+    launch = direct_launch(_compiled(_wrap_handle_tensordesc(c, ["m"] * 4)), (9, 1, 1), [None] * 6 + [7], slots,
+                           [0, 1, 2, 3, 4, 5], 0, lambda *a: fallback.append(a))
     q, lse, count = torch.randn(4), torch.randn(4), torch.zeros(1, dtype=torch.int32)
     launch(q, q, q, q, lse, count)
     assert c.calls[0][13:] == ("dq", "dk", "dv", "do", lse.data_ptr(), count.data_ptr(), 7) and not fallback
-    # a kernel of pointers has no counter: left to Triton's launch
-    assert direct_launch(_compiled(_Recorder()), (1, 1, 1), [], 0, None, lambda *a: None, counter=True) is None
 
 
 def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
     # A kernel that draws work tiles from a counter gets a new int32 zero per launch, after
-    # LSE; the recorded tail starts after it. A static one takes None there (a constexpr).
+    # LSE. A static one takes None there (a constexpr).
     from vflash.ops import hopper
     if not hopper_kernels.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
@@ -285,20 +309,16 @@ def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
 
     recorded = {}
     monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
-
-    class Desc:
-        base = torch.empty(1)
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    q = torch.randn(1, 2, 300, 128, dtype=torch.float16)
     for dynamic in (False, True):
-        args, constexprs = hopper.kernel_args((Desc(),) * 4, None, 1, 2, 2, 300, 300, 128, 0, -1, 0, 0.1, None,
-                                              128, 128, 2, 1, dynamic=dynamic)
-        assert constexprs["DYNAMIC"] == dynamic
-        assert (args[5] is None) != dynamic
-        ops._record_plan(dynamic, hopper_kernels.attention_fwd_hopper_kernel, FakeCompiled(), (1, 1, 1), args,
-                         constexprs, Desc.base, None, None)
+        counter = torch.zeros(1, dtype=torch.int32) if dynamic else None
+        launch = hopper.build(q, q, q, torch.empty_like(q), None, counter, Band(0, -1, 0), 0.1, None,
+                              HopperTiles(128, 128, 2, dynamic=dynamic), 132)
+        allocs = [Alloc("out", tuple(q.shape), q.dtype)] + ([Alloc("tile_counter", (1,), torch.int32, True)]
+                                                            if dynamic else [])
+        launches.record(dynamic, launch, FakeCompiled(), ops.INPUTS, allocs, ops.RETURNS, 0)
         plan = recorded[dynamic]
-        assert plan.counter == dynamic
-        q = torch.randn(1, 2, 300, 128)
         for _ in range(2):
             plan(q, q, q)
         first, second = launched[-2:]
@@ -309,6 +329,7 @@ def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
         else:
             assert first[5] is None
         assert dict(zip(names, first))["n_q"] == 300
+        assert first[0].base is q and first[3].base is not second[3].base  # each call's own output
 
 
 @pytest.mark.gpu

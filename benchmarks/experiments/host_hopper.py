@@ -15,7 +15,7 @@ import sys
 import torch
 
 import vflash
-import vflash.ops.attention as ops
+from vflash.ops import launch as launches
 from vflash.ops import plans
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -38,21 +38,21 @@ def main():
         row(f"planned repeat, {kind} (D {d}) [{plan.launch.__qualname__.split('.')[-1]}]",
             per_call_us(lambda: vflash.attention(q, q, q)))
         row("  ... causal + lse", per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))
-        real = ops.direct_launch
-        ops.direct_launch = lambda *a: None
+        real = launches.direct_launch
+        launches.direct_launch = lambda *a: None
         try:
             plans.clear()
             vflash.attention(q, q, q)
             row("  ... Triton's runner instead of the direct launch", per_call_us(lambda: vflash.attention(q, q, q)))
         finally:
-            ops.direct_launch = real
+            launches.direct_launch = real
         plans.clear()
         vflash.attention(q, q, q)
         key = plans.plan_key(q, q, q, False, None, None, None, False)
         out = torch.empty_like(q)
         row("  plan_key", per_call_us(lambda: plans.plan_key(q, q, q, False, None, None, None, False)))
         row("  lookup", per_call_us(lambda: plans.lookup(key, q, q, q)))
-        row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.out_shape)))
+        row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.allocs[0].shape)))
         row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out, out)))
         if d == 128:  # causal: DYNAMIC, a fresh work-tile counter a call, where work tiles outnumber the SMs
             for heads, what in ((16, "DYNAMIC: 144 work tiles"), (2, "static: 18 work tiles")):

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 import vflash
-import vflash.ops.attention as ops
+from vflash.kernels.attention_fwd import attention_fwd_kernel
+from vflash.ops import launch as launches
 
 
 def per_call_us(fn, n=3000, rounds=10):
@@ -63,20 +64,18 @@ def main():
             ("vflash.attention causal + lse, full path",
              per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))]
 
-    real = ops.attention_fwd_kernel
+    real = attention_fwd_kernel
     captured = {}
+    run = launches.run
 
-    class Capture:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                captured.update(grid=grid, args=args, kwargs=kwargs)
-            return launch
-
-    ops.attention_fwd_kernel = Capture()
+    def capture(launch, device):
+        captured.update(grid=launch.grid, args=launch.args, kwargs=dict(launch.constexprs, **launch.options))
+    launches.run = capture
     try:
-        rows.append(("validation + launcher (launch stubbed)", per_call_us(lambda: vflash.attention(q, q, q))))
+        rows.append(("validation + dispatch + launcher (launch stubbed)",
+                     per_call_us(lambda: vflash.attention(q, q, q))))
     finally:
-        ops.attention_fwd_kernel = real
+        launches.run = run
         vflash.ops.plans.lookup = lookup
     grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
     rows.append(("raw kernel[grid](...) JIT dispatch", per_call_us(lambda: real[grid](*args, **kwargs))))

@@ -1,38 +1,89 @@
-"""Where the Triton kernels run: the GPU, or the CPU through Triton's interpreter.
+"""Where a call's Triton kernels run: compiled for its CUDA device, or through
+Triton's interpreter for CPU tensors, chosen per call from the tensors' device.
 
-Triton picks compiled or interpreted kernels when `@triton.jit` decorates them,
-from the environment variable TRITON_INTERPRET. This module must therefore be
-imported before any module under `vflash.kernels`; `vflash.ops` does so.
+`import vflash` changes no environment variable and no Triton setting: vflash's
+kernels are decorated as ordinary compiled `@triton.jit` functions, and a CPU
+call runs the interpreted form of the same function (`interpreted_form`),
+inside `interpreter()`. Other Triton code in the process is untouched outside
+an interpreted launch; during one, Triton's interpreter patches
+`triton.language` for the launch's duration (as it always does), so do not
+compile GPU kernels in another thread at that moment.
 
-- TRITON_INTERPRET set (to anything): respected as given.
-- unset and no CUDA device: set to "1", so CPU tensors run the same kernels
-  through the interpreter.
-- unset with a CUDA device: kernels are compiled for the GPU; CPU tensors are
-  then refused with a message saying how to switch the interpreter on.
+TRITON_INTERPRET set by the user before Triton is imported still means what
+Triton says: every kernel, vflash's included, is decorated interpreted, and
+CUDA tensors too run through the interpreter (INTERPRET_ALL).
 """
 
+import contextlib
 import os
+import threading
 
+import numpy as np
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import triton  # noqa: E402  (after the environment is settled)
+INTERPRET_ALL = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def _read_interpret() -> bool:
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+def interpreted(device: torch.device) -> bool:
+    """True when a call on `device` runs through Triton's interpreter."""
+    return INTERPRET_ALL or device.type != "cuda"
 
 
-# Read once: vflash's kernels are decorated under this setting at import, and a
-# later change of the environment does not change what they are.
-_INTERPRET = _read_interpret()
+# Triton's interpreter keeps its grid position in one process-wide builder, so
+# interpreted launches run one at a time.
+_INTERPRETER_LOCK = threading.RLock()
+
+_forms = {}  # id(JITFunction) -> its interpreted form (JITFunctions hash by their source's cache key)
+
+
+def interpreted_form(fn):
+    """The interpreted form of a `@triton.jit` function (itself if it already is one)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    if isinstance(fn, InterpretedFunction):
+        return fn
+    form = _forms.get(id(fn))
+    if form is None:
+        form = _forms[id(fn)] = InterpretedFunction(fn.fn)
+    return form
+
+
+@contextlib.contextmanager
+def interpreter():
+    """The scope of an interpreted launch: a `@triton.jit` function called from
+    interpreted code (vflash's helpers, and Triton's own library functions such
+    as tl.sum, decorated compiled at import) runs its interpreted form; numpy's
+    floating-point warnings (exp2 of -inf, masked lanes) stay inside."""
+    from triton.runtime.jit import JITFunction
+
+    with _INTERPRETER_LOCK:
+        compiled_call = JITFunction.__call__
+        JITFunction.__call__ = lambda self, *args, **kwargs: interpreted_form(self)(*args, **kwargs)
+        try:
+            with np.errstate(all="ignore"):
+                yield
+        finally:
+            JITFunction.__call__ = compiled_call
+
+
+class _Interpreted:
+    def __init__(self, fn):
+        self.form = interpreted_form(fn)
+
+    def __getitem__(self, grid):
+        launch = self.form[grid]
+
+        def run(*args, **kwargs):
+            with interpreter():
+                return launch(*args, **kwargs)
+        return run
+
+
+def launcher(fn, device: torch.device):
+    """`fn` as a call on `device` launches it: `launcher(fn, device)[grid](*args)`
+    compiles for a CUDA device and interprets for CPU tensors."""
+    return _Interpreted(fn) if interpreted(device) else fn
 
 
 def interpreting() -> bool:
-    """True when vflash's Triton kernels run through the CPU interpreter."""
-    return _INTERPRET
+    """True when CPU tensors can run (always: through the interpreter, per call)."""
+    return True

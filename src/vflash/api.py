@@ -4,8 +4,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash import _validate
-from vflash.ops import attention_forward, plans
+from vflash import _validate, dispatch
+from vflash.ops import attention_forward, mask_band, plans
 
 
 def attention(
@@ -49,8 +49,8 @@ def attention(
         lse = -inf.
 
     dtypes: float16, bfloat16, float32 (fp32 products). Head dims 8..256, any
-    multiple of 8. CPU tensors run through the Triton interpreter (slow; see
-    README). No backward pass yet: inputs that require grad are refused while
+    multiple of 8. CPU tensors run the same kernel through Triton's interpreter
+    (slow; see README). Which kernel and tiles run: vflash.dispatch. No backward pass yet: inputs that require grad are refused while
     autograd is recording.
     """
     # Repeated calls with the same metadata and options skip straight to the launch
@@ -67,6 +67,8 @@ def attention(
     softcap_f = _validate.check_softcap(softcap)
     return_lse = _validate.check_flag("return_lse", return_lse)
     _validate.check_no_grad(q, k, v)
-    out, lse = attention_forward(q, k, v, causal=causal_mode, scale=scale_f, window=window_lr,
-                                 softcap=softcap_f, return_lse=return_lse, plan_key=key)
+    band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
+    choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
+    out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
+                                 tiles=choice.tiles, plan_key=key)
     return (out, lse) if return_lse else out

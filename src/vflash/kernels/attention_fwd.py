@@ -7,23 +7,15 @@ max `m`, sum `l` and accumulator `acc` in fp32 registers (online softmax, in the
 log2 domain: `log2(e)` is folded into the scale so the inner loop uses exp2), and
 writes the output tile and, on request, its natural-log LSE once.
 
-Masking is one mechanism: query row i sees key j when
-
-    i + off - left <= j <= i + off + right        (left/right < 0: unbounded)
-
-Causal attention is `right = 0`; its alignment (top-left / bottom-right) is
-`off`. The launcher folds causal, window and Nq != Nk into (off, left, right).
-For each query tile the key range is split into three stretches:
-
-    [lo, full_lo)       masked: tiles crossing the left edge of the band
-    [full_lo, full_hi)  no mask: every (row, key) pair visible, no bounds checks
-    [full_hi, hi)       masked: the diagonal / right edge and the ragged Nk tail
-
-Tiles outside [lo, hi) are never loaded or computed.
+Masking is the band of `kernels/mask.py`; each tile's key range splits into a
+masked stretch at each edge and an unmasked middle, each a loop compiled for its mask.
 """
 
 import triton
 import triton.language as tl
+
+from vflash.kernels.mask import key_range, masked_logits
+from vflash.kernels.softmax import softmax_step
 
 
 @triton.jit
@@ -51,133 +43,6 @@ def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
         return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
     else:
         return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
-                  MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                  SOFTCAP: tl.constexpr):
-    # qk [rows, BLOCK_N] raw q.k in fp32 -> scores, -inf where the key is not
-    # visible. With softcap they come out capped and in log2 units; without, they
-    # stay raw q.k, and softmax_step applies the scale inside the exp2's operand
-    # (one FMA per score instead of a multiply and a subtract). Shared with the
-    # Hopper kernel.
-    LOG2E: tl.constexpr = 1.4426950408889634
-    if SOFTCAP:
-        # cap * tanh(scale * qk / cap), tanh through exp2 so it saturates to +-1
-        # instead of overflowing; softcap_out carries cap * log2(e).
-        x = qk * softcap_in
-        qk = (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)) * softcap_out
-    if MASKED:
-        # With a right edge the key count folds into each row's last visible key,
-        # so a score costs one compare per edge, not one more for the count (the
-        # row bounds are a few ops per row, two rows a thread in the Hopper kernel;
-        # a masked loop there drops from 720 to 621 instructions at D = 128 causal).
-        # offs_n may be relative to the tile's first key, with n_k and off shifted
-        # by it: the Hopper kernel passes its loop-invariant columns that way (NOTES
-        # session 10). Clamping the bounds to the tile's columns instead changed
-        # the schedule of D = 64's unmasked loops (-1.6 to -4 % on the H200, NOTES
-        # session 8).
-        if HAS_RIGHT:
-            visible = offs_n[None, :] <= tl.minimum(offs_m + off + right, n_k - 1)[:, None]
-        else:
-            visible = offs_n[None, :] < n_k
-        if HAS_LEFT:
-            visible = visible & (offs_n[None, :] >= (offs_m + off - left)[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-    return qk
-
-
-# The lazy reference max's bound on how far a row's max may run ahead of its m
-# (log2 units, so p <= 2^8; FlashAttention-4's).
-LAZY_SLACK = tl.constexpr(8.0)
-
-
-@triton.jit
-def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, LAZY: tl.constexpr):
-    # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N], whose
-    # row max s_max [rows] the caller takes (tl.max(s, 1), or gl.max in the Hopper
-    # kernel): returns p [rows, BLOCK_N] fp32, the accumulator's
-    # rescale alpha [rows], and the new m, l [rows] (m in log2 units). Without
-    # softcap, s is raw q.k and qk_scale (> 0, log2(e) folded in) commutes with the
-    # row max, so the scale is applied to the max and fused into exp2's operand.
-    # LAZY (FlashAttention-4's lazy reference max): a row's m moves only when the
-    # tile's max exceeds it by more than LAZY_SLACK, so alpha is exactly 1 on most
-    # tiles and the Hopper kernel can skip O's rescale there. Exact either way (O,
-    # l and the LSE share m); only the rounding differs. Shared with the Hopper kernel.
-    if SOFTCAP:
-        m_tile = s_max
-    else:
-        m_tile = s_max * qk_scale
-    if LAZY:
-        m_new = tl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-    if MASKED:
-        # A row that has seen no visible key yet keeps m = -inf; subtracting 0
-        # instead makes its p and alpha exactly 0 rather than NaN.
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    if SOFTCAP:
-        p = tl.exp2(s - m_ref[:, None])
-    else:
-        p = tl.exp2(s * qk_scale - m_ref[:, None])
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, m_new, l_i
-
-
-@triton.jit
-def key_range(start_m, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    # Key range [lo, hi) seen by any row of the tile starting at start_m, and the
-    # tile-aligned part [full_lo, full_hi) in which every (row, key) pair is
-    # visible. Rows past n_q only widen the range. Shared with the Hopper kernel.
-    last_m = start_m + BLOCK_M - 1
-    lo = 0
-    full_lo = 0
-    hi = n_k
-    full_hi = (n_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = (tl.maximum(start_m + off - left, 0) // BLOCK_N) * BLOCK_N
-        full_lo = tl.cdiv(tl.maximum(last_m + off - left, 0), BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(hi, tl.maximum(last_m + off + right + 1, 0))
-        full_hi = tl.minimum(full_hi, (tl.maximum(start_m + off + right + 1, 0) // BLOCK_N) * BLOCK_N)
-    hi = tl.maximum(hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
-    return lo, full_lo, full_hi, hi
-
-
-@triton.jit
-def key_tiles(lo, full_lo, full_hi, hi, BLOCK_N: tl.constexpr):
-    # key_range's ranges in BLOCK_N-key tiles counted from lo: [0, n_left) masked,
-    # [n_left, n_mid) every pair visible, [n_mid, n_tiles) masked. Shared with the
-    # Hopper kernel (a work tile's, and each consumer's within it: row_tiles).
-    n_left = tl.cdiv(full_lo - lo, BLOCK_N)
-    n_mid = n_left + (full_hi - full_lo) // BLOCK_N
-    return n_left, n_mid, n_mid + tl.cdiv(hi - full_hi, BLOCK_N)
-
-
-@triton.jit
-def row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    # Of a work tile's key tiles [0, n_tiles), counted from its lo (key_range's),
-    # those that rows [row0, row0 + ROWS) see, split as key_tiles splits a tile's:
-    # [0, c_left) masked, [c_left, c_mid) every pair visible, [c_mid, c_end) masked;
-    # c_end = 0 for rows all past n_q. A left edge can put these rows' first key
-    # past the tile's last: clamped. Shared with the Hopper kernel, whose
-    # consumers (64-row slices of a work tile) stop at their own c_end.
-    c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    c_left, c_mid, c_end = key_tiles(lo, c_full_lo, c_full_hi, c_hi, BLOCK_N)
-    c_end = tl.minimum(c_end, n_tiles)
-    if row0 >= n_q:
-        c_end = 0
-    c_mid = tl.minimum(c_mid, c_end)
-    c_left = tl.minimum(c_left, c_mid)
-    return c_left, c_mid, c_end
 
 
 @triton.jit
@@ -367,31 +232,3 @@ def attention_fwd_kernel(
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
-
-
-# Launch configurations for the GPU per padded head dim:
-# (block_m, block_n, num_warps, num_stages, split), chosen on an H200 (fp16) with
-# benchmarks/tune.py; the measurements are in benchmarks/NOTES.md.
-#   GPU_CONFIGS        every mask, the fallback.
-#   GPU_SPLIT_CONFIGS  no right edge (not causal), while the doubled block_m still
-#                      gives every SM a program.
-#   GPU_SHORT_CONFIGS  with a right edge (causal), for n_q up to the given length or
-#                      grids of under SHORT_GRID_WAVES programs per SM: short or few
-#                      programs balance better in small tiles.
-GPU_CONFIGS = {
-    16: (128, 64, 8, 3, False),
-    32: (128, 64, 8, 3, False),
-    64: (128, 64, 8, 3, False),
-    128: (128, 128, 8, 3, False),
-    256: (128, 64, 8, 2, False),
-}
-GPU_SPLIT_CONFIGS = {
-    128: (256, 64, 8, 3, True),
-}
-GPU_SHORT_CONFIGS = {  # head_dim_pad: (config, longest n_q it is used for)
-    64: ((64, 64, 4, 3, False), 512),
-    128: ((64, 64, 4, 3, False), 2048),
-}
-SHORT_GRID_WAVES = 4
-# Under the interpreter the tile size only changes how many numpy ops run.
-INTERPRETER_CONFIG = (32, 32, 4, 1, False)

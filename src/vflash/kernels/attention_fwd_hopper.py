@@ -24,27 +24,26 @@ shape of FlashAttention-3:
   the tensor cores still work on P_{j-1} V_{j-1} (so the source orders it; ptxas
   moves that wait up unless LATE_PV_WAIT pins it). P stays in registers as the A
   operand of the second MMA.
-- PINGPONG (per head dim, HOPPER_CONFIGS): the consumers take turns to issue
+- PINGPONG: the consumers take turns to issue
   their products, as FlashAttention-3 orders its warpgroups, so one warpgroup's
   softmax overlaps another's MMAs.
-- P_FP32 (per head dim): P goes from one iteration to the next in fp32 and is
+- P_FP32: P goes from one iteration to the next in fp32 and is
   packed into the PV product's operand where that product is issued; without
   it, P is rounded where it is computed and carried packed two halves to a
   32-bit register (see _carried_p).
-- LATE_PV_WAIT (per head dim): keeps the wait for P_{j-1} V_{j-1} after the
+- LATE_PV_WAIT: keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
-- LAZY_RESCALE (per head dim and mask): FlashAttention-4's
+- LAZY_RESCALE: FlashAttention-4's
   lazy reference max (softmax_step's LAZY), and each warp branches over O's
   rescale when all its rows have alpha == 1 (_rescale).
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
-path, and `attention_fwd_kernel` stays the portable one. The launcher uses it
-only for what it covers (see `ops/attention.py`).
+path, and `attention_fwd_kernel` stays the portable one. Which switches each head
+dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 """
 
-from typing import NamedTuple
-
-from vflash.kernels.attention_fwd import key_range, key_tiles, masked_logits, row_tiles, softmax_step
+from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
+from vflash.kernels.softmax import softmax_step
 
 try:
     from triton.experimental import gluon
@@ -181,7 +180,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _ring(tile, STAGES: gl.constexpr):
         # (slot, phase) of ring tile `tile` >= 0, in unsigned arithmetic: signed
-        # % and // cost sign fix-ups in the uniform datapath (NOTES session 9).
+        # % and // cost sign fix-ups in the uniform datapath.
         t = tile.to(gl.uint32)
         return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
 
@@ -200,7 +199,7 @@ if HAVE_GLUON:
         # packed two to a 32-bit register, [ROWS, BLOCK_N // 2] int32. Carried as
         # separate 16-bit values, ptxas paired P's halves into registers in the
         # opposite order to the product's operand and swapped each pair back with
-        # a PRMT before the product (32 per tile, NOTES sessions 7 and 9); a
+        # a PRMT before the product (32 per tile); a
         # 32-bit carry leaves it nothing to pair.
         if P_FP32:
             return p_f32
@@ -287,7 +286,7 @@ if HAVE_GLUON:
                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
-            # PV wait, benchmarks/NOTES.md).
+            # PV wait).
             o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
             v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
@@ -312,7 +311,7 @@ if HAVE_GLUON:
                 # this softmax (it fills a latency gap with it), so the softmax
                 # would not overlap P_{j-1} V_{j-1}. It keeps the wait after a
                 # shared-memory store: the row sums, the softmax's last result,
-                # go to a scratch row that nothing reads (NOTES session 7, lead h).
+                # go to a scratch row that nothing reads.
                 anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(v_empty.index(_ring(kv + j - 1, STAGES)[0]), count=1)
@@ -386,7 +385,7 @@ if HAVE_GLUON:
             # to two tiles fewer), and rows all past n_q none. The ring tiles past
             # its own go by in _skip_tiles. (Without a right edge this only spares
             # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
-            # diagnosed: NOTES session 12.)
+            # diagnosed.)
             c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
                                              HAS_LEFT, HAS_RIGHT)
         offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
@@ -617,137 +616,3 @@ if HAVE_GLUON:
                                        BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                                        REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
-
-
-class HopperTiles(NamedTuple):
-    """The kernel's tiles and schedule switches for one head dim."""
-    block_m: int  # one (64), two (128) or three (192) consumer warpgroups of 64 query rows
-    block_n: int
-    stages: int  # depth of the K/V ring
-    q_buffers: int  # Q buffers per consumer without a right mask edge
-    q_buffers_causal: int  # with one
-    pingpong: bool  # PINGPONG
-    p_fp32_causal: bool  # P_FP32 where there is a right mask edge
-    late_pv_wait: bool  # LATE_PV_WAIT
-    lazy_rescale: bool  # LAZY_RESCALE without a right mask edge
-    lazy_rescale_causal: bool  # LAZY_RESCALE with one
-    ctas_per_sm: int = 1  # CTAs resident on an SM: the register cap a thread and the persistent grid follow
-    dynamic_causal: bool = False  # DYNAMIC where there is a right mask edge
-
-
-# Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2
-# bytes per element. Measured on the H200 (fp16, benchmarks/NOTES.md):
-# - q_buffers 2 lets the next work tile's Q load, and this tile's output store, run
-#   while this tile computes: without a right mask edge +13.5 / +6 / +4 % at
-#   D = 128 N = 512 / 1024 / 4096 (session 6); with one (causal) these tiles
-#   take one buffer, as two measured 1-7 % slower there (not diagnosed), while
-#   the one-consumer tiles (HOPPER_SHORT_CAUSAL, HOPPER_FEW_TILES) take two (session 12: +4.6 / +6 % at
-#   D = 64 N 1024 / 2048, +8 % at D = 128 N = 512; their consumer had waited 9 %
-#   of its stalls for Q, which also stages the output), and so do D = 128's causal
-#   tiles up to N = 2048 under DYNAMIC (HOPPER_SHORT_CAUSAL); D = 256 has no room for two.
-# - D = 64 takes three consumers: with half of D = 128's MMA work per score, a third
-#   warpgroup's softmax keeps the tensor cores busy (+6-11 % over two at N >= 4096).
-# - pingpong gained 2-3.5 % at D = 64 without a right edge and was even with one; at
-#   D = 128 it lost 0-2 %, at D = 256 0-1 % (session 7).
-# - P carried in fp32 under a right edge (causal): +5.3 / +2.7 % at D = 64 / 128,
-#   N = 16384, while without one the 16-bit carry measured 0-4.4 % faster (same
-#   run, session 7); not measured at D = 256. Both against the 16-bit carry of
-#   separate halves; packing the halves into 32-bit registers (session 9) took
-#   the PRMTs out of the loops (D = 64 458 -> 426 instructions a key tile, D = 128
-#   491 -> 459) and gained 1-5 % without a right edge (same-run A/B: D = 64
-#   N = 16384 483 -> 508, D = 128 N = 4096 / 16384 588 / 592 -> 607 / 610).
-#   Under a right edge the packed carry measured +1-2 % over P_FP32 at D = 128
-#   (N = 512-16384, session 10); D = 64 keeps P_FP32 until timed there.
-# - late_pv_wait: even to -1.7 % at D = 128 (session 8: the other consumer's products
-#   already fill the tensor cores during a softmax); not timed at D = 64 / 256.
-# - lazy_rescale (session 10, same run, TFLOP/s at N = 1024 / 4096 / 16384): D = 64
-#   412 / 472 / 515 -> 413 / 490 / 528 without a right edge, causal 365 / 467 ->
-#   382 / 488 at N = 4096 / 16384; D = 128 without one 569 / 613 / 617 -> 584 /
-#   628 / 640. It lost at D = 128 causal (-1 to -2 % against the packed carry,
-#   N = 512-16384) and was even to -2.7 % at D = 256.
-# - dynamic_causal (session 13, same run, CUDA graphs, TFLOP/s against the static
-#   causal grid, which at these lengths is one CTA per work tile): D = 128 N 1024 /
-#   2048 / 4096 / 8192 402 / 469 / 509 / 528 -> 397 / 491 / 548 / 570 [cuDNN 415 /
-#   474 / 510 / 531]; D = 64 N 4096 / 8192 / 16384 422 / 462 / 503 -> 434 / 478 /
-#   506 [409 / 420 / 432]; D = 256 (session 14) N 1024 / 4096 / 16384 447 / 576 /
-#   677 -> 459 / 580 / 676 [446 / 561 / 591]. Not measured without a right edge
-#   (where the static persistent grid is balanced already).
-HOPPER_CONFIGS = {
-    64: HopperTiles(192, 128, 2, 2, 1, pingpong=True, p_fp32_causal=True, late_pv_wait=False, lazy_rescale=True,
-                    lazy_rescale_causal=True, dynamic_causal=True),
-    128: HopperTiles(128, 128, 2, 2, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=True,
-                     lazy_rescale_causal=False, dynamic_causal=True),
-    256: HopperTiles(128, 64, 2, 1, 1, pingpong=False, p_fp32_causal=False, late_pv_wait=False, lazy_rescale=False,
-                     lazy_rescale_causal=False, dynamic_causal=True),
-}
-# Tiles other than HOPPER_CONFIGS' where those leave the tensor cores idle:
-# - HOPPER_SHORT_CAUSAL (head dim: bands of (longest n_q, tiles), shortest first):
-#   a right mask edge and at most n_q query rows, the first band that holds n_q.
-#   Short causal work tiles hold 1-8 key tiles, so each tile's serial chain (first
-#   QK^T and its softmax, last PV, output store) is exposed; consumers of one tile
-#   walk the same chain in step and leave the tensor cores idle together, CTAs of
-#   one consumer warpgroup each, several an SM, walk theirs apart (lead k, NOTES
-#   session 11). A little longer, two Q buffers let the next work tile's Q load
-#   under this one's chain.
-# - HOPPER_FEW_TILES: either mask, with too few work tiles of HOPPER_CONFIGS'
-#   height for HOPPER_USE's waves (the last wave would leave SMs idle).
-# H200, fp16, same runs (TFLOP/s, [cuDNN]):
-# - D = 128 causal, two CTAs of 64 x 64: N = 512 304 against 273 [322], N = 1024
-#   365 against 406, 2048 433 against 476 (session 11); two Q buffers N = 512
-#   303 -> 329 [326] (session 13); with DYNAMIC N = 512 308 against 334 (session 14).
-# - D = 128 causal, HOPPER_CONFIGS' tiles with DYNAMIC (CUDA graphs): two Q buffers
-#   N 1024 / 2048 / 4096 / 8192 413 / 509 / 532 / 560 against one 397 / 491 / 548 /
-#   570 [415 / 474 / 510 / 531] (session 13), N = 1024 421 against 396 [423]
-#   (session 14).
-# - D = 64 causal, 16k-token shapes (session 13, CUDA graphs, two runs): three
-#   CTAs of 64 x 64 with two Q buffers N 1024 / 2048 333-334 / 357-368, against
-#   two CTAs of 64 x 128 (two Q buffers) 321-325 / 342-350, one Q buffer 306 / 350,
-#   the portable kernel 300 / 352-359 [332-333 / 384-385]; three CTAs an SM cap a
-#   thread at 80 registers (Triton 3.6's SASS: 2 spill instructions), and 128-key
-#   tiles do not compile under that cap. With DYNAMIC (session 14) 337 / 370 ->
-#   342 / 382 [333 / 386].
-# - D = 64, B = 1, H = 16 (session 13): two CTAs of 64 x 128, two Q buffers,
-#   non-causal N 1024 / 2048 / 4096 247 / 387-391 / 459-460 [239-241 / 378-379 /
-#   447]; three CTAs lose there (234 / 308 / 377), causal they are even or behind
-#   (119-120 / 220-221 / 317-318 against 124-125 / 220 / 331-332 [120 / 209 /
-#   319-321]).
-# D = 256 cannot: ptxas needs more than the 128 registers a thread (half the file
-# a CTA) for a 64 x 256 wgmma.
-HOPPER_SHORT_CAUSAL = {
-    64: ((2048, HopperTiles(64, 64, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
-                            lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=3, dynamic_causal=True)),),
-    128: ((512, HopperTiles(64, 64, 2, 1, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
-                            lazy_rescale=False, lazy_rescale_causal=False, ctas_per_sm=2)),
-          (2048, HopperTiles(128, 128, 2, 2, 2, pingpong=False, p_fp32_causal=False, late_pv_wait=False,
-                             lazy_rescale=True, lazy_rescale_causal=False, dynamic_causal=True))),
-}
-HOPPER_FEW_TILES = {
-    64: HopperTiles(64, 128, 2, 2, 2, pingpong=False, p_fp32_causal=True, late_pv_wait=False,
-                    lazy_rescale=True, lazy_rescale_causal=True, ctas_per_sm=2),
-}
-# When the launcher picks this kernel over the portable one, per head dim:
-# (shortest n_q without a right mask edge, shortest n_q with one (causal), fewest
-# work tiles of HOPPER_CONFIGS' height per SM, below which HOPPER_FEW_TILES'
-# tiles serve where the head dim has them, else the portable kernel). From the H200 runs
-# in benchmarks/NOTES.md (fp16, TFLOP/s, same run). D = 128 / 256: ahead at
-# every length since the causal grid went persistent (session 6: causal N = 512,
-# 246 against 242 at D = 128, 315 against 226 at D = 256). D = 64 (192-row
-# tiles): non-causal ahead from N = 512 since P's packed carry (session 9: 368
-# against the portable kernel's 345 at N = 512, 409 against 386 at 1024); causal
-# since each consumer stops at its own last key tile (session 12) 422 against
-# 392 at N = 4096 and 472 against 410 at 8192, and from N = 1024 with the short
-# tiles (N = 512 not measured); and a grid of under 4 waves leaves SMs idle in
-# the last one (B = 1, H = 16, N = 2048: 176 tiles on 132 SMs, 274 against the
-# portable kernel's 349).
-HOPPER_USE = {
-    64: (512, 1024, 4),
-    128: (1, 1, 0),
-    256: (1, 1, 0),
-}
-# Query rows per consumer warpgroup (one wgmma M); the kernel's ROWS constants.
-CONSUMER_ROWS = 64
-# Registers per thread of each consumer warpgroup (setmaxnreg), by (consumer
-# count, CTAs an SM); the producer warpgroup keeps what is left of the CTA's
-# share of the 64 K register file (one CTA: 24 of 168 / 128 a thread; two of one
-# consumer: 32 of 128; three: 24 of 80).
-CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}

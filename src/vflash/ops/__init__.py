@@ -1,6 +1,6 @@
-"""Launchers: allocate outputs, choose tile configs, build the grid, call kernels."""
+"""Launchers: allocate outputs, build each kernel's arguments and grid, launch, record plans."""
 
-from vflash import _backend  # noqa: F401  (settles TRITON_INTERPRET before kernels import)
 from vflash.ops.attention import attention_forward
+from vflash.ops.band import Band, mask_band
 
-__all__ = ["attention_forward"]
+__all__ = ["Band", "attention_forward", "mask_band"]

@@ -6,8 +6,8 @@ TMA descriptor argument one cuTensorMapEncodeTiled per call. Measured on the H20
 host (`results/2026-11-29-h200-s5-host`, Triton 3.6): a planned repeat of the
 Hopper kernel 45 us, its C launcher with the descriptors already encoded 7.6 us.
 
-A launch plan fixes everything but the data pointers, so it can call the C
-launcher itself:
+A launch plan fixes everything but its slots (vflash.ops.launch.Slot), so it
+can call the C launcher itself:
 
 - the stream comes from torch's current raw stream (what Triton's driver reads);
 - pointers go in as integers (the plan key fixes their device);
@@ -21,14 +21,14 @@ layout, a kernel that needs scratch memory, or a launch hook set (a profiler's)
 at call time leaves the plan on Triton's own runner.
 """
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-# Encoded descriptors cached per plan and operand (q, k, v, out): enough for a
+# Encoded descriptors cached per plan and slot (q, k, v, out): enough for a
 # model's layers to share one plan (one q, k, v buffer each) without evictions;
 # a descriptor with its launcher arguments is a few hundred bytes.
-DESCRIPTORS_PER_OPERAND = 64
+DESCRIPTORS_PER_SLOT = 64
 
 # torch's current CUDA stream as an integer handle (what Triton's driver reads);
 # absent from CPU-only builds of torch.
@@ -64,27 +64,62 @@ def c_launcher(compiled) -> Optional[tuple]:
     return launch, run, meta
 
 
-def direct_launch(compiled, grid: Sequence[int], tail: Sequence, device_index: int,
-                  descriptors: Optional[Callable], fallback: Callable, counter: bool = False) -> Optional[Callable]:
-    """A function (q, k, v, out, lse) -> None that launches `compiled` on the
-    current stream with `tail` after the five data arguments, or None where
-    `compiled` does not have the layout this module knows. `descriptors` (q, k,
-    v, out) -> their TensorDescriptors, for a kernel that takes q, k, v and out
-    as TMA descriptors; None for one that takes pointers. With `counter` (a
-    descriptor kernel's work-tile counter) the function takes it as a sixth data
-    argument. `fallback(q, k, v, out, lse[, counter])` is Triton's own launch,
-    used while a launch hook is set."""
+def direct_launch(compiled, grid: Sequence[int], params: Sequence, slots: Sequence, sources: Sequence[int],
+                  device_index: int, fallback: Callable) -> Optional[Callable]:
+    """A function (*tensors) -> None that launches `compiled` on the current
+    stream, or None where `compiled` does not have the layout this module knows.
+
+    `params` holds every kernel parameter in signature order (constexprs
+    included) as the first launch passed them; `slots` (vflash.ops.launch.Slot)
+    are the ones rebuilt per call, slot i from tensors[sources[i]]: its data
+    pointer, or with `describe` its TMA descriptor. `fallback(*tensors)` is
+    Triton's own launch, used while a launch hook is set."""
     found = c_launcher(compiled)
     if found is None or current_raw_stream is None:
         return None
     launch, run, meta = found
-    if (descriptors is None) != (not meta) or (counter and descriptors is None):
-        return None
-    head = (grid[0], grid[1], grid[2])
-    rest = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-            compiled.packed_metadata, None, None, None)
-    tail = tuple(tail)
-    stream_of = current_raw_stream
+    described = sorted((s.position, i) for i, s in enumerate(slots) if s.describe is not None)
+    if len(described) != len(meta or ()):
+        return None  # every descriptor parameter must be a slot (the C launcher expands each)
+    meta_of = {pos: meta[j] for j, (pos, _) in enumerate(described)}
+
+    # The launcher's argument list, written out as the source of one function:
+    # fixed values in runs (splatted tuples), a slot as its pointer or its cached
+    # descriptor expansion. One generated call costs what a hand-written one does.
+    env = dict(c=launch, stream_of=current_raw_stream, device=device_index, fallback=fallback, hooks_set=_hook_check(),
+               head=(grid[0], grid[1], grid[2]),
+               rest=(compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                     compiled.packed_metadata, None, None, None))
+    slot_at = {s.position: (i, s) for i, s in enumerate(slots)}
+    parts, run_values = [], []
+    for pos, value in enumerate(params):
+        if pos not in slot_at:
+            run_values.append(value)
+            continue
+        if run_values:
+            env[f"r{pos}"] = tuple(run_values)
+            parts.append(f"*r{pos}")
+            run_values = []
+        i, s = slot_at[pos]
+        if s.describe is None:
+            parts.append(f"t{sources[i]}.data_ptr()")
+        else:
+            env[f"d{pos}"] = _descriptor_cache(s.describe, meta_of[pos])
+            parts.append(f"*d{pos}(t{sources[i]})")
+    if run_values:
+        env["r_end"] = tuple(run_values)
+        parts.append("*r_end")
+    names = "".join(f"t{i}, " for i in range(max(sources, default=-1) + 1))
+    source = (f"def launch_direct({names}*more):\n"
+              f"    if hooks_set():\n"
+              f"        return fallback({names}*more)\n"
+              f"    c(*head, stream_of(device), *rest, {', '.join(parts)})\n")
+    exec(compile(source, "<vflash direct launch>", "exec"), env)
+    return env["launch_direct"]
+
+
+def _hook_check() -> Callable[[], bool]:
+    """A function telling whether a launch hook (a profiler's) is set now."""
     from triton import knobs
     runtime = knobs.runtime
 
@@ -94,43 +129,22 @@ def direct_launch(compiled, grid: Sequence[int], tail: Sequence, device_index: i
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         return not ((enter is None or getattr(enter, "calls", None) == [])
                     and (leave is None or getattr(leave, "calls", None) == []))
+    return hooks_set
 
-    if descriptors is None:
-        def launch_pointers(q, k, v, out, lse):
-            if hooks_set():
-                return fallback(q, k, v, out, lse)
-            launch(*head, stream_of(device_index), *rest,
-                   q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *tail)
-        return launch_pointers
 
+def _descriptor_cache(describe: Callable, meta) -> Callable:
+    """tensor -> its descriptor's launcher arguments [CUtensorMap, *shape, *strides],
+    encoded once per data pointer (the plan key fixes everything else)."""
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
-    caches: List[Dict[int, list]] = [{} for _ in range(4)]
+    cache = {}
 
-    def expanded(q, k, v, out) -> list:
-        # One descriptor's launcher arguments: [CUtensorMap, *shape, *strides].
-        tensors = (q, k, v, out)
-        args, built = [], None
-        for i, t in enumerate(tensors):
-            ptr = t.data_ptr()
-            hit = caches[i].get(ptr)
-            if hit is None:
-                built = built or descriptors(q, k, v, out)
-                hit = make_tensordesc_arg(built[i], meta[i])
-                if len(caches[i]) >= DESCRIPTORS_PER_OPERAND:
-                    caches[i].clear()
-                caches[i][ptr] = hit
-            args += hit
-        return args
-
-    def launch_descriptors(q, k, v, out, lse):
-        if hooks_set():
-            return fallback(q, k, v, out, lse)
-        launch(*head, stream_of(device_index), *rest, *expanded(q, k, v, out), lse.data_ptr(), *tail)
-
-    def launch_descriptors_counted(q, k, v, out, lse, count):
-        if hooks_set():
-            return fallback(q, k, v, out, lse, count)
-        launch(*head, stream_of(device_index), *rest, *expanded(q, k, v, out), lse.data_ptr(), count.data_ptr(),
-               *tail)
-    return launch_descriptors_counted if counter else launch_descriptors
+    def expand(t):
+        ptr = t.data_ptr()
+        hit = cache.get(ptr)
+        if hit is None:
+            if len(cache) >= DESCRIPTORS_PER_SLOT:
+                cache.clear()
+            hit = cache[ptr] = make_tensordesc_arg(describe(t), meta)
+        return hit
+    return expand

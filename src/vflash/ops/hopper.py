@@ -1,19 +1,32 @@
-"""Launch pieces of the Gluon Hopper kernel (kernels/attention_fwd_hopper.py):
-TMA descriptors, the kernel's arguments, and an ahead-of-time compile for sm_90
-that needs no GPU (the CPU test suite uses it to prove the kernel builds)."""
+"""Launcher of the Gluon Hopper kernel (kernels/attention_fwd_hopper.py): grid,
+TMA descriptors, the kernel's arguments and slots, and an ahead-of-time compile
+for sm_90 that needs no GPU (the CPU test suite uses it to prove the kernel builds)."""
 
 import math
 from functools import lru_cache
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from vflash.kernels import attention_fwd_hopper as hopper
+from vflash.ops.band import Band
+from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
+from vflash.ops.tiles import HopperTiles
+
+HAVE_GLUON = hopper.HAVE_GLUON
 _GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
+# Query rows per consumer warpgroup (one wgmma M): the kernel's ROWS.
+CONSUMER_ROWS = 64
+# Registers per thread of each consumer warpgroup (setmaxnreg), by (consumer
+# count, CTAs an SM); the producer warpgroup keeps what is left of the CTA's
+# share of the 64 K register file (one CTA: 24 of 168 / 128 a thread; two of one
+# consumer: 32 of 128; three: 24 of 80).
+CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}
 
-def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
+
+def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, right_edge: bool,
          ctas_per_sm: int = 1, dynamic: bool = False) -> Tuple[int, int, int]:
     """CTAs walk work tiles t = pid, pid + grid, ... (row block t % n_m of head
     t // n_m, n_m row blocks per head).
@@ -21,10 +34,10 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
     Without a right edge every tile costs the same: one CTA per SM (persistent),
     so each CTA's K/V ring runs on from one tile into the next.
 
-    With one (causal), a head's row blocks differ in cost. A stride that shares a
-    factor with n_m pins each CTA to some row blocks (132 CTAs, n_m = 4: one row
-    block each, work 1:2:3:4; measured at D = 128 N = 512, 204 TFLOP/s against
-    239 for one CTA per tile). The largest stride <= SMs that shares none cycles
+    With one (right_edge: causal, or a window's near edge), a head's row blocks
+    differ in cost. A stride that shares a factor with n_m pins each CTA to some
+    row blocks (132 CTAs, n_m = 4: one row block each, work 1:2:3:4; measured at
+    D = 128 N = 512, 204 TFLOP/s against 239 for one CTA per tile). The largest stride <= SMs that shares none cycles
     each CTA through every row block, balanced once each CTA walks n_m tiles or
     more (B * Hq >= stride; measured 246). Fewer heads than that: one CTA per
     work tile, handed out by the hardware as SMs free up (the static stride at
@@ -41,7 +54,7 @@ def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, causal: bool,
     n_m = (Nq + block_m - 1) // block_m
     work = B * Hq * n_m
     sms *= ctas_per_sm
-    if not causal or dynamic:
+    if not right_edge or dynamic:
         return (min(work, sms), 1, 1)
     stride = sms
     while math.gcd(stride, n_m) != 1:
@@ -54,17 +67,10 @@ def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
     more than one CTA an SM a register cap of the CTA's share of the file, in
     multiples of 8 (two CTAs of one consumer: 128 a thread; setmaxnreg then gives
     the consumer CONSUMER_REGS[(1, 2)], the producer the rest)."""
-    threads = (block_m // hopper.CONSUMER_ROWS + 1) * 128
+    threads = (block_m // CONSUMER_ROWS + 1) * 128
     if ctas_per_sm == 1:
         return dict(num_warps=4)
     return dict(num_warps=4, maxnreg=65536 // (ctas_per_sm * threads) // 8 * 8)
-
-
-def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block_m: int) -> bool:
-    """The kernel can take this call: every tensor suits TMA, and the work-tile
-    count fits the kernel's int32 tile index (and a grid's x dimension)."""
-    B, Hq, Nq = q.shape[0], q.shape[1], q.shape[2]
-    return B * Hq * ((Nq + block_m - 1) // block_m) < 2**31 and all(map(tma_ready, (q, k, v, out)))
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -76,7 +82,7 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 def _block_shapes(block_n: int, head_dim: int):
     # Q and O move in one consumer warpgroup's rows; K and V in block_n keys.
-    return [1, 1, hopper.CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
+    return [1, 1, CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
 
 
 @lru_cache(maxsize=None)
@@ -85,92 +91,83 @@ def _shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-@lru_cache(maxsize=None)
-def tma_descriptors(block_n: int) -> Callable:
-    """A function (q, k, v, out) -> their 4-D TMA descriptors over [B, H, N, D].
-
-    The descriptors are filled in directly rather than through the dataclass's
-    checks (26 us for four on a CPU core, per call): `fits` has already checked
-    what they check, and a launch plan only replays calls whose key fixes the
-    shapes, strides and 16-byte alignment."""
+def _descriptor(t: torch.Tensor, block, layout):
+    # The descriptor filled in directly rather than through the dataclass's
+    # checks (26 us for four on a CPU core, per call): the dispatch has checked
+    # what they check (tma_ready), and a launch plan only replays calls whose key
+    # fixes the shapes, strides and 16-byte alignment.
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    def make(t, block, layout):
-        d = object.__new__(TensorDescriptor)
-        d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (
-            t, t.shape, t.stride(), block, layout, "zero")
-        return d
-
-    blocks = {}  # (head dim, dtype) -> (rows, rows layout, keys, keys layout)
-
-    def prepare(q, k, v, out):
-        b = blocks.get((q.shape[-1], q.dtype))
-        if b is None:
-            rows, keys = _block_shapes(block_n, q.shape[-1])
-            b = blocks[(q.shape[-1], q.dtype)] = (rows, _shared_layout(tuple(rows), q.dtype),
-                                                  keys, _shared_layout(tuple(keys), q.dtype))
-        rows, rows_layout, keys, keys_layout = b
-        return (make(q, rows, rows_layout), make(k, keys, keys_layout), make(v, keys, keys_layout),
-                make(out, rows, rows_layout))
-    return prepare
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, t.shape, t.stride(), block, layout, "zero"
+    return d
 
 
-def kernel_args(descs, lse: Optional[torch.Tensor], B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
-                block_m, block_n, stages, q_buffers, pingpong=False, p_fp32=False, late_pv_wait=False,
-                lazy_rescale=False, ctas_per_sm=1, dynamic=False):
-    """(positional args, constexpr kwargs) of attention_fwd_hopper_kernel."""
+@lru_cache(maxsize=None)
+def describers(block_n: int, head_dim: int, dtype: torch.dtype):
+    """(rows, keys): tensor -> its 4-D TMA descriptor over [B, H, N, D], in blocks
+    of one consumer's rows (Q, O) or of block_n keys (K, V)."""
+    rows, keys = _block_shapes(block_n, head_dim)
+    rows_layout, keys_layout = _shared_layout(tuple(rows), dtype), _shared_layout(tuple(keys), dtype)
+    return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
+
+
+def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, scale: float,
+          softcap: Optional[float], tiles: HopperTiles, sms: int) -> KernelLaunch:
+    """The launch of attention_fwd_hopper_kernel. `counter` (tiles.dynamic): the
+    work-tile counter, one int32 zero, fresh each launch (a shared one would race
+    between streams and across CUDA graph replays)."""
+    B, Hq, Nq, D = q.shape
+    rows, keys = describers(tiles.block_n, D, q.dtype)
     args = (
-        *descs, lse if lse is not None else descs[3].base,
-        # DYNAMIC's work-tile counter: one int32 zero, fresh each launch (a shared
-        # one would race between streams and across CUDA graph replays).
-        descs[3].base.new_zeros(1, dtype=torch.int32) if dynamic else None,
-        B, Hq, Hq // Hkv, Nq, Nk,
-        off, left, right,
+        rows(q), keys(k), keys(v), rows(out), lse if lse is not None else out, counter,
+        B, Hq, Hq // k.shape[1], Nq, k.shape[2],
+        band.off, band.left, band.right,
         *score_scales(scale, softcap),
     )
-    return args, _constexprs(D, block_m, block_n, stages, q_buffers, left >= 0, right >= 0, softcap is not None,
-                             lse is not None, pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
+    slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "out", rows),
+             Slot(4, "out" if lse is None else "lse"))
+    if tiles.dynamic:
+        slots += (Slot(5, "tile_counter"),)
+    constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None)
+    return KernelLaunch(hopper.attention_fwd_hopper_kernel,
+                        grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
+                        args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
 
 
-def _constexprs(head_dim, block_m, block_n, stages, q_buffers, has_left, has_right, softcap, store_lse,
-                pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic) -> dict:
+def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, softcap: bool,
+                store_lse: bool) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
-    compile_sm90 alike: causal tiles run longest first (REVERSE_M), and the
-    consumer count and CTAs an SM set the consumers' register budget."""
-    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_LEFT=has_left,
+    compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
+    and the consumer count and CTAs an SM set the consumers' register budget."""
+    return dict(HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, HAS_LEFT=has_left,
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
-                CONSUMER_REGS=hopper.CONSUMER_REGS[(block_m // hopper.CONSUMER_ROWS, ctas_per_sm)], Q_BUFFERS=q_buffers,
-                PINGPONG=pingpong, P_FP32=p_fp32, LATE_PV_WAIT=late_pv_wait,
-                LAZY_RESCALE=lazy_rescale, DYNAMIC=dynamic)
+                CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
+                PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
+                LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic)
 
 
-def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, *, block_m: int = 128, block_n: int = 128,
-                 stages: int = 2, q_buffers: int = 1, causal: bool = False, window_left: bool = False,
-                 softcap: bool = False, lse: bool = True, pingpong: bool = False, p_fp32: bool = False,
-                 late_pv_wait: bool = False, lazy_rescale: bool = False, ctas_per_sm: int = 1,
-                 dynamic: bool = False):
+def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
+                 right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
-    (its .asm holds the TTGIR, PTX and cubin). Must run with the interpreter off:
-    Gluon code does not run under it."""
+    (its .asm holds the TTGIR, PTX and cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    rows, keys = _block_shapes(block_n, head_dim)
+    rows, keys = _block_shapes(tiles.block_n, head_dim)
     name = _GL_DTYPES[dtype]
 
     def desc(block):
         return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "tile_counter": "*i32" if dynamic else "constexpr", "batch": "i32",
+                 "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr", "batch": "i32",
                  "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32",
                  "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
-    constexprs = _constexprs(head_dim, block_m, block_n, stages, q_buffers, window_left, causal, softcap, lse,
-                             pingpong, p_fp32, late_pv_wait, lazy_rescale, ctas_per_sm, dynamic)
+    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse)
     signature.update({k: "constexpr" for k in constexprs})
-    if not dynamic:
+    if not tiles.dynamic:
         constexprs = dict(constexprs, tile_counter=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=launch_options(block_m, ctas_per_sm))
+                          options=launch_options(tiles.block_m, tiles.ctas_per_sm))

@@ -3,22 +3,22 @@
 What a call validates, which tiles it picks and how Triton specialises the kernel
 depend only on the inputs' metadata (shapes, strides, dtypes, devices, 16-byte
 alignment of the data pointers) and the options. The first call with a given
-metadata key goes the whole way (validation, launcher, Triton's JIT dispatch) and
-records a plan: the compiled kernel bound to its grid, with every launch argument
-except the five data pointers. A later call with the same key allocates the
-outputs and launches the plan directly.
+metadata key goes the whole way (validation, dispatch, launcher, Triton's JIT
+dispatch) and records a plan (`vflash.ops.launch.record`): the compiled kernel
+bound to its grid, with every launch argument but the per-call slots. A later
+call with the same key allocates the outputs and launches the plan directly.
 
 The key holds each option's type beside its value, so an argument that validation
 refuses (causal=1, window=(1.0, 2)) never matches a plan recorded for an accepted
-equal value (True, (1, 2)). Calls that would be refused for grad reasons, and the
-interpreter, never use plans.
+equal value (True, (1, 2)). Calls that would be refused for grad reasons, and
+interpreted calls (CPU tensors), never use plans.
 """
 
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
-from vflash._backend import interpreting
+from vflash import _backend
 
 MAX_PLANS = 4096  # distinct (metadata, options) keys kept; the table is cleared when full
 
@@ -30,41 +30,45 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 
 class LaunchPlan:
-    """A recorded launch: call with (q, k, v) of the key's metadata.
+    """A recorded launch: call with the inputs of the key's metadata (for
+    attention q, k, v); returns the outputs `picks` names (None where absent).
 
-    launch(q, k, v, out, lse) runs the kernel; a call without LSE passes out in
-    lse's place (the kernel does not store it). With `counter`, launch takes a
-    sixth argument, a fresh int32 zero: the work-tile counter of a kernel that
-    draws its tiles dynamically."""
+    launch(*inputs, *allocations) runs the kernel; `allocs` are the outputs
+    allocated per call (vflash.ops.launch.Alloc), zero-filled where asked (a
+    work-tile counter)."""
 
-    __slots__ = ("launch", "device_index", "out_shape", "lse_shape", "counter")
+    __slots__ = ("launch", "device_index", "n_inputs", "allocs", "picks")
 
-    def __init__(self, launch: Callable, device_index: int, out_shape: Tuple[int, ...],
-                 lse_shape: Optional[Tuple[int, ...]], counter: bool = False):
+    def __init__(self, launch: Callable, device_index: int, n_inputs: int, allocs: tuple,
+                 picks: Tuple[Optional[int], ...]):
         self.launch = launch
         self.device_index = device_index
-        self.out_shape = out_shape
-        self.lse_shape = lse_shape
-        self.counter = counter
+        self.n_inputs = n_inputs
+        self.allocs = allocs
+        self.picks = picks
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        # The key fixes q's dtype and device: they are out's.
-        out = q.new_empty(self.out_shape)
-        lse = None if self.lse_shape is None else q.new_empty(self.lse_shape, dtype=torch.float32)
-        if self.counter:
-            self.launch(q, k, v, out, out if lse is None else lse, q.new_zeros(1, dtype=torch.int32))
-        else:
-            self.launch(q, k, v, out, out if lse is None else lse)
-        return out, lse
+    def __call__(self, *inputs: torch.Tensor):
+        # The key fixes the first input's device: every allocation's.
+        first = inputs[0]
+        made = [first.new_zeros(a.shape, dtype=a.dtype) if a.zero else first.new_empty(a.shape, dtype=a.dtype)
+                for a in self.allocs]
+        tensors = inputs + tuple(made)
+        self.launch(*tensors)
+        return tuple(None if i is None else tensors[i] for i in self.picks)
+
+
+def _planned(q: torch.Tensor) -> bool:
+    """Plans record compiled launches: CUDA tensors, the interpreter not forced."""
+    return q.is_cuda and not _backend.INTERPRET_ALL
 
 
 def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Hashable]:
     """The call's metadata key, or None where plans do not apply. An option that
     cannot be hashed leaves the key unhashable; lookup and record skip it (hashing
     here as well would cost every call a second hash of the key)."""
-    if interpreting():
-        return None
     try:
+        if not _planned(q):
+            return None
         if window is not None:
             window = (window.__class__, *[(w.__class__, w) for w in window])
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
@@ -77,7 +81,7 @@ def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Ha
     return key
 
 
-def lookup(key: Optional[Hashable], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[LaunchPlan]:
+def lookup(key: Optional[Hashable], *inputs: torch.Tensor) -> Optional[LaunchPlan]:
     """The plan recorded for key, if it may run now."""
     if key is None:
         return None
@@ -87,8 +91,10 @@ def lookup(key: Optional[Hashable], q: torch.Tensor, k: torch.Tensor, v: torch.T
         return None
     if plan is None:
         return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return None  # the full path refuses this call
+    if torch.is_grad_enabled():
+        for t in inputs:
+            if t.requires_grad:
+                return None  # the full path refuses this call
     if _current_device() != plan.device_index:
         return None  # the full path switches devices around its launch
     return plan

@@ -1,0 +1,12 @@
+"""Dispatch: which kernel and tiles a call runs, chosen once per call.
+
+`select(problem)` returns a `Choice` (kernel, tiles, why). Every table it reads
+is in `tables.py` with a line of reason per entry, the rules in `rules.py`, the
+whole account in `docs/dispatch.md`. `VFLASH_KERNEL=portable|sm90` (or
+`select`'s `kernel`) forces a kernel; a forced kernel that cannot take the call
+raises ValueError saying why.
+"""
+
+from vflash.dispatch.rules import FORCED, KERNELS, Choice, Problem, problem_of, select, sm90_refusal
+
+__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "problem_of", "select", "sm90_refusal"]

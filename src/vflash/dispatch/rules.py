@@ -1,0 +1,147 @@
+"""Which kernel and tiles one call gets, and why: `select(problem)`, once per call."""
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Tuple, Union
+
+import torch
+
+from vflash import _backend
+from vflash.dispatch import tables
+from vflash.ops import hopper as hopper_launch
+from vflash.ops.band import Band
+from vflash.ops.tiles import HopperTiles, PortableTiles
+
+KERNELS = ("portable", "sm90")
+
+# VFLASH_KERNEL=portable|sm90 forces a kernel for every call of the process (read at import).
+FORCED: Optional[str] = os.environ.get("VFLASH_KERNEL") or None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the choice depends on: one attention call's metadata."""
+    dtype: torch.dtype
+    head_dim: int
+    batch: int
+    heads_q: int
+    n_q: int
+    n_k: int
+    band: Band
+    device: torch.device
+    tma_ok: bool  # q, k, v and out suit TMA: 16-byte aligned base and strides, unit last stride
+
+    @property
+    def head_dim_pad(self) -> int:
+        """The portable kernel's head dim: the next power of two, at least 16."""
+        return max(16, 1 << (self.head_dim - 1).bit_length())
+
+    def row_tiles(self, block_m: int) -> int:
+        """Programs (work tiles) of block_m query rows over every (batch, q head)."""
+        return self.batch * self.heads_q * -(-self.n_q // block_m)
+
+
+@dataclass(frozen=True)
+class Choice:
+    kernel: str  # "portable" or "sm90"
+    tiles: Union[PortableTiles, HopperTiles]
+    why: str
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor], band: Band) -> Problem:
+    """The Problem of an attention call on [B, H, N, D] tensors; out None: the
+    launcher allocates it contiguous (which suits TMA)."""
+    B, Hq, Nq, D = q.shape
+    tma = all(map(hopper_launch.tma_ready, (q, k, v) if out is None else (q, k, v, out)))
+    return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
+
+
+@lru_cache(maxsize=None)
+def _sm90(device_index: int) -> Tuple[bool, int]:
+    """(the device is sm_90, its SM count)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return (props.major, props.minor) == (9, 0), props.multi_processor_count
+
+
+def _sm_count(p: Problem) -> int:
+    return _sm90(p.device.index)[1]
+
+
+def sm90_refusal(p: Problem) -> Optional[str]:
+    """Why the sm_90 kernel cannot take this call, or None if it can."""
+    if _backend.interpreted(p.device):
+        return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
+    if not hopper_launch.HAVE_GLUON:
+        return "this Triton has no Gluon"
+    if not _sm90(p.device.index)[0]:
+        return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes float16 / bfloat16, not {p.dtype}"
+    if (p.head_dim, p.band.has_right) not in tables.HOPPER:
+        return f"it has tiles for head dims {sorted({d for d, _ in tables.HOPPER})}, not {p.head_dim}"
+    if not p.tma_ok:
+        return "TMA needs every tensor's base and strides 16-byte aligned and a unit last stride"
+    if p.row_tiles(hopper_launch.CONSUMER_ROWS) >= 2**31:
+        return "more work tiles than its int32 tile index holds"
+    return None
+
+
+def select(p: Problem, kernel: Optional[str] = None) -> Choice:
+    """The kernel and tiles for `p`. `kernel` ("portable" or "sm90"; default
+    VFLASH_KERNEL, else chosen here) forces one; a forced kernel that cannot
+    take the call raises ValueError saying why."""
+    kernel = kernel or FORCED
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel (or VFLASH_KERNEL) must be one of {', '.join(KERNELS)}, got {str(kernel)[:40]!r}")
+    refusal = sm90_refusal(p) if kernel != "portable" else "forced portable"
+    if kernel == "sm90":
+        if refusal is not None:
+            raise ValueError(f"the sm90 kernel cannot take this call: {refusal}")
+        return _hopper(p, forced=True)
+    if refusal is None:
+        use = tables.HOPPER_USE[p.head_dim]
+        shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
+        few = p.row_tiles(tables.HOPPER[(p.head_dim, p.band.has_right)].block_m) < use.min_waves * _sm_count(p)
+        if p.n_q >= shortest and (not few or (p.head_dim, p.band.has_right) in tables.HOPPER_FEW_TILES):
+            return _hopper(p, forced=False)
+        refusal = (f"n_q {p.n_q} < {shortest}, where the sm90 kernel is not ahead" if p.n_q < shortest else
+                   f"under {use.min_waves} waves of work tiles and no few-tile tiles")
+    return _portable(p, f"portable kernel ({refusal})" if kernel is None else "portable kernel (forced)")
+
+
+def _hopper(p: Problem, forced: bool) -> Choice:
+    key = (p.head_dim, p.band.has_right)
+    use = tables.HOPPER_USE[p.head_dim]
+    sms = _sm_count(p)
+    tiles, why = tables.HOPPER[key], "HOPPER"
+    if key in tables.HOPPER_FEW_TILES and p.row_tiles(tiles.block_m) < use.min_waves * sms:
+        tiles, why = tables.HOPPER_FEW_TILES[key], "HOPPER_FEW_TILES (too few work tiles for HOPPER's)"
+    elif p.band.has_right:
+        for band in tables.HOPPER_SHORT_CAUSAL.get(p.head_dim, ()):
+            if p.n_q <= band.longest_n_q:
+                tiles, why = band.tiles, f"HOPPER_SHORT_CAUSAL (right edge, n_q <= {band.longest_n_q})"
+                break
+    if tiles.dynamic and p.row_tiles(tiles.block_m) <= tiles.ctas_per_sm * sms:
+        # a CTA for each work tile either way: the static grid, without the counter's allocation
+        tiles, why = tiles._replace(dynamic=False), why + ", static grid (a CTA for every work tile)"
+    return Choice("sm90", tiles, f"sm90 kernel{' (forced)' if forced else ''}: {why}")
+
+
+def _portable(p: Problem, why: str) -> Choice:
+    d = p.head_dim_pad
+    if _backend.interpreted(p.device):
+        return Choice("portable", tables.INTERPRETER, why + ": INTERPRETER")
+    if p.dtype == torch.float32:
+        return Choice("portable", tables.PORTABLE_FP32[d], why + ": PORTABLE_FP32")
+    plain = tables.PORTABLE[d]
+    sms = _sm_count(p)
+    if not p.band.has_right:
+        split = tables.PORTABLE_SPLIT.get(d)
+        if split is not None and p.row_tiles(split.block_m) >= sms:
+            return Choice("portable", split, why + ": PORTABLE_SPLIT")
+    elif d in tables.PORTABLE_SHORT:
+        short, longest = tables.PORTABLE_SHORT[d]
+        if p.n_q <= longest or p.row_tiles(plain.block_m) < tables.SHORT_GRID_WAVES * sms:
+            return Choice("portable", short, why + ": PORTABLE_SHORT")
+    return Choice("portable", plain, why + ": PORTABLE")

@@ -1,0 +1,110 @@
+"""Every tile table of the forward, one line of reason per entry.
+
+Figures are TFLOP/s on an H200 (fp16, same run, vflash against the alternative
+named); the measurements behind them are in the performance log
+(`benchmarks/NOTES.md`). `rules.py` reads these tables; nothing else does.
+"""
+
+from typing import Dict, NamedTuple, Tuple
+
+from vflash.ops.tiles import HopperTiles, PortableTiles
+
+# --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
+
+# Every mask, and the fallback of the variants below (benchmarks/tune.py on the H200).
+PORTABLE: Dict[int, PortableTiles] = {
+    16: PortableTiles(128, 64, 8, 3),  # as D = 64: the tile is bound by the softmax, not the head dim
+    32: PortableTiles(128, 64, 8, 3),  # as D = 64
+    64: PortableTiles(128, 64, 8, 3),  # tune.py's best at N 1k-16k
+    128: PortableTiles(128, 128, 8, 3),  # tune.py's best at N 1k-16k
+    256: PortableTiles(128, 64, 8, 2),  # two stages: three of 64 x 256 K and V tiles overflow shared memory
+}
+
+# No right edge (not causal), while the doubled rows still give every SM a program.
+PORTABLE_SPLIT: Dict[int, PortableTiles] = {
+    128: PortableTiles(256, 64, 8, 3, split=True),  # two halves' softmax and MMAs overlap: +8 % non-causal
+}
+
+# A right edge (causal) with n_q up to the given length, or fewer than SHORT_GRID_WAVES programs an SM:
+# short or few programs balance better in small tiles.
+PORTABLE_SHORT: Dict[int, Tuple[PortableTiles, int]] = {
+    64: (PortableTiles(64, 64, 4, 3), 512),  # short causal rows: the last wave of 128-row tiles idles SMs
+    128: (PortableTiles(64, 64, 4, 3), 2048),  # as D = 64, to N = 2048
+}
+SHORT_GRID_WAVES = 4
+
+# fp32 inputs (fp32 products): twice the registers and shared memory of 16-bit tiles.
+PORTABLE_FP32: Dict[int, PortableTiles] = {
+    16: PortableTiles(64, 64, 4, 2),  # two stages of 64 x 128 fp32 K and V are already 128 KiB
+    32: PortableTiles(64, 64, 4, 2),  # as above
+    64: PortableTiles(64, 64, 4, 2),  # as above
+    128: PortableTiles(64, 64, 4, 2),  # as above
+    256: PortableTiles(32, 32, 4, 2),  # a 32 x 256 fp32 tile is the 64 x 128 one's size
+}
+
+# Under the interpreter a tile's size only changes how many numpy operations run.
+INTERPRETER = PortableTiles(32, 32, 4, 1)
+
+# --- Gluon sm_90 kernel (kernels/attention_fwd_hopper.py), by (head dim, right edge) ----------
+# Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2 bytes an element.
+
+HOPPER: Dict[Tuple[int, bool], HopperTiles] = {
+    # D = 64: three consumers (half of D = 128's MMA work a score: a third softmax keeps the tensor
+    # cores busy, +6-11 % over two); pingpong +2-3.5 %; lazy rescale +1-4 %; two Q buffers hide the
+    # next tile's Q load and this tile's store.
+    (64, False): HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
+    # causal: P carried in fp32 +5.3 % (N 16k), one Q buffer, DYNAMIC +1-3 % at N 4k-16k
+    (64, True): HopperTiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True, lazy_rescale=True,
+                            dynamic=True),
+    # D = 128: two consumers; two Q buffers +13.5 / +6 / +4 % at N 512 / 1k / 4k; lazy rescale 569 ->
+    # 584 / 617 -> 640 at N 1k / 16k; pingpong lost 0-2 %.
+    (128, False): HopperTiles(128, 128, 2, q_buffers=2, lazy_rescale=True),
+    # causal: packed 16-bit P +1-2 % over fp32; lazy rescale -1-2 %; DYNAMIC 528 -> 570 at N 8k
+    (128, True): HopperTiles(128, 128, 2, q_buffers=1, dynamic=True),
+    # D = 256: no room for a second Q buffer; 64-key tiles; lazy rescale even to -2.7 %.
+    (256, False): HopperTiles(128, 64, 2, q_buffers=1),
+    # causal: DYNAMIC 447 -> 459 at N 1k, even at 16k
+    (256, True): HopperTiles(128, 64, 2, q_buffers=1, dynamic=True),
+}
+
+
+class ShortBand(NamedTuple):
+    longest_n_q: int  # the band holds calls with n_q up to this
+    tiles: HopperTiles
+
+
+# A right edge (causal) and short rows: work tiles of 1-8 key tiles expose each tile's serial chain
+# (first QK^T and softmax, last PV, output store); CTAs of one consumer warpgroup, several an SM,
+# walk theirs apart. The first band that holds n_q serves; longer calls take HOPPER's tiles.
+HOPPER_SHORT_CAUSAL: Dict[int, Tuple[ShortBand, ...]] = {
+    # three CTAs of 64 x 64, two Q buffers: 337 / 370 against two CTAs' 321 / 342 at N 1k / 2k
+    64: (ShortBand(2048, HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
+                                     dynamic=True)),),
+    128: (
+        # two CTAs of 64 x 64, two Q buffers: 329 against 303 with one at N 512
+        ShortBand(512, HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),
+        # HOPPER's tiles with two Q buffers under DYNAMIC: 509 against 491 at N 2k
+        ShortBand(2048, HopperTiles(128, 128, 2, q_buffers=2, dynamic=True)),
+    ),
+}
+
+# Too few work tiles of HOPPER's height for HOPPER_USE's waves: two CTAs of 64-row tiles an SM
+# (B = 1, H = 16, N 2k: 387 against 378 for cuDNN, where 192-row tiles left the last wave idle).
+HOPPER_FEW_TILES: Dict[Tuple[int, bool], HopperTiles] = {
+    (64, False): HopperTiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2),
+    (64, True): HopperTiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=2),
+}
+
+
+class HopperUse(NamedTuple):
+    min_n_q: int  # shortest n_q without a right edge for which the Hopper kernel is ahead
+    min_n_q_right: int  # with one (causal)
+    min_waves: int  # fewest work tiles of HOPPER's height per SM; below, HOPPER_FEW_TILES or portable
+
+
+# Where the Hopper kernel is ahead of the portable one (same runs).
+HOPPER_USE: Dict[int, HopperUse] = {
+    64: HopperUse(512, 1024, 4),  # 368 against 345 at N 512; causal 337 against 300 at N 1k
+    128: HopperUse(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
+    256: HopperUse(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
+}

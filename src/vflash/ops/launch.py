@@ -1,0 +1,90 @@
+"""One kernel launch, described by its argument builder, run on the tensors'
+device, and recorded as a launch plan for later calls.
+
+A launcher's argument builder returns a `KernelLaunch`: the kernel, grid,
+positional arguments in signature order, constexprs, compile options, and the
+`Slot`s, the arguments that change from call to call (data pointers, TMA
+descriptors, a fresh counter). Everything else is fixed by the call's metadata,
+which is what a launch plan's key holds, so a plan replays the launch with only
+the slots rebuilt from the new call's tensors.
+
+Slots name their tensor in the launch's own vocabulary: the plan's inputs (for
+attention "q", "k", "v") and its allocations ("out", "lse", "tile_counter"),
+so a varlen kernel's "cu_seqlens_q" or a decode kernel's "block_table" is one
+more name, not a new launch path.
+"""
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from vflash import _backend
+from vflash.ops import plans
+from vflash.ops.direct_launch import direct_launch
+
+
+class Slot(NamedTuple):
+    position: int  # index in the kernel's parameters
+    name: str  # the tensor it takes: a plan input or allocation
+    describe: Optional[Callable[[torch.Tensor], Any]] = None  # tensor -> its TMA descriptor; None: a pointer
+
+
+class Alloc(NamedTuple):
+    """An output a plan allocates per call."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    zero: bool = False  # zero-filled (a counter), else uninitialised
+
+
+@dataclass
+class KernelLaunch:
+    kernel: Any  # a @triton.jit or @gluon.jit function
+    grid: Tuple[int, int, int]  # always three entries: the compiled launcher does not pad a shorter grid
+    args: tuple  # positional parameters in signature order, with this call's tensors or descriptors
+    constexprs: Dict[str, Any]
+    options: Dict[str, Any]  # num_warps, num_stages, maxnreg, ...
+    slots: Tuple[Slot, ...]
+
+    def params(self) -> list:
+        """Every kernel parameter in signature order, constexprs included (what a
+        compiled launcher takes)."""
+        names = self.kernel.arg_names
+        return list(self.args) + [self.constexprs[name] for name in names[len(self.args):]]
+
+
+def run(launch: KernelLaunch, device: torch.device):
+    """Launch on `device`: compiled for a CUDA device (made current for the
+    launch), through Triton's interpreter for CPU tensors. Returns what Triton's
+    launch returns (its CompiledKernel, for a compiled launch)."""
+    if _backend.interpreted(device):
+        return _backend.launcher(launch.kernel, device)[launch.grid](*launch.args, **launch.constexprs)
+    other_gpu = device.index != torch.cuda.current_device()
+    with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
+        return launch.kernel[launch.grid](*launch.args, **launch.constexprs, **launch.options)
+
+
+def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str], allocs: Sequence[Alloc],
+           returns: Sequence[str], device_index: int) -> None:
+    """Record `launch` (just run as `compiled`) as the plan for `key`: the plan
+    takes the tensors named `inputs`, allocates `allocs`, launches, and returns
+    the tensors named `returns` (None for a name it does not have)."""
+    try:
+        runner = compiled[launch.grid]
+    except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
+        return
+    order = list(inputs) + [a.name for a in allocs]
+    sources = [order.index(s.name) for s in launch.slots]
+    params = launch.params()
+
+    def fallback(*tensors):  # Triton's own launcher, with this call's slots filled in
+        p = list(params)
+        for slot, src in zip(launch.slots, sources):
+            t = tensors[src]
+            p[slot.position] = t if slot.describe is None else slot.describe(t)
+        runner(*p)
+    fast = direct_launch(compiled, launch.grid, params, launch.slots, sources, device_index, fallback)
+    picks = tuple(order.index(name) if name in order else None for name in returns)
+    plans.record(key, plans.LaunchPlan(fast or fallback, device_index, len(inputs), tuple(allocs), picks))

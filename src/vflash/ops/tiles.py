@@ -1,0 +1,29 @@
+"""The tiles and schedule switches of one launch, one type per kernel. Which
+tiles a call gets is `vflash.dispatch`'s; the launchers only read them."""
+
+from typing import NamedTuple
+
+
+class PortableTiles(NamedTuple):
+    """`kernels/attention_fwd.py:attention_fwd_kernel`'s launch."""
+    block_m: int  # query rows a program
+    block_n: int  # keys an inner step
+    num_warps: int
+    num_stages: int  # software pipelining depth of the K/V loads
+    split: bool = False  # the program's rows carried as two independent halves (SPLIT)
+
+
+class HopperTiles(NamedTuple):
+    """`kernels/attention_fwd_hopper.py:attention_fwd_hopper_kernel`'s launch:
+    block_m is one (64), two (128) or three (192) consumer warpgroups of 64 rows.
+    The switches are the kernel's constexprs of the same names."""
+    block_m: int
+    block_n: int
+    stages: int  # depth of the K/V ring (STAGES)
+    q_buffers: int = 1  # Q buffers per consumer (Q_BUFFERS)
+    pingpong: bool = False  # PINGPONG
+    p_fp32: bool = False  # P_FP32
+    late_pv_wait: bool = False  # LATE_PV_WAIT
+    lazy_rescale: bool = False  # LAZY_RESCALE
+    ctas_per_sm: int = 1  # CTAs resident on an SM: sets the register cap and the persistent grid
+    dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter

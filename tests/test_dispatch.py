@@ -1,0 +1,127 @@
+"""vflash.dispatch: the kernel and tiles a call gets, pinned on representative
+shapes (an H200: sm_90, 132 SMs), the override, and the refusals."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vflash import dispatch
+from vflash.dispatch import Problem, select, tables
+from vflash.dispatch import rules as select_module
+from vflash.ops import hopper as hopper_launch
+from vflash.ops.band import Band
+from vflash.ops.tiles import HopperTiles, PortableTiles
+
+CUDA = torch.device("cuda", 0)
+H = torch.float16
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    monkeypatch.setattr(select_module, "_sm90", lambda index: (True, 132))
+    monkeypatch.setattr(hopper_launch, "HAVE_GLUON", True)
+    monkeypatch.setattr(select_module, "FORCED", None)
+
+
+def problem(d, causal, n, bh, dtype=H, device=CUDA, tma=True, window_left=-1):
+    return Problem(dtype, d, 1, bh, n, n, Band(0, window_left, 0 if causal else -1), device, tma)
+
+
+@pytest.mark.parametrize("d,causal,n,bh,kernel,tiles", [
+    # D = 128: the Hopper kernel at every length
+    (128, False, 4096, 32, "sm90", HopperTiles(128, 128, 2, q_buffers=2, lazy_rescale=True)),
+    (128, True, 16384, 32, "sm90", HopperTiles(128, 128, 2, q_buffers=1, dynamic=True)),
+    (128, True, 512, 512, "sm90", HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),  # short causal band
+    (128, True, 1024, 512, "sm90", HopperTiles(128, 128, 2, q_buffers=2, dynamic=True)),  # second band
+    (128, True, 1024, 16, "sm90", HopperTiles(128, 128, 2, q_buffers=2)),  # 128 work tiles <= 132: static grid
+    (128, True, 2049, 512, "sm90", HopperTiles(128, 128, 2, q_buffers=1, dynamic=True)),  # past the bands
+    # D = 64: from N 512 (causal 1024), with enough waves of 192-row tiles, else the few-tile tiles
+    (64, False, 4096, 32, "sm90", HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True)),
+    (64, False, 2048, 16, "sm90", HopperTiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2)),
+    (64, True, 2048, 16, "sm90", HopperTiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
+                                             ctas_per_sm=2)),
+    (64, True, 1024, 512, "sm90", HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
+                                              ctas_per_sm=3, dynamic=True)),
+    (64, True, 16384, 32, "sm90", HopperTiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True,
+                                              lazy_rescale=True, dynamic=True)),
+    (64, False, 256, 512, "portable", PortableTiles(128, 64, 8, 3)),  # under 512 rows: portable
+    (64, True, 512, 512, "portable", PortableTiles(64, 64, 4, 3)),  # short causal, portable's short tiles
+    # D = 256
+    (256, True, 4096, 16, "sm90", HopperTiles(128, 64, 2, q_buffers=1, dynamic=True)),
+    (256, False, 4096, 16, "sm90", HopperTiles(128, 64, 2, q_buffers=1)),
+    # head dims without Hopper tiles: the portable kernel's, by padded head dim
+    (96, False, 4096, 32, "portable", PortableTiles(256, 64, 8, 3, split=True)),  # 512 programs >= 132
+    (96, False, 2048, 8, "portable", PortableTiles(128, 128, 8, 3)),  # 64 split programs < 132 SMs
+    (32, True, 16384, 32, "portable", PortableTiles(128, 64, 8, 3)),
+    (120, True, 16384, 16, "portable", PortableTiles(128, 128, 8, 3)),  # long causal: the plain tiles
+    (120, True, 4096, 16, "portable", PortableTiles(64, 64, 4, 3)),  # 512 programs: under 4 waves
+])
+def test_select_pins_the_choice(h200, d, causal, n, bh, kernel, tiles):
+    choice = select(problem(d, causal, n, bh))
+    assert (choice.kernel, choice.tiles) == (kernel, tiles), choice.why
+    assert choice.why.startswith(f"{kernel} kernel")
+
+
+def test_select_fp32_cpu_and_no_tma_take_the_portable_kernel(h200, monkeypatch):
+    assert select(problem(128, False, 4096, 32, dtype=torch.float32)).tiles == PortableTiles(64, 64, 4, 2)
+    assert select(problem(256, False, 4096, 32, dtype=torch.float32)).tiles == PortableTiles(32, 32, 4, 2)
+    cpu = select(problem(128, False, 4096, 32, device=torch.device("cpu")))
+    assert cpu.tiles == tables.INTERPRETER and "interpreter" in cpu.why
+    no_tma = select(problem(128, False, 4096, 32, tma=False))
+    assert no_tma.kernel == "portable" and "TMA" in no_tma.why
+    monkeypatch.setattr(select_module, "_sm90", lambda index: (False, 108))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "an A100")
+    other = select(problem(128, False, 4096, 32))
+    assert other.kernel == "portable" and "not sm_90" in other.why
+
+
+def test_forced_kernels(h200, monkeypatch):
+    # forced sm90 where dispatch would not take it (D = 64, N 256: not ahead there) runs it
+    forced = select(problem(64, False, 256, 32), kernel="sm90")
+    assert forced.kernel == "sm90" and "forced" in forced.why
+    assert select(problem(128, False, 4096, 32), kernel="portable").tiles == PortableTiles(256, 64, 8, 3, split=True)
+    for p, reason in [(problem(128, False, 4096, 32, dtype=torch.float32), "float16"),
+                      (problem(128, False, 4096, 32, device=torch.device("cpu")), "interpreter"),
+                      (problem(96, False, 4096, 32), "head dims"),
+                      (problem(128, False, 4096, 32, tma=False), "TMA"),
+                      (Problem(H, 128, 65535, 65535, 64 * 1024, 64, Band(0, -1, -1), CUDA, True), "int32")]:
+        with pytest.raises(ValueError, match=reason):
+            select(p, kernel="sm90")
+    with pytest.raises(ValueError, match="one of portable, sm90"):
+        select(problem(128, False, 4096, 32), kernel="cuda")
+    monkeypatch.setattr(select_module, "FORCED", "portable")
+    assert select(problem(128, False, 4096, 32)).kernel == "portable"
+
+
+def test_problem_of_reads_tma_fitness():
+    x = torch.randn(2, 4, 10, 64, dtype=H)
+    p = dispatch.problem_of(x, x, x, None, Band(0, -1, -1))
+    assert (p.batch, p.heads_q, p.n_q, p.n_k, p.head_dim, p.tma_ok) == (2, 4, 10, 10, 64, True)
+    shifted = torch.randn(x.numel() + 1, dtype=H)[1:].view(2, 4, 10, 64)
+    assert not dispatch.problem_of(x, shifted, x, None, Band(0, -1, -1)).tma_ok
+    assert not dispatch.problem_of(x, x, x, x.transpose(2, 3), Band(0, -1, -1)).tma_ok
+
+
+def test_every_table_entry_has_a_register_share():
+    # every (consumers, CTAs an SM) of the Hopper tables has a consumer register share, which
+    # with the producer's 24 fits the CTA's cap
+    entries = [*tables.HOPPER.values(), *tables.HOPPER_FEW_TILES.values(),
+               *(b.tiles for bands in tables.HOPPER_SHORT_CAUSAL.values() for b in bands)]
+    for t in entries:
+        consumers = t.block_m // hopper_launch.CONSUMER_ROWS
+        cap = hopper_launch.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
+        assert hopper_launch.CONSUMER_REGS[(consumers, t.ctas_per_sm)] * consumers + 24 <= cap * (consumers + 1)
+    for d, bands in tables.HOPPER_SHORT_CAUSAL.items():
+        assert [b.longest_n_q for b in bands] == sorted({b.longest_n_q for b in bands})
+        assert (d, True) in tables.HOPPER and tables.HOPPER_USE[d].min_n_q_right <= bands[0].longest_n_q
+
+
+def test_env_override_is_read_and_checked():
+    env = dict(os.environ, VFLASH_KERNEL="sm90")
+    script = ("import torch, vflash\nq = torch.randn(1, 1, 4, 16)\n"
+              "try:\n    vflash.attention(q, q, q)\nexcept ValueError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert "the sm90 kernel cannot take this call" in run.stdout, run.stderr[-2000:]
