@@ -303,6 +303,9 @@ def test_return_types(device):
 def test_import_leaves_the_environment_and_other_triton_code_alone(tmp_path):
     # No TRITON_INTERPRET set at import, CPU tensors still run (interpreted per call), and
     # afterwards Triton's own library functions and JITFunction calls are as Triton made them.
+    from vflash._backend import interpreter_refusal
+    if interpreter_refusal():
+        pytest.skip(interpreter_refusal())
     import os
     import subprocess
     import sys

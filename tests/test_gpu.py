@@ -20,12 +20,17 @@ def test_gpu_matrix(case):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_poisoned_outputs_are_fully_written(causal, d):
+    # The dispatch's own choice for the shape and the preallocated (TMA-ready) outputs.
+    from vflash import dispatch
+    from vflash.ops import mask_band
     from vflash.ops.attention import attention_forward
     q, k, v = make_inputs(Case(B=2, Hq=8, Hkv=2, Nq=1999, Nk=2001, D=d), torch.device("cuda"))
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
     lse = torch.full(q.shape[:3], float("nan"), device="cuda")
-    attention_forward(q, k, v, causal="bottom_right" if causal else None, scale=d ** -0.5,
-                      window=(-1, -1), softcap=None, return_lse=True, out=out, lse=lse)
+    band = mask_band(1999, 2001, "bottom_right" if causal else None, (-1, -1))
+    tiles = dispatch.select(dispatch.problem_of(q, k, v, out, band)).tiles
+    attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None, return_lse=True, tiles=tiles, out=out,
+                      lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
 
 

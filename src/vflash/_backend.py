@@ -78,10 +78,26 @@ class _Interpreted:
         return run
 
 
+def interpreter_refusal():
+    """Why this Triton's interpreter cannot run here, or None. Triton 3.6's
+    interpreter turns a scalar's shape-(1,) array into an int with int(), which
+    numpy 2.4 refuses (Triton 3.7 and later squeeze it first)."""
+    import triton
+    if triton.__version__.startswith("3.6.") and tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter does not run with numpy {np.__version__}: "
+                "install numpy<2.4 or a newer Triton to run CPU tensors")
+    return None
+
+
 def launcher(fn, device: torch.device):
     """`fn` as a call on `device` launches it: `launcher(fn, device)[grid](*args)`
     compiles for a CUDA device and interprets for CPU tensors."""
-    return _Interpreted(fn) if interpreted(device) else fn
+    if not interpreted(device):
+        return fn
+    refusal = interpreter_refusal()
+    if refusal is not None:
+        raise RuntimeError(refusal)
+    return _Interpreted(fn)
 
 
 def interpreting() -> bool:
