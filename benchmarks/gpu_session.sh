@@ -10,9 +10,10 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch variants tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
+#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
 set -u
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vflash-out}
 R=$OUT/results
 # A second invocation in the same call adds to the first one's archive instead of replacing it.
@@ -56,9 +57,8 @@ for step in "$@"; do
                --out "$R/fa_fp16.csv" | tail -4 ;;
     fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype fp16 \
                --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
-    launch) timeout 90 python3 benchmarks/experiments/launch_overhead.py > "$R/launch_overhead.txt" 2>&1
+    launch) timeout 90 python3 -m benchmarks.experiments.launch_overhead > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
-    variants) timeout 400 python3 benchmarks/experiments/fwd_variants.py > "$R/variants.txt" 2>&1; tail -15 "$R/variants.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
     d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
@@ -67,9 +67,12 @@ for step in "$@"; do
                   tests/test_hopper.py tests/test_dispatch.py ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
-    hopper) timeout 300 python3 benchmarks/experiments/hopper_path.py --dims ${HOPPER_DIMS:-64,128,256} \
-              > "$R/hopper_path.txt" 2>&1; grep -v '^PASS' "$R/hopper_path.txt" | tail -20 ;;
-    hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 benchmarks/experiments/hopper_variants.py --dims ${HOPPER_DIMS:-64,128,256} \
+    hopper) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the portable
+            # kernel and SDPA (what the archived hopper_path.py did)
+            timeout 300 python3 -m benchmarks.experiments.hopper_variants --variants launcher \
+              --dims ${HOPPER_DIMS:-64,128,256} --n ${HOPPER_N:-1024,4096,16384} \
+              > "$R/hopper_launcher.txt" 2>&1; tail -20 "$R/hopper_launcher.txt" ;;
+    hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 -m benchmarks.experiments.hopper_variants --dims ${HOPPER_DIMS:-64,128,256} \
               --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} ${HOPPER_GRAPHS:+--graphs} \
               --rounds ${HOPPER_ROUNDS:-1} \
@@ -80,18 +83,19 @@ for step in "$@"; do
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
                IFS=: read -r d n c qb tl <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}${tl:+_$tl}
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 \
-                 --launch-count 1 -f -o "/tmp/$name" python3 benchmarks/experiments/profile_hopper.py --d "$d" \
+                 --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_hopper --d "$d" \
                  --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
-               python3 benchmarks/experiments/ncu_summary.py "$R/$name.details.txt" "$R/$name.sass.csv" \
+               python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
-    ab) # ab_trees.py from each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"), alternating, two rounds
+    ab) # ab_trees (this checkout's) on the library of each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"),
+        # alternating, two rounds
         for r in 1 2; do for t in ${AB_TREES:-src}; do
-          PYTHONPATH=$PWD/$t timeout 80 python3 benchmarks/experiments/ab_trees.py --label "$t" \
+          PYTHONPATH=$PWD/$t:$PWD timeout 80 python3 -m benchmarks.experiments.ab_trees --label "$t" \
             ${AB_SHAPES:+--shapes "$AB_SHAPES"}
         done; done >> "$R/ab.txt" 2>&1; tail -40 "$R/ab.txt" ;;
     clocks) # SM clock, power and throttle reasons sampled every 100 ms (clocks_shape.csv) during one fp16 and
@@ -99,7 +103,7 @@ for step in "$@"; do
             SAMPLE_MS=100 sampled shape timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
               --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 --methods vflash,sdpa_cudnn \
               --out "$R/clocks_bench.csv" | tail -4 ;;
-    host) timeout 90 python3 benchmarks/experiments/host_hopper.py > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
+    host) timeout 90 python3 -m benchmarks.experiments.host_hopper > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
     host_old) # the same host measurement from the tree in HOST_OLD (a copy of an older checkout, e.g. .ab/old
               # made by `git archive <commit> src benchmarks | tar -x -C .ab/old`; carry it), for a same-run before/after
               PYTHONPATH=$PWD/${HOST_OLD:-.ab/old}/src timeout 90 python3 ${HOST_OLD:-.ab/old}/benchmarks/experiments/host_hopper.py \

@@ -1,11 +1,14 @@
-"""Time a few tile configurations of the forward kernel per head dim and mask, to
-choose GPU_CONFIGS (kernels/attention_fwd.py). GPU only; prints TFLOP/s.
+"""Time a few tile configurations of the portable Triton kernel per head dim and
+mask, to choose its tables (vflash.dispatch.tables: PORTABLE, PORTABLE_SPLIT,
+PORTABLE_SHORT). GPU only; prints TFLOP/s. From the repository root, PYTHONPATH=src:
 
   python3 benchmarks/tune.py            # the 16k-token sweep shapes (N 2048, 16384)
   python3 benchmarks/tune.py --article  # small grids: B=1, H=16, D=64, N 1024..4096
   python3 benchmarks/tune.py --d256     # D = 256, fp16, 16k tokens
   python3 benchmarks/tune.py --split    # split (two-half) tiles against the plain table, D 64/128
   python3 benchmarks/tune.py --short    # fa-sweep shapes at N 512 / 1024 (many short programs)
+
+(`python3 -m benchmarks.tune ...` with the repository root on PYTHONPATH works too.)
 """
 
 import argparse
@@ -16,8 +19,11 @@ import torch
 import triton.testing
 
 from vflash.harness.bench import Shape, attention_flops, gemm_warmup
-from vflash.ops.attention import TileConfig, attention_forward
+from vflash.ops.attention import attention_forward
+from vflash.ops.band import mask_band
+from vflash.ops.tiles import PortableTiles
 
+# PortableTiles fields: (block_m, block_n, num_warps, num_stages[, split])
 CANDIDATES = {
     64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3),
          (128, 128, 8, 2), (64, 128, 4, 3), (64, 32, 4, 3)],
@@ -60,17 +66,20 @@ def main() -> None:
     group.add_argument("--split", action="store_const", dest="which", const="split")
     group.add_argument("--short", action="store_const", dest="which", const="short")
     which = ap.parse_args().which or "fa"
+    if not torch.cuda.is_available():
+        print("tune.py: needs a CUDA device (none here)", file=sys.stderr)
+        sys.exit(1)
     gemm_warmup()
     for s in shapes(which):
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         res = []
         table = {"split": SPLIT_CANDIDATES, "short": SHORT_CANDIDATES}.get(which, CANDIDATES)
+        band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
         for cfg in table[s.D]:
-            c = TileConfig(*cfg)
-            fn = lambda: attention_forward(q, k, v, causal="bottom_right" if s.causal else None,  # noqa: E731
-                                           scale=s.D ** -0.5, window=(-1, -1), softcap=None,
-                                           return_lse=False, config=c)
+            tiles = PortableTiles(*cfg)
+            fn = lambda: attention_forward(q, k, v, band=band, scale=s.D ** -0.5, softcap=None,  # noqa: E731
+                                           return_lse=False, tiles=tiles)
             try:
                 fn()
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")

@@ -8,9 +8,12 @@ one device call, e.g. a copy of the old sources made with
 `git archive HEAD src | tar -x -C .ab/old` (`.ab/` is ignored; carry it):
 
   for r in 1 2; do for t in .ab/old/src src; do
-    PYTHONPATH=$t python3 benchmarks/experiments/ab_trees.py --label $t; done; done
+    PYTHONPATH=$t:. python3 -m benchmarks.experiments.ab_trees --label $t; done; done
 
-GPU only:  PYTHONPATH=src python3 benchmarks/experiments/ab_trees.py --label new [--shapes 128:512:c,64:4096]
+(this script and `common` come from the current checkout, the library from $t; they use only
+`vflash.attention` and `vflash.harness`, so an older tree works too).
+
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.ab_trees --label new [--shapes 128:512:c,64:4096]
 """
 
 import argparse
@@ -18,11 +21,9 @@ import sys
 
 import torch
 
+from benchmarks.experiments.common import make, parse_sweep_shapes, require_cuda, sdpa_calls, tflops
 from vflash import attention
 from vflash.harness.bench import attention_flops, gemm_warmup
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import make, sdpa_calls, sweep_shape, tflops  # noqa: E402
 
 DEFAULT_SHAPES = "128:512:c,128:1024:c,128:2048:c,64:1024:c,64:4096:c,64:16384:c,128:16384"
 
@@ -34,12 +35,12 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     a = ap.parse_args()
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
-    shapes = []
-    for spec in a.shapes.split(","):
-        d, n, *c = spec.split(":")
-        shapes.append(sweep_shape(int(d), int(n), bool(c)))
-        if shapes[-1] is None:
-            ap.error(f"{spec}: not a shape of the fa or d256 sweep")
+    try:
+        shapes = parse_sweep_shapes(a.shapes)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not require_cuda("ab_trees"):
+        return 1
     gemm_warmup()
     for s in shapes:
         q, k, v = make(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, dtype, "bhnd")

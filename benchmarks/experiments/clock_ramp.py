@@ -6,7 +6,7 @@ with the software power cap flagged for ~0.4 s after each such warm-up, then 196
 fall in the capped stretch. This times back-to-back calls (L2 flushed between them, as `time_call` does) for
 SECONDS after either the GEMM warm-up or two seconds idle, and prints TFLOP/s per 100 ms bucket of GPU time.
 
-GPU only:  PYTHONPATH=src python3 benchmarks/experiments/clock_ramp.py [--seconds 1.5]
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.clock_ramp [--seconds 1.5]
 """
 
 import argparse
@@ -15,11 +15,9 @@ import time
 
 import torch
 
+from benchmarks.experiments.common import make, parse_sweep_shapes, require_cuda, sdpa_calls
 from vflash import attention
 from vflash.harness.bench import attention_flops, gemm_warmup
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import make, sdpa_calls, sweep_shape  # noqa: E402
 
 
 def series(call, flops: float, seconds: float, bucket_ms: float = 100.0):
@@ -52,12 +50,17 @@ def series(call, flops: float, seconds: float, bucket_ms: float = 100.0):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=1.5)
-    ap.add_argument("--shapes", default="128:8192,64:8192", help="D:N[:c] of the fa sweep")
+    ap.add_argument("--shapes", default="128:8192,64:8192",
+                    help="D:N[:c] (c: causal) of the fa or d256 sweep, comma-separated")
     a = ap.parse_args()
+    try:
+        shapes = parse_sweep_shapes(a.shapes)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not require_cuda("clock_ramp"):
+        return 1
     gemm_warmup()
-    for spec in a.shapes.split(","):
-        d, n, *c = spec.split(":")
-        s = sweep_shape(int(d), int(n), bool(c))
+    for s in shapes:
         for dtype in (torch.float16, torch.bfloat16):
             q, k, v = make(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, dtype, "bhnd")
             calls = [("vflash", lambda: attention(q, k, v, causal=s.causal))] + \

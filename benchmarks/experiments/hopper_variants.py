@@ -1,35 +1,44 @@
 """Issue 4 experiment: schedule variants of the Gluon Hopper kernel, each checked
-against the fp64 oracle on hopper_path.py's feature cases of its head dim, then
-timed against the portable kernel and SDPA cuDNN / flash in the same run.
+against the fp64 oracle on common.CASES of its head dim (with the launcher's own
+Hopper tiles, "launcher"), then timed against the launcher's choice, the portable
+kernel and SDPA cuDNN / flash in the same run.
 
-A variant sets the kernel's tiles and grid directly: block_m 128 / 192 (two or
-three consumer warpgroups), block_n, ring stages, persist (a persistent grid
-rather than one CTA per work tile) and ctas, the persistent grid's size (default:
-the SM count; with causal work, a size that shares no factor with the row blocks
-per head cycles each CTA through all of them instead of fixing its row block).
-At commit 83097d5 this file also timed two schedule switches since settled and
-removed from the kernel: EARLY_RESCALE (kept as the only order) and M_MAJOR
-(dropped); results/2026-11-29-h200-s5-variants.
+A variant sets the kernel's tiles and grid directly: block_m 64 / 128 / 192 (one,
+two or three consumer warpgroups), block_n, ring stages, persist (a persistent
+grid rather than one CTA per work tile) and ctas, the persistent grid's size
+(default: the SM count; with causal work, a size that shares no factor with the
+row blocks per head cycles each CTA through all of them instead of fixing its row
+block). A switch a variant leaves open (None) takes the launcher's table entry
+for the head dim and mask (vflash.dispatch.tables.HOPPER). At commit 83097d5 this
+file also timed two schedule switches since settled and removed from the kernel:
+EARLY_RESCALE (kept as the only order) and M_MAJOR (dropped);
+results/2026-11-29-h200-s5-variants.
 
-GPU only:  PYTHONPATH=src python3 benchmarks/experiments/hopper_variants.py [--dims 64,128] [--n 1024,4096]
+`--variants launcher` checks and times the launcher's choice alone (with the
+portable kernel and SDPA): what hopper_path.py (archive/) did.
+
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.hopper_variants [--dims 64,128] [--n 1024,4096]
 """
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from typing import NamedTuple, Optional
 
 import torch
 
+from benchmarks.experiments.common import CASES, make, require_cuda, sdpa_calls, sm_count, tflops
+from vflash import dispatch
+from vflash.dispatch import tables
 from vflash.harness.bench import Shape, attention_flops, gemm_warmup
 from vflash.harness.oracle import compare
-from vflash.kernels import attention_fwd_hopper as hopper
-from vflash.ops import attention as ops
 from vflash.ops import hopper as hopper_launch
+from vflash.ops import launch as launches
+from vflash.ops.attention import attention_forward
+from vflash.ops.band import Band, mask_band
+from vflash.ops.tiles import HopperTiles
 from vflash.reference import attention_explicit
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import CASES, make, sdpa_calls, tflops  # noqa: E402
 
 
 class Variant(NamedTuple):
@@ -39,7 +48,7 @@ class Variant(NamedTuple):
     stages: int
     persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
-    q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (ops.hopper_config)
+    q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (tables.HOPPER)
     pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
@@ -102,31 +111,45 @@ VARIANTS = {
 }
 
 
-def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
+def variant_tiles(var: Variant, head_dim: int, right_edge: bool) -> HopperTiles:
+    """The variant's HopperTiles: its own fields over the launcher's table entry
+    for the head dim and mask (tables.HOPPER)."""
+    base = tables.HOPPER[(head_dim, right_edge)]
+
+    def pick(value, default):
+        return default if value is None else value
+    return HopperTiles(var.block_m, var.block_n, var.stages, q_buffers=pick(var.q_buffers, base.q_buffers),
+                       pingpong=pick(var.pingpong, base.pingpong), p_fp32=pick(var.p_fp32, base.p_fp32),
+                       late_pv_wait=pick(var.late, base.late_pv_wait), lazy_rescale=pick(var.lazy, base.lazy_rescale),
+                       ctas_per_sm=var.per_sm or (2 if var.block_m == hopper_launch.CONSUMER_ROWS else 1),
+                       dynamic=var.dynamic)
+
+
+def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, sms: int) -> launches.KernelLaunch:
+    """The kernel launch of a variant: the launcher's build with the variant's
+    tiles, and its grid where the variant sets one (persist)."""
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    off, left, right = ops.mask_band(Nq, Nk, causal, window)
-    descs = hopper_launch.tma_descriptors(var.block_n)(q, k, v, out)
-    cfg = ops.hopper_config(D, right >= 0)  # the launcher's choices, where a variant leaves one open
-    pingpong = cfg.pingpong if var.pingpong is None else var.pingpong
-    p_fp32 = cfg.p_fp32 if var.p_fp32 is None else var.p_fp32
-    late = cfg.late_pv_wait if var.late is None else var.late
-    lazy = cfg.lazy_rescale if var.lazy is None else var.lazy
-    per_sm = var.per_sm or (2 if var.block_m == hopper.CONSUMER_ROWS else 1)
-    args, constexprs = hopper_launch.kernel_args(descs, lse, B, Hq, Hkv, Nq, Nk, D, off, left, right, scale, softcap,
-                                                 var.block_m, var.block_n, var.stages,
-                                                 var.q_buffers or cfg.q_buffers,
-                                                 pingpong, p_fp32, late, lazy, per_sm, var.dynamic)
-    sms = ops._sm_count(q.device.index)
-    work = B * Hq * -(-Nq // var.block_m)
-    options = hopper_launch.launch_options(var.block_m, per_sm)
-    if var.persist is None:
-        grid = hopper_launch.grid(B, Hq, Nq, var.block_m, sms, causal=right >= 0, ctas_per_sm=per_sm,
-                                  dynamic=var.dynamic)
-    else:
-        grid = (min(work, var.ctas or sms * per_sm) if var.persist else work, 1, 1)
-    hopper.attention_fwd_hopper_kernel[grid](*args, **constexprs, **options)
+    tiles = variant_tiles(var, D, band.has_right)
+    counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
+    launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles, sms)
+    if var.persist is not None:
+        work = B * Hq * -(-Nq // var.block_m)
+        grid = (min(work, var.ctas or sms * tiles.ctas_per_sm) if var.persist else work, 1, 1)
+        launch = dataclasses.replace(launch, grid=grid)
+    return launch
+
+
+def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
+    band = mask_band(q.shape[2], k.shape[2], causal, window)
+    launches.run(variant_launch(var, q, k, v, out, lse, band, scale, softcap, sm_count(q.device)), q.device)
     return out
+
+
+def launcher_tiles(q, k, v, causal, window):
+    """The launcher's choice of the Hopper kernel's tiles for this call (raises
+    where the sm90 kernel cannot take it)."""
+    band = mask_band(q.shape[2], k.shape[2], causal, window)
+    return band, dispatch.select(dispatch.problem_of(q, k, v, None, band), kernel="sm90").tiles
 
 
 def check(dims, names) -> bool:
@@ -140,16 +163,23 @@ def check(dims, names) -> bool:
         kw = dict(causal=causal if causal else False, window=window, softcap=softcap)
         ref, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **kw)
         same, _ = attention_explicit(q, k, v, compute_dtype=None, **kw)
-        for var in VARIANTS[D]:
-            if names and var.name not in names:
-                continue
+        win = window or (-1, -1)
+        runs = [(var.name, lambda o, lse, var=var: launch(var, q, k, v, o, lse, causal, D ** -0.5, win, softcap))
+                for var in VARIANTS[D] if not names or var.name in names]
+        if not names or "launcher" in names:
+            def run_launcher(o, lse):
+                band, tiles = launcher_tiles(q, k, v, causal, win)
+                attention_forward(q, k, v, band=band, scale=D ** -0.5, softcap=softcap, return_lse=lse is not None,
+                                  tiles=tiles, out=o, lse=lse)
+            runs.insert(0, ("launcher", run_launcher))
+        for name, run in runs:
             out = torch.full((B, Hq, Nq, D), float("nan"), device="cuda", dtype=dtype)
             lse = torch.full((B, Hq, Nq), float("nan"), device="cuda") if lse_on else None
             try:
-                launch(var, q, k, v, out, lse, causal, D ** -0.5, window or (-1, -1), softcap)
+                run(out, lse)
                 torch.cuda.synchronize()
             except Exception as exc:
-                print(f"ERROR {var.name} {case}: {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+                print(f"ERROR {name} {case}: {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
                 ok = False
                 continue
             verdicts = [compare("out", out, ref, same, dtype)]
@@ -158,7 +188,7 @@ def check(dims, names) -> bool:
             for vd in verdicts:
                 ok &= vd.passed
                 if not vd.passed:
-                    print(f"FAIL {var.name} {vd.what} {case[:8]} err={vd.max_err:.2e} tol={vd.tol:.2e}", flush=True)
+                    print(f"FAIL {name} {vd.what} {case[:8]} err={vd.max_err:.2e} tol={vd.tol:.2e}", flush=True)
     return ok
 
 
@@ -166,11 +196,10 @@ def timing(ns, dims, causals, names, article=False, graphs=False, rounds=1) -> N
     # Shapes of the fa / d256 sweeps (16k tokens, 2048 / D heads), or with `article`
     # the article sweep's (B = 1, H = 16: few work tiles). Each of `rounds` rounds
     # times every candidate once, odd rounds in reverse order: under the board's
-    # power cap a candidate's figure depends on when it runs (NOTES session 15: a
+    # power cap a candidate's figure depends on when it runs (docs/perf/log.md, session 15: a
     # 5-12 % dip about 0.8 s into sustained load), so one pass in a fixed order
     # is not evidence for a few per cent.
     gemm_warmup()
-    sms = ops._sm_count(0)
     for d, causal, n in itertools.product(dims, causals, ns):
         s = Shape(1, 16, 16, n, n, d, causal) if article else Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
         q = torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16)
@@ -178,14 +207,14 @@ def timing(ns, dims, causals, names, article=False, graphs=False, rounds=1) -> N
         out = torch.empty_like(q)
         flops = attention_flops(s)
         mode = "bottom_right" if causal else None
-        portable = ops.default_config(d, q.dtype)
-        if not causal:
-            split = ops.default_config(d, q.dtype, "split")
-            if split.split and s.B * s.Hq * -(-n // split.block_m) >= sms:
-                portable = split
-        cands = [(name, lambda cfg=cfg: ops.attention_forward(q, k, v, causal=mode, scale=d ** -0.5, window=(-1, -1),
-                                                               softcap=None, return_lse=False, config=cfg))
-                 for name, cfg in (("launcher", None), ("portable", portable))]
+        band = mask_band(n, n, mode, (-1, -1))
+        problem = dispatch.problem_of(q, k, v, None, band)
+        # the launcher's choice (whichever kernel) and the portable kernel's tiles for this call
+        chosen = [("launcher", dispatch.select(problem).tiles),
+                  ("portable", dispatch.select(problem, kernel="portable").tiles)]
+        cands = [(name, lambda t=t: attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None,
+                                                      return_lse=False, tiles=t))
+                 for name, t in chosen]
         for var in VARIANTS[d]:
             if names and var.name not in names:
                 continue
@@ -204,13 +233,16 @@ def main() -> int:
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--causal", default="0,1")
-    ap.add_argument("--variants", default="", help="comma-separated variant names to time (default: all)")
+    ap.add_argument("--variants", default="", help="comma-separated variant names to check and time (default: all; "
+                    "'launcher': the launcher's own Hopper tiles)")
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--article", action="store_true", help="time the article sweep's shapes (B = 1, H = 16)")
     ap.add_argument("--rounds", type=int, default=1, help="time every candidate this many times, alternating order")
     ap.add_argument("--graphs", action="store_true",
                     help="time each candidate's CUDA graph: short calls then time the kernel, not Python's launch")
     a = ap.parse_args()
+    if not require_cuda("hopper_variants"):
+        return 1
     dims = [int(x) for x in a.dims.split(",")]
     names = set(a.variants.split(",")) - {""}
     ok = True

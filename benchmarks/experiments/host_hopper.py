@@ -7,7 +7,9 @@ Per-call host microseconds (CPU timer around many calls) for tiny shapes:
      and a causal Hopper call that draws its work tiles from a counter (one more allocation and fill);
   3. SDPA flash, the same-run yardstick.
 Both head dims run twice, in alternating order, to show the host's drift. Timing: launch_overhead's
-per_call_us (kernels queued behind a sleep kernel, so only host work is timed).
+per_call_us (common.py: kernels queued behind a sleep kernel, so only host work is timed).
+
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.host_hopper
 """
 
 import sys
@@ -15,18 +17,18 @@ import sys
 import torch
 
 import vflash
+from benchmarks.experiments.common import per_call_us, require_cuda
 from vflash.ops import launch as launches
 from vflash.ops import plans
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from launch_overhead import per_call_us  # noqa: E402
 
 
 def row(name, us):
     print(f"{name:>50}: {us:7.1f} us per call (host)", flush=True)
 
 
-def main():
+def main() -> int:
+    if not require_cuda("host_hopper"):
+        return 1
     import triton
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     for d in (64, 128, 128, 64):
@@ -53,7 +55,7 @@ def main():
         row("  plan_key", per_call_us(lambda: plans.plan_key(q, q, q, False, None, None, None, False)))
         row("  lookup", per_call_us(lambda: plans.lookup(key, q, q, q)))
         row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.allocs[0].shape)))
-        row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out, out)))
+        row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out)))
         if d == 128:  # causal: DYNAMIC, a fresh work-tile counter a call, where work tiles outnumber the SMs
             for heads, what in ((16, "DYNAMIC: 144 work tiles"), (2, "static: 18 work tiles")):
                 long_q = torch.randn(1, heads, 1100, d, device="cuda", dtype=torch.float16)
@@ -63,7 +65,8 @@ def main():
             row("  q.new_zeros(1, int32) (its counter)", per_call_us(lambda: q.new_zeros(1, dtype=torch.int32)))
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
         row("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

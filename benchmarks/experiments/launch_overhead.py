@@ -9,39 +9,20 @@ sleep kernel so that only host work is timed: `per_call_us`) for:
   4. Triton JIT dispatch of a trivial kernel with 5 and with 40 arguments (scaling);
   5. vflash.attention repeated with plans on (the fast path of vflash.ops.plans);
   6. SDPA with its default dispatch and restricted to flash, the same-run yardsticks.
+
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.launch_overhead
 """
 
-import statistics
-import time
+import sys
 
 import torch
 import triton
 import triton.language as tl
 
 import vflash
+from benchmarks.experiments.common import per_call_us, require_cuda
 from vflash.kernels.attention_fwd import attention_fwd_kernel
 from vflash.ops import launch as launches
-
-
-def per_call_us(fn, n=3000, rounds=10):
-    """Host microseconds per call: the median over `rounds` rounds of n / rounds
-    calls, after 100 warm-up calls. Each round first stalls the stream with a
-    sleep kernel longer than the round, so the calls only queue their kernels:
-    the CPU timer then sees the host's work alone, not kernels that a full launch
-    queue would make it wait for (a round of 300 stays well inside the queue)."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    per_round = max(1, n // rounds)
-    times = []
-    for _ in range(rounds):
-        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU clock cycles: longer than any round
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            fn()
-        times.append((time.perf_counter() - t0) / per_round * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 @triton.jit
@@ -55,7 +36,9 @@ def _touch40(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, 
     tl.store(X + tl.program_id(0), a0 + d8)
 
 
-def main():
+def main() -> int:
+    if not require_cuda("launch_overhead"):
+        return 1
     q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
     # Plans off for the first rows: every call takes the full path.
     lookup = vflash.ops.plans.lookup
@@ -114,7 +97,8 @@ def main():
         rows.append(("SDPA flash", per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))))
     for name, us in rows:
         print(f"{name:>40}: {us:7.1f} us per call (host)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,7 @@ partition (producer, each consumer), and the instructions with the most
 warp-stall samples, each with its partition and top stall reasons. Standard
 library only.
 
-  python3 benchmarks/experiments/ncu_summary.py NAME.details.txt NAME.sass.csv [--top 30]
+  python3 -m benchmarks.experiments.ncu_summary NAME.details.txt NAME.sass.csv [--top 30]
 """
 
 import argparse

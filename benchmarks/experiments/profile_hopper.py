@@ -1,57 +1,98 @@
 """Issue 4 experiment: run the launcher's attention call on one shape a few
 times, for Nsight Compute to profile one launch of the Gluon Hopper kernel
 (pipe use, warp stalls, per-instruction samples). The launcher picks the kernel
-and tiles as it does for users.
+and tiles as it does for users, unless --tiles or --q-buffers force the Hopper
+kernel's tiles.
 
-GPU only, under ncu, e.g.:
+GPU only, under ncu, e.g. (from the repository root, PYTHONPATH=src:.):
   ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 --launch-count 1 \
-      -o d64 python3 benchmarks/experiments/profile_hopper.py --d 64 --n 16384 [--causal] [--q-buffers 2] \
-      [--tiles main|short]
+      -o d64 python3 -m benchmarks.experiments.profile_hopper --d 64 --n 16384 [--causal] [--q-buffers 2] \
+      [--tiles main|short|few]
 """
 
 import argparse
-import dataclasses
 import sys
+from typing import Optional
 
 import torch
 
 import vflash
-from vflash.ops import attention as ops
+from benchmarks.experiments.common import require_cuda, sweep_shape
+from vflash import dispatch
+from vflash.dispatch import tables
+from vflash.ops.attention import attention_forward
+from vflash.ops.band import mask_band
+from vflash.ops.tiles import HopperTiles
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hopper_path import sweep_shape  # noqa: E402
+TILES = {
+    "main": "tables.HOPPER's entry for the head dim and mask",
+    "short": "HOPPER_SHORT_CAUSAL's first band (one consumer a CTA, several CTAs an SM)",
+    "few": "HOPPER_FEW_TILES' entry for the head dim and mask (two CTAs of 64-row tiles an SM)",
+}
 
 
-def main() -> None:
+def table_tiles(which: str, head_dim: int, right_edge: bool) -> HopperTiles:
+    """The Hopper tiles --tiles names, whatever the call's length; ValueError
+    where the head dim has no such entry."""
+    if which == "main":
+        found = tables.HOPPER.get((head_dim, right_edge))
+    elif which == "short":
+        bands = tables.HOPPER_SHORT_CAUSAL.get(head_dim)
+        found = bands[0].tiles if bands else None
+    else:
+        found = tables.HOPPER_FEW_TILES.get((head_dim, right_edge))
+    if found is None:
+        raise ValueError(f"--tiles {which}: the tables have no such tiles for D = {head_dim}"
+                         f"{' with a right edge' if right_edge and which != 'short' else ''}")
+    return found
+
+
+def forced_tiles(which: Optional[str], q_buffers: Optional[int], head_dim: int, right_edge: bool,
+                 launcher: HopperTiles) -> HopperTiles:
+    """The tiles --tiles and --q-buffers ask for; `launcher`: the launcher's own
+    Hopper tiles for the call, the base when --tiles is not given."""
+    tiles = launcher if which is None else table_tiles(which, head_dim, right_edge)
+    return tiles if q_buffers is None else tiles._replace(q_buffers=q_buffers)
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the table's)")
-    ap.add_argument("--tiles", choices=["main", "short"],
-                    help="HOPPER_CONFIGS' tiles or HOPPER_FEW_TILES' (one consumer a CTA), whatever the length "
-                         "and mask (default: the launcher's choice)")
+    ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the tiles')")
+    ap.add_argument("--tiles", choices=sorted(TILES),
+                    help="force these Hopper tiles whatever the length and mask: "
+                         + "; ".join(f"{k}: {v}" for k, v in TILES.items()) + " (default: the launcher's choice)")
     a = ap.parse_args()
     # The bench sweeps' shape of this head dim, length and masking.
     s = sweep_shape(a.d, a.n, a.causal)
     if s is None:
         ap.error(f"D = {a.d}, N = {a.n}: not a shape of the fa or d256 sweep")
+    if a.tiles:
+        try:
+            table_tiles(a.tiles, a.d, a.causal)
+        except ValueError as exc:
+            ap.error(str(exc))
+    if not require_cuda("profile_hopper"):
+        return 1
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
     causal = "bottom_right" if a.causal else None
-    config = None
+    band = mask_band(s.Nq, s.Nk, causal, (-1, -1))
+    tiles = None
     if a.tiles or a.q_buffers:
-        config = ops.hopper_config(a.d, a.causal, s.Nq if a.tiles is None else None, few_tiles=a.tiles == "short")
-    if a.q_buffers:  # another Q buffer count (e.g. two under a right edge)
-        config = dataclasses.replace(config, q_buffers=a.q_buffers)
+        launcher = None if a.tiles else dispatch.select(dispatch.problem_of(q, k, v, None, band), kernel="sm90").tiles
+        tiles = forced_tiles(a.tiles, a.q_buffers, a.d, a.causal, launcher)
+        print(f"profile_hopper: {tiles}", flush=True)
     for _ in range(a.calls):
-        if config is None:
+        if tiles is None:
             vflash.attention(q, k, v, causal=causal)
         else:
-            ops.attention_forward(q, k, v, causal=causal, scale=a.d ** -0.5, window=(-1, -1), softcap=None,
-                                  return_lse=False, config=config)
+            attention_forward(q, k, v, band=band, scale=a.d ** -0.5, softcap=None, return_lse=False, tiles=tiles)
     torch.cuda.synchronize()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,25 +6,35 @@ prints for each innermost loop of the consumers (one per consumer and masking
 kind): its instruction count, spill instructions (local memory), PRMTs, the span
 of its MUFU.EX2s, and where the PV wait (WARPGROUP.DEPBAR.LE gsb0, 0x0) sits.
 LATE_PV_WAIT exists because ptxas hoisted that wait above the softmax
-(benchmarks/NOTES.md session 7, lead h); --check exits 1 unless every loop of a
+(docs/perf/log.md, session 7, lead h); --check exits 1 unless every loop of a
 late_pv_wait build has its wait after its last MUFU.EX2, and unless no loop holds a
 PRMT (the byte shuffles ptxas put before each PV product while P was carried as
-16-bit values: 32 a key tile, 7 % of the loop, NOTES session 9).
+16-bit values: 32 a key tile, 7 % of the loop, docs/perf/log.md session 9).
 
-CPU:  PYTHONPATH=src python3 benchmarks/experiments/sass_schedule.py [--check] [--variants "[dict(...)]"]
+A variant is a dict: head_dim, and optionally dtype, causal (a right mask edge),
+window_left (a left one), softcap, lse, and any HopperTiles field (block_m,
+block_n, stages, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale,
+ctas_per_sm, dynamic) over HopperTiles(128, 128, 2) -- or, with table=True, over
+the launcher's table entry for the head dim and mask (tables.HOPPER).
+
+CPU:  PYTHONPATH=src:. python3 -m benchmarks.experiments.sass_schedule [--check] [--variants "[dict(...)]"]
+      (TRITON_INTERPRET unset or 0: Gluon compiles only with the interpreter off)
 """
 
 import argparse
+import ast
 import os
 import re
 import subprocess
 import sys
 
-os.environ["TRITON_INTERPRET"] = "0"  # Gluon compiles only with the interpreter off
+import torch
 
-import torch  # noqa: E402
+from vflash.dispatch import tables
+from vflash.ops import hopper
+from vflash.ops.tiles import HopperTiles
 
-from vflash.ops import hopper  # noqa: E402
+BUILD_OPTIONS = ("dtype", "softcap", "lse")  # compile_sm90's own keywords, passed through
 
 DEFAULT_VARIANTS = [
     dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False),
@@ -34,6 +44,20 @@ DEFAULT_VARIANTS = [
     dict(head_dim=128, causal=True, p_fp32=True, late_pv_wait=True),
     dict(head_dim=256, block_n=64, causal=True, late_pv_wait=True),
 ]
+
+
+def compile_variant(variant: dict):
+    """compile_sm90 of one variant dict (see the module's docstring)."""
+    kw = dict(variant)
+    head_dim = kw.pop("head_dim")
+    right_edge, left_edge = bool(kw.pop("causal", False)), bool(kw.pop("window_left", False))
+    base = tables.HOPPER[(head_dim, right_edge)] if kw.pop("table", False) else HopperTiles(128, 128, 2)
+    build = {name: kw.pop(name) for name in BUILD_OPTIONS if name in kw}
+    unknown = set(kw) - set(HopperTiles._fields)
+    if unknown:
+        raise ValueError(f"unknown variant keys {sorted(unknown)}")
+    return hopper.compile_sm90(head_dim, tiles=base._replace(**kw), right_edge=right_edge, left_edge=left_edge,
+                               **build)
 
 
 def sass(kernel) -> str:
@@ -70,16 +94,36 @@ def inner_loops(text: str):
     return out
 
 
+def parse_variants(text: str) -> list:
+    """--variants: a list of dict(...) calls or {...} literals, read without eval."""
+    def value(node):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+            return {kw.arg: value(kw.value) for kw in node.keywords}
+        if isinstance(node, ast.Dict):
+            return {value(k): value(v) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            return getattr(torch, node.attr)  # torch.bfloat16
+        return ast.literal_eval(node)
+    tree = ast.parse(text, mode="eval").body
+    if not isinstance(tree, ast.List):
+        raise ValueError("--variants must be a list")
+    return [value(x) for x in tree.elts]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", help="a Python list of compile_sm90 keyword dicts")
+    ap.add_argument("--variants", help="a Python list of variant dicts, e.g. \"[dict(head_dim=64, table=True)]\"")
     ap.add_argument("--check", action="store_true",
                     help="fail unless late_pv_wait builds wait after the softmax and no loop has a PRMT")
     a = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
+        ap.error("TRITON_INTERPRET is set: Gluon compiles only with the interpreter off")
+    if not hopper.HAVE_GLUON:
+        ap.error("this Triton has no Gluon")
     ok = True
-    for kw in eval(a.variants) if a.variants else DEFAULT_VARIANTS:
+    for kw in parse_variants(a.variants) if a.variants else DEFAULT_VARIANTS:
         kw = dict(kw, dtype=torch.float16) if "dtype" not in kw else kw
-        loops = [lp for lp in inner_loops(sass(hopper.compile_sm90(**kw))) if lp["mufu"]]
+        loops = [lp for lp in inner_loops(sass(compile_variant(kw))) if lp["mufu"]]
         print({k: v for k, v in kw.items() if k != "dtype"})
         for lp in loops:
             late = bool(lp["pv_wait"]) and min(lp["pv_wait"]) > lp["mufu"][1]

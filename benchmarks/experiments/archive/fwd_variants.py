@@ -1,4 +1,7 @@
-"""Issue 4 experiment: candidate Hopper forward variants, checked then timed in one call.
+"""ARCHIVED (benchmarks/experiments/archive/README.md): answered, and written against the launcher API of
+its day; it does not run against the current library.
+
+Issue 4 experiment: candidate Hopper forward variants, checked then timed in one call.
 
 Not part of the library. Each variant is checked against the fp64 oracle
 (vflash's harness rule) before it is timed; a variant that fails to compile or

@@ -1,4 +1,7 @@
-"""Issue 4 experiment: the Gluon Hopper kernel (kernels/attention_fwd_hopper.py),
+"""ARCHIVED (benchmarks/experiments/archive/README.md): answered, and written against the launcher API of
+its day; it does not run against the current library.
+
+Issue 4 experiment: the Gluon Hopper kernel (kernels/attention_fwd_hopper.py),
 checked against the fp64 oracle on feature cases, then timed against the portable
 Triton kernel and SDPA's cuDNN / flash backends in the same run.
 

@@ -1,0 +1,150 @@
+"""What several experiment scripts share: the Hopper kernel's feature cases, input
+makers, the sweeps' shapes, the SDPA yardsticks, TFLOP/s and host-time timers.
+
+Imported as `from benchmarks.experiments.common import ...` by scripts run as
+`python3 -m benchmarks.experiments.NAME` from the repository root.
+
+Only the public API and `vflash.harness` are imported here, never `vflash.ops`
+or `vflash.dispatch`: ab_trees.py and clock_ramp.py load this module against
+older source trees (an A/B), whose internals differ.
+"""
+
+import statistics
+import sys
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from vflash.harness.bench import Shape, sweep_shapes, time_call
+
+# Feature cases of the Hopper kernel (oracle checks in hopper_variants.py):
+# (B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse, dtype, layout)
+CASES = [
+    (2, 4, 4, 256, 256, 128, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 64, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 128, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 4, 4, 256, 256, 64, "bottom_right", None, None, True, torch.bfloat16, "bhsd"),
+    (1, 3, 3, 1, 1, 128, None, None, None, True, torch.float16, "bhsd"),
+    (1, 3, 3, 129, 129, 128, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 77, 301, 64, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 301, 77, 64, "bottom_right", None, None, True, torch.float16, "bhsd"),
+    (2, 2, 2, 301, 77, 128, "top_left", None, None, True, torch.bfloat16, "bhsd"),
+    (2, 8, 2, 513, 513, 128, None, None, None, True, torch.bfloat16, "bshd"),
+    (2, 8, 1, 200, 700, 64, None, (100, 50), None, True, torch.float16, "bshd"),
+    (1, 4, 4, 640, 640, 128, "bottom_right", (256, -1), 30.0, True, torch.float16, "bhsd"),
+    (1, 4, 4, 1000, 1000, 64, None, (0, 0), None, True, torch.float16, "bhsd"),
+    (1, 2, 2, 64, 5, 128, "top_left", None, None, True, torch.float16, "bhsd"),
+    (3, 4, 4, 1024, 1024, 128, "bottom_right", None, None, False, torch.float16, "bhsd"),
+    (2, 4, 2, 300, 333, 256, None, None, None, True, torch.float16, "bhsd"),
+    (2, 4, 2, 300, 333, 256, "bottom_right", (100, -1), 20.0, True, torch.bfloat16, "bshd"),
+]
+
+
+def sweep_shape(d: int, n: int, causal: bool) -> Optional[Shape]:
+    """The fa or d256 bench sweep's shape of this head dim, length and masking;
+    None where neither sweep has one."""
+    return next((s for s in sweep_shapes("fa") + sweep_shapes("d256") if (s.D, s.Nq, s.causal) == (d, n, causal)),
+                None)
+
+
+def parse_sweep_shapes(specs: str) -> List[Shape]:
+    """"D:N[:c],..." (c: causal) -> the sweeps' shapes; ValueError naming a spec
+    that is not a shape of the fa or d256 sweep."""
+    shapes = []
+    for spec in specs.split(","):
+        d, n, *c = spec.split(":")
+        s = sweep_shape(int(d), int(n), bool(c))
+        if s is None:
+            raise ValueError(f"{spec}: not a shape of the fa or d256 sweep")
+        shapes.append(s)
+    return shapes
+
+
+def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):
+    """q, k, v of normal entries times amp; layout "bshd" gives [B, H, N, D]
+    views of [B, N, H, D] tensors (strided heads), anything else contiguous."""
+    def one(H, N):
+        if layout == "bshd":
+            return (torch.randn(B, N, H, D, device=device, dtype=dtype) * amp).transpose(1, 2)
+        return torch.randn(B, H, N, D, device=device, dtype=dtype) * amp
+    return one(Hq, Nq), one(Hkv, Nk), one(Hkv, Nk)
+
+
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sdpa_calls(q, k, v, causal) -> List[Tuple[str, Callable]]:
+    """(name, call) for SDPA restricted to its cuDNN ("cudnn") and to its flash
+    ("flash") backend: the same-run yardsticks."""
+    calls = []
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+        be = getattr(torch.nn.attention.SDPBackend, backend)
+
+        def sdpa(be=be):
+            with torch.nn.attention.sdpa_kernel([be]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        calls.append((backend.split("_")[0].lower(), sdpa))
+    return calls
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph, as its replay: one launch's host cost (a few us)
+    whatever fn does in Python, so that calls shorter than their Python launch path
+    (Triton's JIT launch takes 40-100 us) time the kernel, not the host."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up on a side stream, as graph capture requires
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def tflops(calls: Sequence[Tuple[str, Callable]], flops: float, graphs: bool = False) -> List[Tuple[str, float]]:
+    """[(name, TFLOP/s)] per (name, call), timed after one warm call (with `graphs`,
+    each call's CUDA graph replayed instead); a call that raises is reported as
+    name!Error at 0 rather than ending the run."""
+    res = []
+    for name, fn in calls:
+        try:
+            fn()
+            if graphs:
+                fn = graphed(fn)
+            res.append((name, flops / time_call(fn, torch.device("cuda"))[0] / 1e9))
+        except Exception as exc:
+            res.append((name + f"!{type(exc).__name__}", 0.0))
+    return res
+
+
+def per_call_us(fn, n=3000, rounds=10):
+    """Host microseconds per call: the median over `rounds` rounds of n / rounds
+    calls, after 100 warm-up calls. Each round first stalls the stream with a
+    sleep kernel longer than the round, so the calls only queue their kernels:
+    the CPU timer then sees the host's work alone, not kernels that a full launch
+    queue would make it wait for (a round of 300 stays well inside the queue)."""
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    per_round = max(1, n // rounds)
+    times = []
+    for _ in range(rounds):
+        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU clock cycles: longer than any round
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            fn()
+        times.append((time.perf_counter() - t0) / per_round * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def require_cuda(script: str) -> bool:
+    """False (after a note on stderr) where no CUDA device is present: the GPU-only
+    scripts' mains then return early."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{script}: needs a CUDA device (none here)", file=sys.stderr)
+    return False

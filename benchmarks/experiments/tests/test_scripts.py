@@ -1,0 +1,115 @@
+"""The live lab scripts import and parse their options on the CPU, share one module
+without sys.path edits, and still fit the library's launcher API."""
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.experiments import common, hopper_variants, profile_hopper
+from vflash.dispatch import tables
+from vflash.kernels import attention_fwd_hopper as hopper_kernels
+from vflash.ops import hopper
+from vflash.ops.band import mask_band
+from vflash.ops.tiles import HopperTiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule"]
+WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
+needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), ROOT]))
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("module", [f"benchmarks.experiments.{m}" for m in WITH_OPTIONS] + ["benchmarks.tune"])
+def test_script_parses_help_as_a_module(module):
+    r = _run(module, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", WITHOUT_OPTIONS)
+def test_gpu_only_script_imports_and_returns_early_without_cuda(name, capsys):
+    module = importlib.import_module(f"benchmarks.experiments.{name}")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the script would measure")
+    assert module.main() == 1 and "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_no_sys_path_edits_and_the_library_suite_imports_no_lab_script():
+    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+        for f in files:
+            if f.endswith(".py"):
+                text = open(os.path.join(folder, f)).read()
+                assert not re.search(r"sys\.path\.(insert|append)", text), os.path.join(folder, f)
+    tests = os.path.join(ROOT, "tests")
+    for f in os.listdir(tests):
+        if f.endswith(".py"):
+            text = open(os.path.join(tests, f)).read()
+            assert not re.search(r"benchmarks[./]experiments|\bimport (hopper_path|launch_overhead)", text), \
+                f"tests/{f} refers to the lab scripts"
+
+
+def test_sweep_shapes_and_inputs():
+    s = common.sweep_shape(128, 4096, True)
+    assert (s.B, s.Hq, s.Nq, s.D, s.causal) == (4, 16, 4096, 128, True)
+    assert common.sweep_shape(128, 4097, False) is None
+    assert [x.D for x in common.parse_sweep_shapes("128:512:c,64:16384")] == [128, 64]
+    with pytest.raises(ValueError, match="12:34"):
+        common.parse_sweep_shapes("12:34")
+    q, k, v = common.make(2, 4, 2, 8, 16, 32, torch.float16, "bshd", device="cpu")
+    assert q.shape == (2, 4, 8, 32) and k.shape == v.shape == (2, 2, 16, 32) and q.stride(1) == 32
+    assert all(case[5] in {d for d, _ in tables.HOPPER} for case in common.CASES)
+
+
+@pytest.mark.parametrize("d", sorted(hopper_variants.VARIANTS))
+def test_every_hopper_variant_has_valid_tiles(d):
+    names = [var.name for var in hopper_variants.VARIANTS[d]]
+    assert len(names) == len(set(names)) and "launcher" not in names
+    for var in hopper_variants.VARIANTS[d]:
+        for right_edge in (False, True):
+            t = hopper_variants.variant_tiles(var, d, right_edge)
+            base = tables.HOPPER[(d, right_edge)]
+            assert (t.block_m // hopper.CONSUMER_ROWS, t.ctas_per_sm) in hopper.CONSUMER_REGS, var
+            assert t.q_buffers == (var.q_buffers or base.q_buffers) and t.dynamic == var.dynamic, var
+            assert t.pingpong == (base.pingpong if var.pingpong is None else var.pingpong), var
+
+
+@needs_gluon
+def test_hopper_variant_launches_fill_the_kernel_signature():
+    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    q = torch.randn(2, 4, 300, 128, dtype=torch.float16)
+    out = torch.empty_like(q)
+    band = mask_band(300, 300, "bottom_right", (-1, -1))
+    for var in hopper_variants.VARIANTS[128]:
+        launch = hopper_variants.variant_launch(var, q, q, q, out, None, band, 0.1, None, 132)
+        params = dict(zip(names, launch.params()))
+        assert len(launch.params()) == len(names) and params["q_desc"].base is q, var
+        assert launch.constexprs["BLOCK_M"] == var.block_m and launch.constexprs["DYNAMIC"] == var.dynamic, var
+        assert (params["tile_counter"] is not None) == var.dynamic, var
+        work = 2 * 4 * -(-300 // var.block_m)
+        if var.persist is None:
+            tiles = hopper_variants.variant_tiles(var, 128, True)
+            assert launch.grid == hopper.grid(2, 4, 300, var.block_m, 132, True, tiles.ctas_per_sm, var.dynamic)
+        else:
+            assert launch.grid == ((min(work, var.ctas or 132) if var.persist else work), 1, 1), var
+
+
+def test_profile_hopper_forces_table_tiles():
+    assert profile_hopper.table_tiles("main", 128, True) == tables.HOPPER[(128, True)]
+    assert profile_hopper.table_tiles("short", 128, False) == tables.HOPPER_SHORT_CAUSAL[128][0].tiles
+    assert profile_hopper.table_tiles("few", 64, False) == tables.HOPPER_FEW_TILES[(64, False)]
+    with pytest.raises(ValueError):
+        profile_hopper.table_tiles("few", 128, False)
+    launcher = HopperTiles(128, 128, 2)
+    assert profile_hopper.forced_tiles(None, 2, 128, False, launcher) == launcher._replace(q_buffers=2)
+    assert profile_hopper.forced_tiles("main", None, 64, True, launcher) == tables.HOPPER[(64, True)]
+    r = _run("benchmarks.experiments.profile_hopper", "--d", "128", "--n", "1024", "--tiles", "few")
+    assert r.returncode == 2 and "no such tiles for D = 128" in r.stderr, r.stderr
