@@ -50,8 +50,9 @@ def attention(
 
     dtypes: float16, bfloat16, float32 (fp32 products). Head dims 8..256, any
     multiple of 8. CPU tensors run the same kernel through Triton's interpreter
-    (slow; see README). Which kernel and tiles run: vflash.dispatch. No backward pass yet: inputs that require grad are refused while
-    autograd is recording.
+    (slow; see README). Which kernel and tiles run: vflash.dispatch. No
+    backward pass yet: inputs that require grad are refused while autograd is
+    recording.
     """
     # Repeated calls with the same metadata and options skip straight to the launch
     # recorded by the first one (vflash.ops.plans); everything else is checked here.

@@ -2,7 +2,8 @@
 
 Figures are TFLOP/s on an H200 (fp16, same run, vflash against the alternative
 named); the measurements behind them are in the performance log
-(`benchmarks/NOTES.md`). `rules.py` reads these tables; nothing else does.
+(`docs/performance.md`, `docs/perf/log.md`). `rules.py` reads these tables; nothing else
+does.
 """
 
 from typing import Dict, NamedTuple, Tuple

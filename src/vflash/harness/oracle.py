@@ -1,4 +1,4 @@
-"""The correctness rule (DESIGN.md): a kernel output passes when
+"""The correctness rule (docs/DESIGN.md): a kernel output passes when
 
     max|out - ref| <= 2 * max|out_same_dtype - ref| + floor
 

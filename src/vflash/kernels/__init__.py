@@ -1,1 +1,1 @@
-"""@triton.jit kernels and their launch configurations only."""
+"""@triton.jit / @gluon.jit code only: the kernels and their shared jit helpers."""

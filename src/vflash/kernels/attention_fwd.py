@@ -104,7 +104,7 @@ def _attend_tiles_split(
     # As _attend_tiles for two independent halves of the rows sharing each K/V
     # tile. Both QK products are issued before either softmax, so the exp2s of one
     # half can run while the tensor cores work on the other (measured +8 % at
-    # D = 128 non-causal on an H200, benchmarks/NOTES.md).
+    # D = 128 non-causal on an H200, docs/performance.md).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):

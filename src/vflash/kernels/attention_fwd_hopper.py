@@ -48,6 +48,7 @@ from vflash.kernels.softmax import softmax_step
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.language.core import _aggregate as aggregate
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -84,32 +85,114 @@ if HAVE_GLUON:
     # A work tile's index in tile_ids, stored and loaded as a [1] tensor (DYNAMIC).
     _ID_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
+    @aggregate
+    class Config:
+        """The kernel's tiles and switches (its constexprs), and the register
+        layouts of a consumer's S, O and P (one warpgroup, 16 rows a warp)."""
+        BLOCK_M: gl.constexpr
+        BLOCK_N: gl.constexpr
+        HEAD_DIM: gl.constexpr
+        STAGES: gl.constexpr
+        Q_BUFFERS: gl.constexpr
+        NUM_CONSUMERS: gl.constexpr
+        HAS_LEFT: gl.constexpr
+        HAS_RIGHT: gl.constexpr
+        SOFTCAP: gl.constexpr
+        STORE_LSE: gl.constexpr
+        REVERSE_M: gl.constexpr
+        PINGPONG: gl.constexpr
+        P_FP32: gl.constexpr
+        LATE_PV_WAIT: gl.constexpr
+        LAZY_RESCALE: gl.constexpr
+        DYNAMIC: gl.constexpr
+        S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
+        O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
+        P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
+
+        @gluon.constexpr_function
+        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
+                     REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC):
+            for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
+                                ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
+                                ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
+                                ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
+                                ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC)):
+                setattr(self, name, gl.constexpr(value))
+            self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
+            self.S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                   instr_shape=[16, self.BLOCK_N.value, 16]))
+            self.O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                   instr_shape=[16, self.HEAD_DIM.value, 16]))
+            self.P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=self.O_LAYOUT.value, k_width=2))
+
+    @aggregate
+    class Call:
+        """The call's runtime scalars: work-tile count, sizes, band and score scales."""
+        n_work: gl.tensor
+        n_m: gl.tensor  # row blocks per (batch, q head)
+        n_heads_q: gl.tensor
+        kv_group: gl.tensor  # q heads per kv head
+        n_q: gl.tensor
+        n_k: gl.tensor
+        off: gl.tensor  # the band (kernels/mask.py)
+        left: gl.tensor
+        right: gl.tensor
+        qk_scale: gl.tensor
+        softcap_in: gl.tensor
+        softcap_out: gl.tensor
+
+        @gluon.constexpr_function
+        def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in,
+                     softcap_out):
+            self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
+            self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
+            self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
+
+    @aggregate
+    class Smem:
+        """Shared memory: each consumer's Q buffers, the K/V ring, their ready /
+        empty barriers, PINGPONG's turns, DYNAMIC's tile ids, LATE_PV_WAIT's anchor."""
+        q_smem: gl.shared_memory_descriptor
+        k_smem: gl.shared_memory_descriptor
+        v_smem: gl.shared_memory_descriptor
+        q_ready: gl.shared_memory_descriptor
+        q_empty: gl.shared_memory_descriptor
+        k_ready: gl.shared_memory_descriptor
+        v_ready: gl.shared_memory_descriptor
+        k_empty: gl.shared_memory_descriptor
+        v_empty: gl.shared_memory_descriptor
+        turns: gl.shared_memory_descriptor
+        tile_ids: gl.shared_memory_descriptor
+        anchor: gl.shared_memory_descriptor
+
+        @gluon.constexpr_function
+        def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                     tile_ids, anchor):
+            self.q_smem, self.k_smem, self.v_smem = q_smem, k_smem, v_smem
+            self.q_ready, self.q_empty, self.k_ready, self.v_ready = q_ready, q_empty, k_ready, v_ready
+            self.k_empty, self.v_empty, self.turns = k_empty, v_empty, turns
+            self.tile_ids, self.anchor = tile_ids, anchor
+
     @gluon.jit
-    def _work_tile(t, n_m, n_heads_q, kv_group, n_k, off, left, right,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-                   HAS_RIGHT: gl.constexpr, REVERSE_M: gl.constexpr):
+    def _work_tile(t, call, cfg):
         # Work tile t -> (batch, q head, kv head, first row) and its key range
         # (key_range, shared with attention_fwd_kernel), counted in key tiles from
         # `lo` (key_tiles: masked, unmasked, masked).
-        bh = t // n_m
-        pid_m = t % n_m
-        if REVERSE_M:
+        bh = t // call.n_m
+        pid_m = t % call.n_m
+        if cfg.REVERSE_M:
             # Causal tiles lower in the sequence do more work: start them first.
-            pid_m = n_m - 1 - pid_m
-        off_h = bh % n_heads_q
-        off_b = bh // n_heads_q
-        start_m = pid_m * BLOCK_M
-        lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                             HAS_RIGHT)
-        n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)
-        return off_b, off_h, off_h // kv_group, start_m, lo, n_left, n_mid, n_tiles
+            pid_m = call.n_m - 1 - pid_m
+        off_h = bh % call.n_heads_q
+        off_b = bh // call.n_heads_q
+        start_m = pid_m * cfg.BLOCK_M
+        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, cfg.BLOCK_M,
+                                             cfg.BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
+        n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, cfg.BLOCK_N)
+        return off_b, off_h, off_h // call.kv_group, start_m, lo, n_left, n_mid, n_tiles
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                        k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group, n_k, off, left,
-                        right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                        REVERSE_M: gl.constexpr, DYNAMIC: gl.constexpr):
+    def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -127,53 +210,45 @@ if HAVE_GLUON:
         kv = 0  # K/V tiles issued so far, over all work tiles
         done = 0  # work tiles issued so far
         t = gl.program_id(0)
-        while t < n_work:
-            kv = _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                 k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k, off, left,
-                                 right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, REVERSE_M, DYNAMIC)
+        while t < call.n_work:
+            kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cfg)
             done += 1
-            if DYNAMIC:
+            if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
             else:
                 t += gl.num_programs(0)
-        if DYNAMIC:
-            for c in gl.static_range(BLOCK_M // ROWS):
-                qb = c * Q_BUFFERS + done % Q_BUFFERS
-                mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
-                tile_ids.index(qb).store(gl.full([1], n_work, gl.int32, _ID_LAYOUT))
-                mbarrier.arrive(q_ready.index(qb), count=1)
+        if cfg.DYNAMIC:
+            for c in gl.static_range(cfg.BLOCK_M // ROWS):
+                qb = c * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
+                mbarrier.wait(smem.q_empty.index(qb), ((done // cfg.Q_BUFFERS) & 1) ^ 1)
+                smem.tile_ids.index(qb).store(gl.full([1], call.n_work, gl.int32, _ID_LAYOUT))
+                mbarrier.arrive(smem.q_ready.index(qb), count=1)
 
     @gluon.jit
-    def _load_work_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                        k_empty, v_empty, tile_ids, t, kv, done, n_m, n_heads_q, kv_group, n_k, off, left, right,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                        REVERSE_M: gl.constexpr, DYNAMIC: gl.constexpr):
+    def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
-        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-            t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-            REVERSE_M)
-        for c in gl.static_range(BLOCK_M // ROWS):
-            qb = c * Q_BUFFERS + done % Q_BUFFERS
-            mbarrier.wait(q_empty.index(qb), ((done // Q_BUFFERS) & 1) ^ 1)
-            if DYNAMIC:  # before the arrival below, which publishes it (release)
-                tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
+        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(t, call, cfg)
+        for c in gl.static_range(cfg.BLOCK_M // ROWS):
+            qb = c * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
+            mbarrier.wait(smem.q_empty.index(qb), ((done // cfg.Q_BUFFERS) & 1) ^ 1)
+            if cfg.DYNAMIC:  # before the arrival below, which publishes it (release)
+                smem.tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
             if n_tiles > 0:
-                mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_ready.index(qb), q_smem.index(qb))
+                mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
-                mbarrier.arrive(q_ready.index(qb), count=1)
+                mbarrier.arrive(smem.q_ready.index(qb), count=1)
         for i in range(n_tiles):
-            slot, phase = _ring(kv, STAGES)
+            slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
-            key = lo + i * BLOCK_N
-            mbarrier.wait(k_empty.index(slot), empty_phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_b, off_hk, key, 0], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.wait(v_empty.index(slot), empty_phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [off_b, off_hk, key, 0], v_ready.index(slot), v_smem.index(slot))
+            key = lo + i * cfg.BLOCK_N
+            mbarrier.wait(smem.k_empty.index(slot), empty_phase)
+            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [off_b, off_hk, key, 0], smem.k_ready.index(slot), smem.k_smem.index(slot))
+            mbarrier.wait(smem.v_empty.index(slot), empty_phase)
+            mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [off_b, off_hk, key, 0], smem.v_ready.index(slot), smem.v_smem.index(slot))
             kv += 1
         return kv
 
@@ -255,15 +330,8 @@ if HAVE_GLUON:
             mbarrier.wait(turns.index(C), turn & 1)
 
     @gluon.jit
-    def _pipelined_tiles(
-        o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-        ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-        MASKED: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        C: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, P_FP32: gl.constexpr,
-        LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    ):
+    def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, call,
+                         MASKED: gl.constexpr, C: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
         # it), whose PV product is still to be issued, and alpha the factor o
@@ -276,51 +344,54 @@ if HAVE_GLUON:
         # products, instead of all issuing together and then all computing
         # softmax together. `turn` counts this consumer's turns; consumers of a
         # CTA walk the same key tiles, so their counts stay in step.
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ROWS: gl.constexpr = 64
+        s_layout: gl.constexpr = cfg.S_LAYOUT
+        p_layout: gl.constexpr = cfg.P_LAYOUT
+        o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
+        cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            p_op = _p_operand(p, p_layout, q_tile.dtype, P_FP32)
-            k_tile = _kv_tile(k_smem, k_ready, kv + j, BLOCK_N, HEAD_DIM, STAGES)
-            if PINGPONG:
-                _wait_turn(turns, turn, C)
+            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32)
+            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            if cfg.PINGPONG:
+                _wait_turn(smem.turns, turn, C)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                              gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait).
-            o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
-            v_tile = _kv_tile(v_smem, v_ready, kv + j - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
+            v_tile = _kv_tile(smem.v_smem, smem.v_ready, kv + j - 1, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
+            if cfg.PINGPONG:
+                mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
                 turn += 1
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
-            mbarrier.arrive(k_empty.index(_ring(kv + j, STAGES)[0]), count=1)
+            mbarrier.arrive(smem.k_empty.index(_ring(kv + j, cfg.STAGES)[0]), count=1)
             # The key indices relative to the tile's first key: the columns stay
             # loop-invariant and the shift goes into the row bounds (two rows a
             # thread) instead of into every score's index; ptxas then compares
             # each score as it selects it rather than computing all compares
             # before the S wait and packing them into integer bitmasks (a masked
             # loop at D = 128 causal drops from 704 to 595 instructions).
-            base = lo + j * BLOCK_N
-            s = masked_logits(s, offs_m, cols, n_k - base, off - base, left, right, softcap_in,
-                              softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP,
-                                                  LAZY_RESCALE)
-            if LATE_PV_WAIT:
+            base = lo + j * cfg.BLOCK_N
+            s = masked_logits(s, offs_m, cols, call.n_k - base, call.off - base, call.left, call.right, call.softcap_in,
+                              call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, cfg.SOFTCAP,
+                                                  cfg.LAZY_RESCALE)
+            if cfg.LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
                 # this softmax (it fills a latency gap with it), so the softmax
                 # would not overlap P_{j-1} V_{j-1}. It keeps the wait after a
                 # shared-memory store: the row sums, the softmax's last result,
                 # go to a scratch row that nothing reads.
-                anchor.slice(C * ROWS, ROWS).store(l_i)
+                smem.anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
-            mbarrier.arrive(v_empty.index(_ring(kv + j - 1, STAGES)[0]), count=1)
-            p = _carried_p(p_f32, q_tile.dtype, P_FP32)
+            mbarrier.arrive(smem.v_empty.index(_ring(kv + j - 1, cfg.STAGES)[0]), count=1)
+            p = _carried_p(p_f32, q_tile.dtype, cfg.P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
-    def _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, first, last, C: gl.constexpr,
-                    NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+    def _skip_tiles(smem, turn, kv, first, last, C: gl.constexpr, cfg):
         # Ring tiles [first, last) of the work tile starting at ring tile kv, none
         # of whose keys this consumer's rows see: release each once it has landed
         # (an arrival before that would count towards the release of the slot's
@@ -328,16 +399,16 @@ if HAVE_GLUON:
         # with PINGPONG take the turn its iteration would have taken, so that
         # every consumer's turn count stays in step.
         for j in range(first, last):
-            slot, phase = _ring(kv + j, STAGES)
-            mbarrier.wait(k_ready.index(slot), phase)
-            if PINGPONG:
+            slot, phase = _ring(kv + j, cfg.STAGES)
+            mbarrier.wait(smem.k_ready.index(slot), phase)
+            if cfg.PINGPONG:
                 if j > 0:  # key tile 0 is issued outside the turns
-                    _wait_turn(turns, turn, C)
-                    mbarrier.arrive(turns.index((C + 1) % NUM_CONSUMERS), count=1)
+                    _wait_turn(smem.turns, turn, C)
+                    mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
                     turn += 1
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            mbarrier.wait(v_ready.index(slot), phase)
-            mbarrier.arrive(v_empty.index(slot), count=1)
+            mbarrier.arrive(smem.k_empty.index(slot), count=1)
+            mbarrier.wait(smem.v_ready.index(slot), phase)
+            mbarrier.arrive(smem.v_empty.index(slot), count=1)
         return turn
 
     @gluon.jit
@@ -350,66 +421,53 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_tile(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        t, kv, done, turn, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    ):
+    def _consumer_tile(o_desc, LSE, smem, t, kv, done, turn, call, C: gl.constexpr, cfg):
         # Consumer warpgroup C's rows of work tile t; returns the ring tiles
         # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = cfg.S_LAYOUT
+        o_layout: gl.constexpr = cfg.O_LAYOUT
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
-        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(
-            t, n_m, n_heads_q, kv_group, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-            REVERSE_M)
+        cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(t, call, cfg)
         row0 = start_m + C * ROWS
         c_left = n_left
         c_mid = n_mid
         c_end = n_tiles
-        if HAS_RIGHT:
+        if cfg.HAS_RIGHT:
             # This consumer's own key tiles: under a right edge rows above the
             # tile's last ones see fewer keys (192-row tiles on 128-key tiles: up
             # to two tiles fewer), and rows all past n_q none. The ring tiles past
             # its own go by in _skip_tiles. (Without a right edge this only spares
             # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
             # diagnosed.)
-            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS, BLOCK_N,
-                                             HAS_LEFT, HAS_RIGHT)
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_q, call.n_k, call.off, call.left, call.right,
+                                             ROWS, cfg.BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
         offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        qb = C * Q_BUFFERS + done % Q_BUFFERS
-        q_buf = q_smem.index(qb)
-        q_tile = q_buf.reshape([ROWS, HEAD_DIM])
-        mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
+        o = gl.zeros([ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
+        qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
+        q_buf = smem.q_smem.index(qb)
+        q_tile = q_buf.reshape([ROWS, cfg.HEAD_DIM])
+        mbarrier.wait(smem.q_ready.index(qb), (done // cfg.Q_BUFFERS) & 1)
         if c_end > 0:
             # Key tile 0 on its own (through the masked code, right for any
             # tile): it fills the pipeline with its P.
-            k_tile = _kv_tile(k_smem, k_ready, kv, BLOCK_N, HEAD_DIM, STAGES)
+            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                              gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
-            mbarrier.arrive(k_empty.index(_ring(kv, STAGES)[0]), count=1)
-            if Q_BUFFERS == 2:
-                _release_previous_q(q_empty, C, done)
-            s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, left, right, softcap_in, softcap_out,
-                              True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, SOFTCAP, False)
-            p = _carried_p(p_f32, dtype, P_FP32)
+            mbarrier.arrive(smem.k_empty.index(_ring(kv, cfg.STAGES)[0]), count=1)
+            if cfg.Q_BUFFERS == 2:
+                _release_previous_q(smem.q_empty, C, done)
+            s = masked_logits(s, offs_m, cols, call.n_k - lo, call.off - lo, call.left, call.right, call.softcap_in,
+                              call.softcap_out, True, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, True, cfg.SOFTCAP, False)
+            p = _carried_p(p_f32, dtype, cfg.P_FP32)
 
             # Key tiles [1, c_left) masked, [c_left, c_mid) unmasked, [c_mid, c_end)
             # masked: three loops, each compiled for its mask (tile 0 went above).
@@ -424,24 +482,20 @@ if HAVE_GLUON:
                     first = gl.maximum(c_mid, 1)
                     last = c_end
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    turns, anchor, kv, first, last, lo, offs_m, n_k, off, left, right, qk_scale, softcap_in,
-                    softcap_out, s_layout, p_layout, o_rows, ROWS, BLOCK_N, HEAD_DIM, STAGES, segment != 1,
-                    HAS_LEFT, HAS_RIGHT, SOFTCAP, C, NUM_CONSUMERS, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
+                    o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, call, segment != 1, C, cfg)
 
             # The last key tile's PV product.
             last = kv + c_end - 1
-            v_tile = _kv_tile(v_smem, v_ready, last, BLOCK_N, HEAD_DIM, STAGES)
-            o = _rescale(o, gl.convert_layout(alpha, o_rows), LAZY_RESCALE)
-            p_op = _p_operand(p, p_layout, dtype, P_FP32)
+            v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
+            p_op = _p_operand(p, cfg.P_LAYOUT, dtype, cfg.P_FP32)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
-            mbarrier.arrive(v_empty.index(_ring(last, STAGES)[0]), count=1)
-        elif Q_BUFFERS == 2:
-            _release_previous_q(q_empty, C, done)
-        if HAS_RIGHT:
-            turn = _skip_tiles(k_ready, v_ready, k_empty, v_empty, turns, turn, kv, c_end, n_tiles, C,
-                               NUM_CONSUMERS, STAGES, PINGPONG)
+            mbarrier.arrive(smem.v_empty.index(_ring(last, cfg.STAGES)[0]), count=1)
+        elif cfg.Q_BUFFERS == 2:
+            _release_previous_q(smem.q_empty, C, done)
+        if cfg.HAS_RIGHT:
+            turn = _skip_tiles(smem, turn, kv, c_end, n_tiles, C, cfg)
         kv += n_tiles
 
         # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
@@ -456,24 +510,17 @@ if HAVE_GLUON:
         q_tile.store(o.to(dtype))
         fence_async_shared()
         _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
-        if STORE_LSE:
+        if cfg.STORE_LSE:
             lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-            lse_base = LSE + (off_b.to(gl.int64) * n_heads_q + off_h) * n_q
-            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
-        if Q_BUFFERS == 1:
+            lse_base = LSE + (off_b.to(gl.int64) * call.n_heads_q + off_h) * call.n_q
+            gl.store(lse_base + offs_m, lse, mask=offs_m < call.n_q)
+        if cfg.Q_BUFFERS == 1:
             tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(qb), count=1)
+            mbarrier.arrive(smem.q_empty.index(qb), count=1)
         return kv, turn
 
     @gluon.jit
-    def _consumer_partition(
-        o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, anchor,
-        tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-        SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, PINGPONG: gl.constexpr,
-        P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr, DYNAMIC: gl.constexpr,
-    ):
+    def _consumer_partition(o_desc, LSE, smem, call, C: gl.constexpr, cfg):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
@@ -481,17 +528,13 @@ if HAVE_GLUON:
         done = 0
         turn = 0  # PINGPONG turns taken so far
         t = gl.program_id(0)
-        while t < n_work:
-            kv, turn = _consumer_tile(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                      k_empty, v_empty, turns, anchor, t, kv, done, turn, n_m, n_heads_q, kv_group,
-                                      n_q, n_k, off, left, right, qk_scale, softcap_in, softcap_out, C, BLOCK_M,
-                                      BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE)
+        while t < call.n_work:
+            kv, turn = _consumer_tile(o_desc, LSE, smem, t, kv, done, turn, call, C, cfg)
             done += 1
-            if DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
-                qb = C * Q_BUFFERS + done % Q_BUFFERS
-                mbarrier.wait(q_ready.index(qb), (done // Q_BUFFERS) & 1)
-                t = gl.sum(tile_ids.index(qb).load(_ID_LAYOUT), axis=0)
+            if cfg.DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
+                qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
+                mbarrier.wait(smem.q_ready.index(qb), (done // cfg.Q_BUFFERS) & 1)
+                t = gl.sum(smem.tile_ids.index(qb).load(_ID_LAYOUT), axis=0)
             else:
                 t += gl.num_programs(0)
         tma.store_wait(0)
@@ -550,69 +593,32 @@ if HAVE_GLUON:
         fence_async_shared()
 
         # Partition arguments must be IR values: Triton makes an integer argument
-        # equal to 1 a constant, so scalars are wrapped. (Tuples are spelled out
-        # in the call: a tuple built first turns its constants into tensors.)
-        n_work = gl.to_tensor(n_work)
-        n_m = gl.to_tensor(n_m)
-        n_heads_q = gl.to_tensor(n_heads_q)
-        kv_group = gl.to_tensor(kv_group)
-        n_q = gl.to_tensor(n_q)
-        n_k = gl.to_tensor(n_k)
-        off = gl.to_tensor(off)
-        left = gl.to_tensor(left)
-        right = gl.to_tensor(right)
-        qk_scale = gl.to_tensor(qk_scale)
-        softcap_in = gl.to_tensor(softcap_in)
-        softcap_out = gl.to_tensor(softcap_out)
-        # One warp_specialize per consumer count: the partition list is spelled out.
+        # equal to 1 a constant, so scalars are wrapped.
+        call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
+                    gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
+                    gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
+        smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
+                    anchor)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)
+        # One warp_specialize per consumer count: the frontend takes the partition
+        # list only as a literal in the call (a list built first, or grown in a
+        # static loop, is turned into a tuple of tensors).
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
-                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
-                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, tile_ids, tile_counter, n_work, n_m, n_heads_q, kv_group,
-                                   n_k, off, left, right, BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT,
-                                   REVERSE_M, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(0), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(1), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
-                (_consumer_partition, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                       v_empty, turns, anchor, tile_ids, n_work, n_m, n_heads_q, kv_group, n_q, n_k,
-                                       off, left, right, qk_scale, softcap_in, softcap_out, gl.constexpr(2), BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                                       REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(1), cfg)),
+                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
