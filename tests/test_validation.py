@@ -85,10 +85,12 @@ def test_device_mismatch():
         vflash.attention(q, meta, v)
 
 
-def test_cpu_tensors_without_interpreter_say_how(monkeypatch):
+def test_cpu_tensors_where_the_interpreter_cannot_run_say_why(monkeypatch):
+    # (Triton 3.6's interpreter with numpy >= 2.4): refused before any launch, saying how to fix it
     import vflash._validate as val
-    monkeypatch.setattr(val, "interpreting", lambda: False)
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+    monkeypatch.setattr(val, "interpreter_refusal", lambda: "Triton 3.6.0's interpreter does not run with numpy "
+                        "2.4.6: install numpy<2.4 or a newer Triton to run CPU tensors")
+    with pytest.raises(ValueError, match="q is a CPU tensor, and .*numpy<2.4"):
         vflash.attention(*qkv())
 
 

@@ -15,6 +15,7 @@ CUDA tensors too run through the interpreter (INTERPRET_ALL).
 """
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -22,6 +23,12 @@ import numpy as np
 import torch
 
 INTERPRET_ALL = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def device_properties(device_index: int):
+    """torch's properties of a CUDA device (capability, SM count), read once."""
+    return torch.cuda.get_device_properties(device_index)
 
 
 def interpreted(device: torch.device) -> bool:
@@ -99,7 +106,3 @@ def launcher(fn, device: torch.device):
         raise RuntimeError(refusal)
     return _Interpreted(fn)
 
-
-def interpreting() -> bool:
-    """True when CPU tensors can run (always: through the interpreter, per call)."""
-    return True

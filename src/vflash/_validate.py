@@ -11,7 +11,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash._backend import interpreting
+from vflash._backend import interpreter_refusal
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CAUSAL_MODES = ("top_left", "bottom_right")
@@ -110,11 +110,9 @@ def check_qkv(q, k, v) -> None:
     if device.type != "cuda":
         if device.type != "cpu":
             raise ValueError(f"tensors on {device.type} are not supported; use CUDA or CPU tensors")
-        if not interpreting():
-            raise ValueError(
-                "q is a CPU tensor but Triton kernels were compiled for the GPU; move the tensors to "
-                "CUDA, or set TRITON_INTERPRET=1 in the environment before importing vflash to run on "
-                "the CPU through the Triton interpreter")
+        refusal = interpreter_refusal()  # CPU tensors run through Triton's interpreter
+        if refusal is not None:
+            raise ValueError(f"q is a CPU tensor, and {refusal}")
 
 
 def resolve_causal(causal) -> Optional[str]:

@@ -2,7 +2,6 @@
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional, Tuple, Union
 
 import torch
@@ -57,10 +56,9 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[
     return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
 
 
-@lru_cache(maxsize=None)
 def _sm90(device_index: int) -> Tuple[bool, int]:
     """(the device is sm_90, its SM count)."""
-    props = torch.cuda.get_device_properties(device_index)
+    props = _backend.device_properties(device_index)
     return (props.major, props.minor) == (9, 0), props.multi_processor_count
 
 

@@ -42,7 +42,7 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
     import triton
 
     import vflash
-    from vflash._backend import interpreting
+    from vflash._backend import interpreted
     from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
 
     if device is None:
@@ -51,7 +51,7 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "vflash": vflash.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "triton": triton.__version__, "cuda_available": torch.cuda.is_available(),
-        "triton_interpreter": interpreting(), "device": device.type, "commit": _commit(),
+        "triton_interpreter": interpreted(device), "device": device.type, "commit": _commit(),
         "gluon": HAVE_GLUON,
     }
     if device.type == "cuda":
@@ -59,6 +59,6 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
         env.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
                    driver=_driver(), cuda=str(torch.version.cuda))
     else:
-        env.update(gpu="none (CPU, Triton interpreter)" if interpreting() else "none (CPU)",
+        env.update(gpu="none (CPU, Triton interpreter)",
                    cpu=platform.processor() or platform.machine())
     return env

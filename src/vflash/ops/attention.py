@@ -5,7 +5,6 @@ Inputs are validated (vflash._validate), the band is folded (vflash.ops.band)
 and the kernel and tiles chosen (vflash.dispatch) before this runs.
 """
 
-from functools import lru_cache
 from typing import Hashable, Optional, Tuple, Union
 
 import torch
@@ -62,18 +61,13 @@ def attention_forward(
             counter = q.new_zeros(1, dtype=torch.int32)
             allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
         launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
-                                     _sm_count(q.device.index))
+                                     _backend.device_properties(q.device.index).multi_processor_count)
     else:
         launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float],
