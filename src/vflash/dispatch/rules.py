@@ -10,7 +10,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles, PortableTiles
+from vflash.ops.tiles import HopperTiles, PortableTiles, head_dim_pad
 
 KERNELS = ("portable", "sm90")
 
@@ -33,8 +33,8 @@ class Problem:
 
     @property
     def head_dim_pad(self) -> int:
-        """The portable kernel's head dim: the next power of two, at least 16."""
-        return max(16, 1 << (self.head_dim - 1).bit_length())
+        """The portable kernel's head dim (ops.tiles.head_dim_pad)."""
+        return head_dim_pad(self.head_dim)
 
     def row_tiles(self, block_m: int) -> int:
         """Programs (work tiles) of block_m query rows over every (batch, q head)."""

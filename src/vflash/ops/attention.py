@@ -16,7 +16,7 @@ from vflash.ops import launch as launches
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.tiles import HopperTiles, PortableTiles
+from vflash.ops.tiles import HopperTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 RETURNS = ("out", "lse")
@@ -75,7 +75,6 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
     """The launch of attention_fwd_kernel: grid (row tiles, Hq, B)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    head_dim_pad = max(16, 1 << (D - 1).bit_length())
     args = (
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -84,7 +83,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         *score_scales(scale, softcap),
     )
     constexprs = dict(
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,

@@ -87,4 +87,4 @@ def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str],
         runner(*p)
     fast = direct_launch(compiled, launch.grid, params, launch.slots, sources, device_index, fallback)
     picks = tuple(order.index(name) if name in order else None for name in returns)
-    plans.record(key, plans.LaunchPlan(fast or fallback, device_index, len(inputs), tuple(allocs), picks))
+    plans.record(key, plans.LaunchPlan(fast or fallback, device_index, tuple(allocs), picks))

@@ -37,13 +37,11 @@ class LaunchPlan:
     allocated per call (vflash.ops.launch.Alloc), zero-filled where asked (a
     work-tile counter)."""
 
-    __slots__ = ("launch", "device_index", "n_inputs", "allocs", "picks")
+    __slots__ = ("launch", "device_index", "allocs", "picks")
 
-    def __init__(self, launch: Callable, device_index: int, n_inputs: int, allocs: tuple,
-                 picks: Tuple[Optional[int], ...]):
+    def __init__(self, launch: Callable, device_index: int, allocs: tuple, picks: Tuple[Optional[int], ...]):
         self.launch = launch
         self.device_index = device_index
-        self.n_inputs = n_inputs
         self.allocs = allocs
         self.picks = picks
 

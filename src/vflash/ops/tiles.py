@@ -4,6 +4,11 @@ tiles a call gets is `vflash.dispatch`'s; the launchers only read them."""
 from typing import NamedTuple
 
 
+def head_dim_pad(head_dim: int) -> int:
+    """The portable kernel's head dim: the next power of two, at least 16 (masks pad the rest)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 class PortableTiles(NamedTuple):
     """`kernels/attention_fwd.py:attention_fwd_kernel`'s launch."""
     block_m: int  # query rows a program
