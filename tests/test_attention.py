@@ -316,6 +316,9 @@ def test_import_leaves_the_environment_and_other_triton_code_alone(tmp_path):
         import triton.language as tl
         from triton.runtime.jit import JITFunction
         call = JITFunction.__call__
+        tensor_ops = {name: getattr(tl.tensor, name) for name in ("__add__", "__mul__", "__index__", "T")
+                      if hasattr(tl.tensor, name)}
+        builtins = {name: getattr(tl, name) for name in ("arange", "dot", "load", "where", "exp2")}
         import vflash
         assert "TRITON_INTERPRET" not in os.environ
         q = torch.randn(1, 1, 5, 16)
@@ -323,6 +326,10 @@ def test_import_leaves_the_environment_and_other_triton_code_alone(tmp_path):
         ref = torch.softmax(q @ q.transpose(-1, -2) / 4, -1) @ q
         assert (out - ref).abs().max() < 1e-5
         assert isinstance(tl.sum, JITFunction) and JITFunction.__call__ is call
+        # the interpreter's patches of triton.language (a launch's and its device functions') are undone
+        assert all(getattr(tl.tensor, name, None) is op for name, op in tensor_ops.items())
+        assert not hasattr(tl.tensor, "__index__") or "__index__" in tensor_ops
+        assert all(getattr(tl, name) is fn for name, fn in builtins.items())
         try:
             tl.sum(q, 0)
         except RuntimeError as e:

@@ -59,17 +59,40 @@ def interpreter():
     """The scope of an interpreted launch: a `@triton.jit` function called from
     interpreted code (vflash's helpers, and Triton's own library functions such
     as tl.sum, decorated compiled at import) runs its interpreted form; numpy's
-    floating-point warnings (exp2 of -inf, masked lanes) stay inside."""
+    floating-point warnings (exp2 of -inf, masked lanes) stay inside; and every
+    `triton.language` attribute the interpreter patches is put back on the way
+    out. (Triton restores the patches of a launch, but not those of the device
+    functions it calls, which would leave `tl.tensor`'s operators interpreted
+    for every later compile in the process.)"""
+    from triton.runtime import interpreter as triton_interpreter
     from triton.runtime.jit import JITFunction
 
+    scope_type = getattr(triton_interpreter, "_LangPatchScope", None)
+    missing = getattr(triton_interpreter, "_MISSING", None)
     with _INTERPRETER_LOCK:
+        originals = {}  # (id(obj), name) -> (obj, name, value before the launch)
         compiled_call = JITFunction.__call__
+        set_attr = scope_type.set_attr if scope_type is not None else None
+
+        def recording_set_attr(scope, obj, name, value):
+            originals.setdefault((id(obj), name), (obj, name, getattr(obj, name, missing)))
+            set_attr(scope, obj, name, value)
         JITFunction.__call__ = lambda self, *args, **kwargs: interpreted_form(self)(*args, **kwargs)
+        if set_attr is not None:
+            scope_type.set_attr = recording_set_attr
         try:
             with np.errstate(all="ignore"):
                 yield
         finally:
             JITFunction.__call__ = compiled_call
+            if set_attr is not None:
+                scope_type.set_attr = set_attr
+            for obj, name, value in originals.values():
+                if value is missing:
+                    if name in vars(obj):
+                        delattr(obj, name)
+                else:
+                    setattr(obj, name, value)
 
 
 class _Interpreted:
