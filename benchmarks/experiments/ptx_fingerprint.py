@@ -69,7 +69,7 @@ def compile_portable(head_dim, tiles, has_left, has_right, softcap, store_lse, d
         elif name.startswith("CU_"):
             signature[name] = "constexpr"
             constexprs[name] = None
-        elif name == "IS_VARLEN":
+        elif name in ("IS_VARLEN", "TOP_LEFT"):
             signature[name] = "constexpr"
             constexprs[name] = False
         else:

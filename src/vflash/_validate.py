@@ -59,16 +59,12 @@ def _as_tensor_hint(x) -> str:
     return ""
 
 
-def check_qkv(q, k, v) -> None:
-    """Validate q [B, Hq, Nq, D], k/v [B, Hkv, Nk, D]."""
-    # Runs on every call: the common case goes through a handful of cheap tests.
+def _check_tensors(q, k, v, ndim: int, layout: str, kv_layout: str, hint: str) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
-        if t.dim() != 4:
-            raise ValueError(
-                f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}; "
-                f"a [batch, seq_len, heads, head_dim] tensor can be passed as x.transpose(1, 2)")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
         if t.layout is not torch.strided:
@@ -76,43 +72,116 @@ def check_qkv(q, k, v) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
                         f"cast them with .to(dtype)")
-    device = q.device
-    if not (device == k.device == v.device):
+    if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
-    B, Hq, Nq, D = q.shape
-    k_shape = k.shape
-    if k_shape != v.shape:
-        raise ValueError(f"k and v must have the same shape [B, Hkv, Nk, D], got k {tuple(k_shape)} "
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape {kv_layout}, got k {tuple(k.shape)} "
                          f"and v {tuple(v.shape)}")
-    Bk, Hkv, Nk, Dk = k_shape
-    if Bk != B:
-        raise ValueError(f"batch sizes differ: q has {B}, k and v have {Bk}")
+
+
+def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int) -> None:
     if Dk != D:
         raise ValueError(f"head dims differ: q has {D}, k and v have {Dk}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for GQA/MQA")
-    if B > MAX_GRID_YZ:
-        raise ValueError(f"batch size {B} exceeds {MAX_GRID_YZ}, the most one launch covers; split the batch "
-                         f"into chunks of at most {MAX_GRID_YZ}")
     if Hq > MAX_GRID_YZ:
         raise ValueError(f"q heads ({Hq}) exceed {MAX_GRID_YZ}, the most one launch covers")
     if not (MIN_HEAD_DIM <= D <= MAX_HEAD_DIM and D % 8 == 0):
         raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
                          f"got {D}")
-    for name, t, n in (("q", q, Nq), ("k", k, Nk), ("v", v, Nk)):
-        # Offsets inside one (batch, head) slice are 32-bit in the kernel.
-        _, _, stride_n, stride_d = t.stride()
-        extent = (n - 1) * stride_n + (D - 1) * stride_d
-        if extent > _INT32_MAX:
-            raise ValueError(f"{name}'s sequence span ({extent} elements within one head) exceeds "
-                             f"2**31 - 1; split the sequence or make the tensor contiguous")
-    if device.type != "cuda":
-        if device.type != "cpu":
-            raise ValueError(f"tensors on {device.type} are not supported; use CUDA or CPU tensors")
+    if q.device.type != "cuda":
+        if q.device.type != "cpu":
+            raise ValueError(f"tensors on {q.device.type} are not supported; use CUDA or CPU tensors")
         refusal = interpreter_refusal()  # CPU tensors run through Triton's interpreter
         if refusal is not None:
             raise ValueError(f"q is a CPU tensor, and {refusal}")
+
+
+def _check_span(name: str, n: int, D: int, stride_n: int, stride_d: int, what: str) -> None:
+    # Offsets inside one (sequence, head) slice are 32-bit in the kernel.
+    extent = (n - 1) * stride_n + (D - 1) * stride_d
+    if extent > _INT32_MAX:
+        raise ValueError(f"{name}'s {what} ({extent} elements within one head) exceeds "
+                         f"2**31 - 1; split the sequence or make the tensor contiguous")
+
+
+def check_qkv(q, k, v) -> None:
+    """Validate q [B, Hq, Nq, D], k/v [B, Hkv, Nk, D]."""
+    # Runs on every call: the common case goes through a handful of cheap tests.
+    _check_tensors(q, k, v, 4, "[batch, heads, seq_len, head_dim]", "[B, Hkv, Nk, D]",
+                   "; a [batch, seq_len, heads, head_dim] tensor can be passed as x.transpose(1, 2)")
+    B, Hq, Nq, D = q.shape
+    Bk, Hkv, Nk, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"batch sizes differ: q has {B}, k and v have {Bk}")
+    if B > MAX_GRID_YZ:
+        raise ValueError(f"batch size {B} exceeds {MAX_GRID_YZ}, the most one launch covers; split the batch "
+                         f"into chunks of at most {MAX_GRID_YZ}")
+    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    for name, t, n in (("q", q, Nq), ("k", k, Nk), ("v", v, Nk)):
+        _check_span(name, n, D, t.stride(2), t.stride(3), "sequence span")
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata: bool) -> int:
+    """Validate packed q [total_q, Hq, D], k/v [total_k, Hkv, D] and their int32
+    cu_seqlens [B + 1]; returns B. With check_metadata (one host sync for CUDA
+    tensors), the offsets' values too: 0 first, non-decreasing, the packed
+    length last, and no sequence longer than its max_seqlen."""
+    _check_tensors(q, k, v, 3, "[total_q, heads, head_dim] (packed sequences)", "[total_k, Hkv, D]", "")
+    total_q, Hq, D = q.shape
+    total_k, Hkv, Dk = k.shape
+    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    n = None
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be an int32 torch.Tensor [batch + 1], got {_describe(cu)}"
+                            f"{_as_tensor_hint(cu)}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {cu.dtype}; convert it with .to(torch.int32)")
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{name} must be 1-D [batch + 1] with batch >= 1, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}), got {cu.device}")
+        if cu.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous; pass {name}.contiguous()")
+        if n is not None and cu.numel() != n:
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length [batch + 1], got "
+                             f"{n} and {cu.numel()}")
+        n = cu.numel()
+    batch = n - 1
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ}, the most one launch covers; split the batch")
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
+            raise TypeError(f"{name} must be an int >= 0, got {_describe(x)}")
+        if x > _INT32_MAX:
+            raise ValueError(f"{name} ({x}) exceeds 2**31 - 1")
+    if total_q > _INT32_MAX or total_k > _INT32_MAX:
+        raise ValueError(f"packed lengths must fit int32, got total_q {total_q}, total_k {total_k}")
+    for name, t, m in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
+        _check_span(name, m, D, t.stride(0), t.stride(2), "longest sequence's span")
+    if check_metadata:
+        for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                         ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+            _check_offsets(name, cu.tolist(), total, longest)
+    return batch
+
+
+def _check_offsets(name: str, offsets, total: int, longest: int) -> None:
+    tensor = "q" if name.endswith("_q") else "k and v"
+    if offsets[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {offsets[0]}")
+    for i in range(len(offsets) - 1):
+        length = offsets[i + 1] - offsets[i]
+        if length < 0:
+            raise ValueError(f"{name} must be non-decreasing: sequence {i} runs from {offsets[i]} to "
+                             f"{offsets[i + 1]}")
+        if length > longest:
+            raise ValueError(f"sequence {i} has {length} rows ({name}[{i + 1}] - {name}[{i}]), more than "
+                             f"max_seqlen_{name[-1]} = {longest}")
+    if offsets[-1] != total:
+        raise ValueError(f"{name}[-1] must be the packed length of {tensor} ({total}), got {offsets[-1]}")
 
 
 def resolve_causal(causal) -> Optional[str]:

@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from vflash import _validate, dispatch
-from vflash.ops import attention_forward, mask_band, plans
+from vflash.ops import attention_forward, attention_varlen_forward, mask_band, plans, sequence_band
 
 
 def attention(
@@ -72,4 +72,64 @@ def attention(
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
     out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
                                  tiles=choice.tiles, plan_key=key)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    return_lse: bool = False,
+    check_metadata: bool = True,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Exact attention over packed sequences of different lengths, in
+    FlashAttention's `flash_attn_varlen_func` layout and argument order.
+
+    Args:
+        q: [total_q, Hq, D], the batch's queries one sequence after another. Any strides.
+        k: [total_k, Hkv, D] keys, Hq % Hkv == 0; v: [total_k, Hkv, D] values.
+        cu_seqlens_q: int32 [B + 1], on q's device: sequence b's queries are rows
+            cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (0 first, non-decreasing,
+            total_q last; zero-length sequences allowed).
+        cu_seqlens_k: int32 [B + 1], the same for k and v.
+        max_seqlen_q, max_seqlen_k: the longest sequence's lengths (or more).
+        causal, scale, window, softcap: as in `vflash.attention`, with the band
+            rule applied to each sequence's own lengths (bottom-right alignment
+            puts a sequence's last query on its last key).
+        return_lse: also return the natural-log LSE, [Hq, total_q] fp32.
+        check_metadata: check cu_seqlens' values against the packed lengths and
+            max_seqlen before launching (one host sync for CUDA tensors). Turn off
+            only in a loop whose metadata you have checked: wrong offsets then
+            read out of bounds, and a max_seqlen below the longest sequence
+            leaves its later rows unwritten.
+
+    Returns:
+        out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see
+        no key (a sequence with no keys, say) get 0 and lse = -inf.
+
+    Runs the portable Triton kernel (no sm_90 varlen path yet); CPU tensors run
+    it through Triton's interpreter. No backward pass yet.
+    """
+    batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   _validate.check_flag("check_metadata", check_metadata))
+    causal_mode = _validate.resolve_causal(causal)
+    window_lr = _validate.check_window(window)
+    scale_f = _validate.check_scale(scale, q.shape[-1])
+    softcap_f = _validate.check_softcap(softcap)
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    _validate.check_no_grad(q, k, v)
+    band = sequence_band(causal_mode, window_lr)
+    choice = dispatch.select(dispatch.varlen_problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, band))
+    out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
+                                        top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
+                                        return_lse=return_lse, tiles=choice.tiles)
     return (out, lse) if return_lse else out

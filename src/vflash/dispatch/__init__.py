@@ -7,6 +7,7 @@ whole account in `docs/dispatch.md`. `VFLASH_KERNEL=portable|sm90` (or
 raises ValueError saying why.
 """
 
-from vflash.dispatch.rules import FORCED, KERNELS, Choice, Problem, problem_of, select, sm90_refusal
+from vflash.dispatch.rules import (FORCED, KERNELS, Choice, Problem, problem_of, select, sm90_refusal,
+                                   varlen_problem_of)
 
-__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "problem_of", "select", "sm90_refusal"]
+__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "problem_of", "select", "sm90_refusal", "varlen_problem_of"]

@@ -30,6 +30,7 @@ class Problem:
     band: Band
     device: torch.device
     tma_ok: bool  # q, k, v and out suit TMA: 16-byte aligned base and strides, unit last stride
+    varlen: bool = False  # packed sequences (cu_seqlens); batch, n_q, n_k: their count and longest lengths
 
     @property
     def head_dim_pad(self) -> int:
@@ -56,6 +57,13 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[
     return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
 
 
+def varlen_problem_of(q: torch.Tensor, k: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
+                      band: Band) -> Problem:
+    """The Problem of a packed call (q [total_q, Hq, D], k [total_k, Hkv, D])."""
+    return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, False,
+                   varlen=True)
+
+
 def _sm90(device_index: int) -> Tuple[bool, int]:
     """(the device is sm_90, its SM count)."""
     props = _backend.device_properties(device_index)
@@ -72,6 +80,8 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
     if not hopper_launch.HAVE_GLUON:
         return "this Triton has no Gluon"
+    if p.varlen:
+        return "it has no packed-sequence (varlen) path yet"
     if not _sm90(p.device.index)[0]:
         return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
     if p.dtype not in (torch.float16, torch.bfloat16):

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from vflash.kernels.mask import key_range, masked_logits
+from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
 
 
@@ -149,7 +150,7 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -162,10 +163,13 @@ def attention_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
-    # LSE is contiguous [B, Hq, n_q] fp32. SPLIT: the program's BLOCK_M rows are
-    # carried as two independent halves.
+    # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
+    # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
+    # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
+    # program's BLOCK_M rows are carried as two independent halves.
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
@@ -178,9 +182,23 @@ def attention_fwd_kernel(
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
     o_base = O + off_b * stride_ob + off_h * stride_oh
-    lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
-
     start_m = pid_m * BLOCK_M
+    if IS_VARLEN:
+        # Packed rows: n_q / n_k are the totals, LSE is [Hq, total_q]; this sequence's
+        # rows start at its cu_seqlens entries (the batch strides are 0).
+        q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, n_q, n_k, off,
+                                                           IS_VARLEN, TOP_LEFT)
+        if start_m >= n_q_seq:  # the grid covers the longest sequence
+            return
+        q_base += q_start * stride_qm
+        k_base += k_start * stride_kn
+        v_base += k_start * stride_vn
+        o_base += q_start * stride_om
+        lse_base = LSE + off_h * n_q + q_start
+        n_q = n_q_seq
+        n_k = n_k_seq
+    else:
+        lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
 
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)

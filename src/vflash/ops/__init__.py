@@ -1,6 +1,6 @@
 """Launchers: allocate outputs, build each kernel's arguments and grid, launch, record plans."""
 
-from vflash.ops.attention import attention_forward
-from vflash.ops.band import Band, mask_band
+from vflash.ops.attention import attention_forward, attention_varlen_forward
+from vflash.ops.band import Band, mask_band, sequence_band
 
-__all__ = ["Band", "attention_forward", "mask_band"]
+__all__ = ["Band", "attention_forward", "attention_varlen_forward", "mask_band", "sequence_band"]

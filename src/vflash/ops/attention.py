@@ -70,14 +70,59 @@ def attention_forward(
     return out, lse
 
 
+def attention_varlen_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, *, band: Band, top_left: bool, scale: float, softcap: Optional[float], return_lse: bool,
+    tiles: PortableTiles, out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
+    (or None). `band` is `ops.band.sequence_band`'s; each sequence's offset comes
+    from its own lengths (Nk - Nq, or 0 with `top_left`). `out` (any strides) and
+    `lse` (contiguous) may be passed preallocated."""
+    total_q, Hq, D = q.shape
+    if out is None:
+        out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if k.shape[0] == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles,
+                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left))
+    launches.run(launch, q.device)
+    return out, lse
+
+
+def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
+    # A packed [total, H, D] tensor's strides as the kernel's (batch, head, row,
+    # dim): batch 0, each sequence's first row comes from cu_seqlens.
+    s_row, s_head, s_dim = t.stride()
+    return 0, s_head, s_row, s_dim
+
+
 def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float],
-                     tiles: PortableTiles) -> KernelLaunch:
-    """The launch of attention_fwd_kernel: grid (row tiles, Hq, B)."""
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+                     tiles: PortableTiles, varlen: Optional[tuple] = None) -> KernelLaunch:
+    """The launch of attention_fwd_kernel: grid (row tiles, Hq, B). `varlen`
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D]
+    tensors; None for dense [B, H, N, D] ones."""
+    if varlen is None:
+        B, Hq, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride())
+        rows, cu_seqlens, top_left = Nq, (None, None), False
+    else:
+        cu_q, cu_k, rows, top_left = varlen
+        (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # packed totals: n_q is LSE's head stride
+        B = cu_q.numel() - 1
+        strides = (*_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out))
+        cu_seqlens = (cu_q, cu_k)
     args = (
-        q, k, v, out, lse if lse is not None else out,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens,
+        *strides,
         Hq, Hq // Hkv, Nq, Nk,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
@@ -90,8 +135,11 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         # The interpreter's bf16 dot is wrong (numpy has no bf16); upcast there only.
         UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
     )
     slots = (Slot(0, "q"), Slot(1, "k"), Slot(2, "v"), Slot(3, "out"), Slot(4, "out" if lse is None else "lse"))
-    grid = ((Nq + tiles.block_m - 1) // tiles.block_m, Hq, B)
+    if varlen is not None:
+        slots += (Slot(5, "cu_seqlens_q"), Slot(6, "cu_seqlens_k"))
+    grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

@@ -2,9 +2,10 @@
 
     i + off - left <= j <= i + off + right        (left/right < 0: unbounded)
 
-One band per call today; a varlen or ring-attention launcher derives one per
-sequence or per step from the same rule (`mask_band` with that sequence's or
-step's lengths)."""
+`mask_band` folds a dense call's band on the host from its lengths. A packed
+(varlen) call has one length pair per sequence: `sequence_band` gives its edges,
+and the kernel takes each sequence's offset from its own lengths
+(`kernels/seqlen.py`)."""
 
 from typing import NamedTuple, Optional, Tuple
 
@@ -43,3 +44,14 @@ def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]
     if right >= n_k - 1 - off:  # row 0, the one with the lowest upper bound, already ends at key >= Nk-1
         right = -1
     return Band(off, left, right)
+
+
+def sequence_band(causal: Optional[str], window: Tuple[int, int]) -> Band:
+    """The edges of a band whose offset each sequence takes from its own lengths
+    (Nk - Nq, or 0 under "top_left"): off is 0 here and unused. Causal caps
+    right at 0. No edge is folded away: whether it hides a key depends on the
+    sequence."""
+    left, right = window
+    if causal is not None:
+        right = 0 if right < 0 else min(right, 0)
+    return Band(0, left, right)

@@ -1,0 +1,27 @@
+"""Which rows of the packed tensors one sequence holds, shared by the kernels that
+take a batch either dense ([B, H, N, D], every sequence the call's lengths) or packed
+(varlen: [total, H, D] with int32 cu_seqlens [B + 1], FlashAttention's layout)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sequence(off_b, cu_seqlens_q, cu_seqlens_k, n_q, n_k, off, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr):
+    # Sequence off_b -> (first query row, first key row (int64, for base offsets),
+    # its query rows and keys (int32), its band offset). Dense: rows from 0, the
+    # call's lengths and the launcher's offset. Varlen: from cu_seqlens, and the
+    # offset of the band rule for this sequence's lengths (Nk - Nq, bottom-right
+    # alignment, or 0 top-left).
+    if IS_VARLEN:
+        q_start = tl.load(cu_seqlens_q + off_b)
+        k_start = tl.load(cu_seqlens_k + off_b)
+        n_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
+        n_k = tl.load(cu_seqlens_k + off_b + 1) - k_start
+        if TOP_LEFT:
+            off = 0
+        else:
+            off = n_k - n_q
+        return q_start.to(tl.int64), k_start.to(tl.int64), n_q, n_k, off
+    else:
+        return 0, 0, n_q, n_k, off

@@ -1,0 +1,159 @@
+"""vflash.attention_varlen against a per-sequence loop over the explicit fp64 reference,
+through the interpreter on the CPU (or the device VFLASH_TEST_DEVICE names): the same rule
+as the dense tests (max error <= 2x same-dtype PyTorch's + floor), -inf LSE exactly on rows
+that see no key, every output element written, and bad metadata refused before launch."""
+
+import pytest
+import torch
+
+import vflash
+from vflash import dispatch
+from vflash.harness.oracle import compare
+from vflash.ops import attention_varlen_forward, sequence_band
+from vflash.reference import attention_varlen_reference
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _cu(lengths, device):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+def _inputs(lens_q, lens_k, hq, hkv, d, dtype, device, seed=0, packed_qkv=False):
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lens_q), sum(lens_k)
+    if packed_qkv:  # q, k, v as strided views of one [total, 3, H, D] buffer (self-attention)
+        assert lens_q == lens_k and hq == hkv
+        qkv = torch.randn(tq, 3, hq, d, generator=g).to(dtype).to(device)
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    return (torch.randn(tq, hq, d, generator=g).to(dtype).to(device),
+            torch.randn(tk, hkv, d, generator=g).to(dtype).to(device),
+            torch.randn(tk, hkv, d, generator=g).to(dtype).to(device))
+
+
+def _check(lens_q, lens_k, device, hq=4, hkv=2, d=16, dtype="fp16", packed_qkv=False, **opts):
+    dt = DTYPES[dtype]
+    q, k, v = _inputs(lens_q, lens_k, hq, hkv, d, dt, device, packed_qkv=packed_qkv)
+    cq, ck = _cu(lens_q, device), _cu(lens_k, device)
+    out, lse = vflash.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), return_lse=True, **opts)
+    assert out.shape == q.shape and out.dtype == dt and lse.shape == (hq, sum(lens_q)) and lse.dtype == torch.float32
+    ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
+    same_o, _ = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=None, **opts)
+    _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
+    for verdict in (compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), dt),
+                    compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)):
+        assert verdict.passed, f"{verdict.what}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+# (query lengths, key lengths) per sequence: zero-length sequences, lengths around the
+# interpreter's 32-row tiles, Nq != Nk both ways (chunked prefill: fewer queries than keys)
+SELF = [5, 0, 33, 1, 31, 64]
+CROSS = ([3, 7, 0, 40, 2], [10, 7, 4, 33, 0])
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(causal="top_left"), dict(window=(4, 2)),
+                                  dict(window=(8, 0), causal=True), dict(softcap=5.0), dict(scale=0.3)],
+                         ids=["full", "causal", "top_left", "window", "window+causal", "softcap", "scale"])
+def test_self_attention_per_sequence(opts, device):
+    _check(SELF, SELF, device, **opts)
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(causal="top_left"), dict(window=(5, 0))],
+                         ids=["full", "causal", "top_left", "window"])
+def test_nq_differs_from_nk_per_sequence(opts, device):
+    # bottom-right alignment per sequence: sequence 0's 3 queries are its last 3 keys' rows;
+    # a sequence with no keys gets zeros and -inf
+    _check(*CROSS, device, **opts)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_dtypes(dtype, device):
+    _check(SELF, SELF, device, dtype=dtype, causal=True)
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (6, 1)], ids=["mha", "gqa4", "mqa"])
+def test_heads(hq, hkv, device):
+    _check([9, 20], [12, 20], device, hq=hq, hkv=hkv, causal=True)
+
+
+@pytest.mark.parametrize("d", [8, 24, 64])
+def test_head_dims(d, device):
+    _check([9, 20], [12, 20], device, d=d)
+
+
+def test_strided_views_of_a_packed_qkv_buffer(device):
+    _check(SELF, SELF, device, hq=2, hkv=2, packed_qkv=True, causal=True)
+
+
+def test_every_element_is_written(device):
+    lens = [5, 0, 33, 1]
+    q, k, v = _inputs(lens, lens, 2, 2, 16, torch.float16, device)
+    cq = _cu(lens, device)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
+    lse = torch.full((2, q.shape[0]), float("nan"), device=device)
+    band = sequence_band("bottom_right", (-1, -1))
+    tiles = dispatch.select(dispatch.varlen_problem_of(q, k, 4, 33, 33, band)).tiles
+    attention_varlen_forward(q, k, v, cq, cq, 33, band=band, top_left=False, scale=0.25, softcap=None,
+                             return_lse=True, tiles=tiles, out=out, lse=lse)
+    assert not out.isnan().any() and not lse.isnan().any()
+
+
+def test_empty_inputs(device):
+    q, k, v = _inputs([0, 0], [3, 4], 2, 2, 16, torch.float16, device)
+    out, lse = vflash.attention_varlen(q, k, v, _cu([0, 0], device), _cu([3, 4], device), 0, 4, return_lse=True)
+    assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
+    q, k, v = _inputs([3, 4], [0, 0], 2, 2, 16, torch.float16, device)
+    out, lse = vflash.attention_varlen(q, k, v, _cu([3, 4], device), _cu([0, 0], device), 4, 0, return_lse=True)
+    assert torch.equal(out.cpu(), torch.zeros(7, 2, 16, dtype=torch.float16)) and torch.isneginf(lse).all()
+
+
+def test_check_metadata_off_gives_the_same_result(device):
+    q, k, v = _inputs(SELF, SELF, 2, 2, 16, torch.float16, device)
+    cu = _cu(SELF, device)
+    a = vflash.attention_varlen(q, k, v, cu, cu, 64, 64, causal=True)
+    b = vflash.attention_varlen(q, k, v, cu, cu, 64, 64, causal=True, check_metadata=False)
+    assert torch.equal(a, b)
+
+
+def _bad(device):
+    q, k, v = _inputs([3, 4], [3, 4], 2, 2, 16, torch.float16, device)
+    return q, k, v, _cu([3, 4], device)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda q, k, v, cu: dict(cu_seqlens_q=cu.long()), TypeError, "cu_seqlens_q must be int32"),
+    (lambda q, k, v, cu: dict(cu_seqlens_k=[0, 3, 7]), TypeError, "cu_seqlens_k must be an int32 torch.Tensor"),
+    (lambda q, k, v, cu: dict(cu_seqlens_q=cu[:1]), ValueError, r"1-D \[batch \+ 1\] with batch >= 1"),
+    (lambda q, k, v, cu: dict(cu_seqlens_k=torch.tensor([0, 7], dtype=torch.int32, device=cu.device)), ValueError,
+     "the same length"),
+    (lambda q, k, v, cu: dict(cu_seqlens_q=cu + 1), ValueError, r"cu_seqlens_q\[0\] must be 0"),
+    (lambda q, k, v, cu: dict(cu_seqlens_q=torch.tensor([0, 4, 3], dtype=torch.int32, device=cu.device)),
+     ValueError, "non-decreasing: sequence 1 runs from 4 to 3"),
+    (lambda q, k, v, cu: dict(cu_seqlens_k=torch.tensor([0, 3, 6], dtype=torch.int32, device=cu.device)),
+     ValueError, r"cu_seqlens_k\[-1\] must be the packed length of k and v \(7\)"),
+    (lambda q, k, v, cu: dict(max_seqlen_q=3), ValueError, "sequence 1 has 4 rows .* more than max_seqlen_q = 3"),
+    (lambda q, k, v, cu: dict(max_seqlen_k=-1), TypeError, "max_seqlen_k must be an int >= 0"),
+    (lambda q, k, v, cu: dict(max_seqlen_q=4.0), TypeError, "max_seqlen_q must be an int"),
+    (lambda q, k, v, cu: dict(q=q[None]), ValueError, r"q must be 3-D \[total_q, heads, head_dim\]"),
+    (lambda q, k, v, cu: dict(v=v[:6]), ValueError, "k and v must have the same shape"),
+    (lambda q, k, v, cu: dict(k=k[:, :, :8], v=v[:, :, :8]), ValueError, "head dims differ"),
+    (lambda q, k, v, cu: dict(q=q.float()), TypeError, "share one dtype"),
+    (lambda q, k, v, cu: dict(cu_seqlens_q=torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=cu.device)[::2]),
+     ValueError, "contiguous"),
+    (lambda q, k, v, cu: dict(check_metadata=1), TypeError, "check_metadata"),
+])
+def test_bad_metadata_is_refused_before_launch(change, error, match, device):
+    q, k, v, cu = _bad(device)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4)
+    args.update(change(q, k, v, cu))
+    with pytest.raises(error, match=match):
+        vflash.attention_varlen(**args)
+
+
+def test_dispatch_takes_the_portable_kernel_and_refuses_a_forced_sm90(device):
+    q, k, v, cu = _bad(device)
+    band = sequence_band(None, (-1, -1))
+    p = dispatch.varlen_problem_of(q, k, 2, 4, 4, band)
+    assert p.varlen and dispatch.select(p).kernel == "portable"
+    with pytest.raises(ValueError, match="sm90 kernel cannot take this call"):
+        dispatch.select(p, kernel="sm90")
