@@ -168,6 +168,40 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     return batch
 
 
+def check_merge(out_a, lse_a, out_b, lse_b) -> None:
+    """Validate two partial results: outputs [..., D] of one shape and dtype, their
+    LSEs [...] (the outputs' leading shape) fp32, all on one device."""
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
+        if t.layout is not torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if out_a.dim() < 1:
+        raise ValueError("out_a must be [..., head_dim], got a 0-d tensor")
+    if out_a.shape != out_b.shape:
+        raise ValueError(f"out_a and out_b must have one shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
+    if out_a.dtype not in SUPPORTED_DTYPES or out_a.dtype != out_b.dtype:
+        raise TypeError(f"out_a and out_b must share one of float16, bfloat16, float32, got {out_a.dtype} and "
+                        f"{out_b.dtype}")
+    for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if lse.shape != out_a.shape[:-1]:
+            raise ValueError(f"{name} must have the outputs' leading shape {tuple(out_a.shape[:-1])}, got "
+                             f"{tuple(lse.shape)}")
+        if lse.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 (vflash returns LSE in fp32), got {lse.dtype}")
+    devices = {t.device for t in (out_a, lse_a, out_b, lse_b)}
+    if len(devices) != 1:
+        raise ValueError(f"out_a, lse_a, out_b and lse_b must be on one device, got {sorted(map(str, devices))}")
+    if out_a.device.type != "cuda":
+        if out_a.device.type != "cpu":
+            raise ValueError(f"tensors on {out_a.device.type} are not supported; use CUDA or CPU tensors")
+        refusal = interpreter_refusal()
+        if refusal is not None:
+            raise ValueError(f"out_a is a CPU tensor, and {refusal}")
+    if lse_a.numel() > _INT32_MAX:
+        raise ValueError(f"{lse_a.numel()} rows exceed 2**31 - 1; merge in parts")
+
+
 def _check_offsets(name: str, offsets, total: int, longest: int) -> None:
     tensor = "q" if name.endswith("_q") else "k and v"
     if offsets[0] != 0:

@@ -6,6 +6,7 @@ import torch
 
 from vflash import _validate, dispatch
 from vflash.ops import attention_forward, attention_varlen_forward, mask_band, plans, sequence_band
+from vflash.ops.combine import merge_states_forward
 
 
 def attention(
@@ -133,3 +134,25 @@ def attention_varlen(
                                         top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
                                         return_lse=return_lse, tiles=choice.tiles)
     return (out, lse) if return_lse else out
+
+
+def merge_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint key sets into the result
+    over their union, exactly (fp32 arithmetic): the step of split-KV, cascade
+    (shared-prefix) attention and ring attention.
+
+    Args:
+        out_a, out_b: [..., D] outputs of one shape and dtype, e.g. [B, H, N, D] from
+            `attention` or [total, H, D] from `attention_varlen`.
+        lse_a, lse_b: [...] their natural-log LSEs, fp32 (as `return_lse` gives
+            them; for varlen outputs pass lse.transpose(0, 1) to match [total, H]).
+
+    Returns:
+        (out [..., D] in the outputs' dtype, lse [...] fp32). A part whose lse is
+        -inf (it saw no key) adds nothing, whatever its output holds; a row with
+        both -inf gets out 0 and lse -inf.
+    """
+    _validate.check_merge(out_a, lse_a, out_b, lse_b)
+    return merge_states_forward(out_a, lse_a, out_b, lse_b, dispatch.merge_tiles(out_a.shape[-1], out_a.device))

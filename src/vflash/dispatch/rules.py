@@ -10,7 +10,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import HopperTiles, MergeTiles, PortableTiles, head_dim_pad
 
 KERNELS = ("portable", "sm90")
 
@@ -153,3 +153,10 @@ def _portable(p: Problem, why: str) -> Choice:
         if p.n_q <= longest or p.row_tiles(plain.block_m) < tables.SHORT_GRID_WAVES * sms:
             return Choice("portable", short, why + ": PORTABLE_SHORT")
     return Choice("portable", plain, why + ": PORTABLE")
+
+
+def merge_tiles(head_dim: int, device: torch.device) -> MergeTiles:
+    """merge_states' tiles: the table's rows, the head dim's power of two (at least 16) up to
+    the table's columns."""
+    t = tables.MERGE_INTERPRETER if _backend.interpreted(device) else tables.MERGE
+    return t._replace(block_d=min(t.block_d, max(16, 1 << (head_dim - 1).bit_length())))

@@ -8,7 +8,7 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import HopperTiles, PortableTiles
+from vflash.ops.tiles import HopperTiles, MergeTiles, PortableTiles
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -109,3 +109,9 @@ HOPPER_USE: Dict[int, HopperUse] = {
     128: HopperUse(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
     256: HopperUse(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
 }
+
+
+# --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
+# 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
+MERGE = MergeTiles(block_rows=32, block_d=256, num_warps=4)
+MERGE_INTERPRETER = MergeTiles(block_rows=16, block_d=256, num_warps=4)  # fewer numpy ops a program

@@ -32,3 +32,10 @@ class HopperTiles(NamedTuple):
     lazy_rescale: bool = False  # LAZY_RESCALE
     ctas_per_sm: int = 1  # CTAs resident on an SM: sets the register cap and the persistent grid
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
+
+
+class MergeTiles(NamedTuple):
+    """`kernels/combine.py:merge_states_kernel`'s launch: [block_rows, block_d] tiles."""
+    block_rows: int
+    block_d: int
+    num_warps: int

@@ -7,12 +7,14 @@ the kernels and never import them.
 - `attention_tiled`: online softmax over Q/K/V tiles in PyTorch, any block sizes.
 - `scalar`: the lesson's pure-Python online softmax, full vs online.
 - `attention_varlen_reference`: packed sequences, one explicit call per sequence.
+- `merge_states_reference`: two partial results merged from the formula.
 """
 
 from vflash.reference.explicit import attention_explicit, visible_mask
+from vflash.reference.merge import merge_states_reference
 from vflash.reference.scalar import full_attention, online_attention
 from vflash.reference.tiled import attention_tiled
 from vflash.reference.varlen import attention_varlen_reference
 
-__all__ = ["attention_explicit", "attention_tiled", "attention_varlen_reference", "visible_mask", "full_attention",
-           "online_attention"]
+__all__ = ["attention_explicit", "attention_tiled", "attention_varlen_reference", "merge_states_reference",
+           "visible_mask", "full_attention", "online_attention"]

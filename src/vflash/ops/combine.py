@@ -1,0 +1,36 @@
+"""Launcher of merge_states_kernel (kernels/combine.py)."""
+
+from typing import Tuple
+
+import torch
+
+from vflash.kernels.combine import merge_states_kernel
+from vflash.ops import launch as launches
+from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.tiles import MergeTiles
+
+
+def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
+    # [..., D] as [rows, D]: a view where the strides allow it, else a copy.
+    return t.reshape(-1, D)
+
+
+def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+                         tiles: MergeTiles) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out [..., D] in out_a's dtype and lse [...] fp32 of the union of two partial
+    results (inputs validated by vflash._validate.check_merge)."""
+    D = out_a.shape[-1]
+    out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
+    lse = torch.empty(lse_a.shape, dtype=torch.float32, device=out_a.device)
+    rows = lse.numel()
+    if rows == 0 or D == 0:
+        return out, lse
+    a, b, o = _rows(out_a, D), _rows(out_b, D), out.view(-1, D)
+    la, lb = lse_a.reshape(-1).contiguous(), lse_b.reshape(-1).contiguous()
+    grid = ((rows + tiles.block_rows - 1) // tiles.block_rows, (D + tiles.block_d - 1) // tiles.block_d, 1)
+    args = (a, la, b, lb, o, lse.view(-1), *a.stride(), *b.stride(), *o.stride(), rows, D)
+    slots = (Slot(0, "out_a"), Slot(1, "lse_a"), Slot(2, "out_b"), Slot(3, "lse_b"), Slot(4, "out"), Slot(5, "lse"))
+    launch = KernelLaunch(merge_states_kernel, grid, args, dict(BLOCK_ROWS=tiles.block_rows, BLOCK_D=tiles.block_d),
+                          dict(num_warps=tiles.num_warps), slots)
+    launches.run(launch, out_a.device)
+    return out, lse

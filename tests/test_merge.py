@@ -1,0 +1,120 @@
+"""vflash.merge_states: against the formula in fp64 (reference/merge.py), and the property it
+exists for: attention over keys split in two, merged, equals attention over all the keys (held
+to the dense oracle's rule). -inf rows, garbage in empty parts, shapes, strides, dtypes, errors."""
+
+import pytest
+import torch
+
+import vflash
+from vflash.harness.oracle import compare
+from vflash.reference import attention_explicit, attention_varlen_reference, merge_states_reference
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _parts(shape, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    oa, ob = (torch.randn(*shape, generator=g).to(dtype).to(device) for _ in range(2))
+    la, lb = (4 * torch.randn(*shape[:-1], generator=g).to(device) for _ in range(2))
+    flat_a, flat_b = la.view(-1), lb.view(-1)
+    flat_a[0] = float("-inf")  # a part that saw no key, holding garbage
+    oa.view(-1, shape[-1])[0] = float("nan")
+    flat_b[1] = float("-inf")
+    flat_a[2] = flat_b[2] = float("-inf")  # neither part saw a key
+    flat_a[3], flat_b[3] = 80.0, -80.0  # far apart: one part's weight underflows
+    return oa, la, ob, lb
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 16), (9, 2, 40), (5, 256), (1, 1, 4, 8)])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_matches_the_formula(shape, dtype, device):
+    oa, la, ob, lb = _parts(shape, DTYPES[dtype], device)
+    out, lse = vflash.merge_states(oa, la, ob, lb)
+    assert out.shape == oa.shape and out.dtype == oa.dtype and lse.shape == la.shape and lse.dtype == torch.float32
+    ref_o, ref_l = merge_states_reference(oa, la, ob, lb)
+    assert torch.equal(torch.isneginf(lse).cpu(), torch.isneginf(ref_l).cpu())
+    assert torch.isfinite(out).all()
+    fin = torch.isfinite(ref_l)
+    assert (lse.double() - ref_l)[fin].abs().max().item() < 1e-5
+    # fp32 arithmetic, rounded once to the output dtype
+    ulp = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-22}[DTYPES[dtype]]
+    assert (out.double() - ref_o).abs().max().item() <= ulp * max(1.0, ref_o.abs().max().item())
+    assert not out.view(-1, shape[-1])[2].any()  # both parts empty: zeros
+
+
+def test_strided_inputs(device):
+    oa, la, ob, lb = _parts((2, 7, 3, 16), torch.float16, device)  # [B, N, H, D] ...
+    args = (oa.transpose(1, 2), la.transpose(1, 2), ob.transpose(1, 2), lb.transpose(1, 2))  # ... as [B, H, N, D]
+    out, lse = vflash.merge_states(*args)
+    ref_o, ref_l = merge_states_reference(*args)
+    assert (out.double() - ref_o).abs().max().item() < 1e-2 and out.is_contiguous()
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(causal=True), dict(causal="top_left"), dict(window=(20, 3)),
+                                  dict(softcap=10.0, causal=True)],
+                         ids=["full", "causal", "top_left", "window", "softcap+causal"])
+def test_split_keys_merge_to_full_attention(opts, device):
+    # Keys split at 45 of 100. Each part runs through the launcher with the full call's band,
+    # its offset shifted by the part's first key (the per-call band ring attention takes per
+    # step); the merged parts are attention over all keys, held to the dense oracle's rule.
+    from vflash import dispatch
+    from vflash.ops import attention_forward, sequence_band
+    from vflash.ops.band import Band
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 60, 32, generator=g).half().to(device)
+    k, v = (torch.randn(2, 2, 100, 32, generator=g).half().to(device) for _ in range(2))
+    ref, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
+    same, _ = attention_explicit(q, k, v, compute_dtype=None, **opts)
+    mode = {False: None, True: "bottom_right"}.get(opts.get("causal", False), opts.get("causal"))
+    edges = sequence_band(mode, opts.get("window") or (-1, -1))
+    off = 0 if mode == "top_left" else 100 - 60
+    parts = []
+    for start, stop in ((0, 45), (45, 100)):
+        kp, vp = k[:, :, start:stop], v[:, :, start:stop]
+        band = Band(off - start, edges.left, edges.right)
+        tiles = dispatch.select(dispatch.problem_of(q, kp, vp, None, band)).tiles
+        parts.append(attention_forward(q, kp, vp, band=band, scale=32 ** -0.5, softcap=opts.get("softcap"),
+                                       return_lse=True, tiles=tiles))
+    (a, la), (b, lb) = parts
+    out, lse = vflash.merge_states(a, la, b, lb)
+    verdict = compare("out", out.cpu(), ref.cpu(), same.cpu(), torch.float16)
+    assert verdict.passed, f"max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    assert torch.equal(torch.isneginf(lse).cpu(), torch.isneginf(ref_lse).cpu())
+    fin = torch.isfinite(ref_lse)
+    assert (lse.double() - ref_lse)[fin].abs().max().item() < 1e-4
+
+
+def test_varlen_outputs_merge_through_a_transposed_lse(device):
+    # attention_varlen's lse is [Hq, total_q]: merged as lse.transpose(0, 1) beside out [total_q, Hq, D]
+    g = torch.Generator().manual_seed(2)
+    lens = [7, 0, 12]
+    cu = torch.tensor([0, 7, 7, 19], dtype=torch.int32, device=device)
+    q = torch.randn(19, 2, 16, generator=g).to(device)
+    k1, v1, k2, v2 = (torch.randn(19, 2, 16, generator=g).to(device) for _ in range(4))
+    a, la = vflash.attention_varlen(q, k1, v1, cu, cu, 12, 12, return_lse=True)
+    b, lb = vflash.attention_varlen(q, k2, v2, cu, cu, 12, 12, return_lse=True)
+    out, lse = vflash.merge_states(a, la.transpose(0, 1), b, lb.transpose(0, 1))
+    # the same as attention over each sequence's keys from both sets, concatenated per sequence
+    ck = torch.tensor([0, 14, 14, 38], dtype=torch.int32, device=device)
+    kk = torch.cat([k1[0:7], k2[0:7], k1[7:19], k2[7:19]])
+    vv = torch.cat([v1[0:7], v2[0:7], v1[7:19], v2[7:19]])
+    ref, ref_lse = attention_varlen_reference(q, kk, vv, cu, ck, compute_dtype=torch.float64)
+    assert (out.double() - ref).abs().max().item() < 1e-5 and len(lens) == 3
+    assert (lse.transpose(0, 1).double() - ref_lse).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda oa, la, ob, lb: dict(out_a=oa.tolist()), TypeError, "out_a must be a torch.Tensor, got list"),
+    (lambda oa, la, ob, lb: dict(out_b=ob[..., :8]), ValueError, "one shape"),
+    (lambda oa, la, ob, lb: dict(out_b=ob.float()), TypeError, "share one of"),
+    (lambda oa, la, ob, lb: dict(lse_a=la[..., :2]), ValueError, "lse_a must have the outputs' leading shape"),
+    (lambda oa, la, ob, lb: dict(lse_b=lb.double()), TypeError, "lse_b must be float32"),
+    (lambda oa, la, ob, lb: dict(lse_b=lb.to("meta")), ValueError, "on one device"),
+    (lambda oa, la, ob, lb: dict(out_a=oa.int(), out_b=ob.int()), TypeError, "share one of"),
+])
+def test_bad_input_is_refused(change, error, match, device):
+    oa, la, ob, lb = _parts((2, 3, 5, 16), torch.float16, device)
+    args = dict(out_a=oa, lse_a=la, out_b=ob, lse_b=lb)
+    args.update(change(oa, la, ob, lb))
+    with pytest.raises(error, match=match):
+        vflash.merge_states(**args)
