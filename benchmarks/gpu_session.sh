@@ -64,7 +64,8 @@ for step in "$@"; do
     d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
-                  tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py ;;
+                  tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py \
+                  tests/test_kvcache_write.py ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
     hopper) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the portable

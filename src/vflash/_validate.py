@@ -202,6 +202,63 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError(f"{lse_a.numel()} rows exceed 2**31 - 1; merge in parts")
 
 
+def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
+    """Validate a paged cache [num_blocks, block_size, Hkv, D] pair, the new tokens
+    [T, Hkv, D] and their slots [T] (int32 / int64). With check_metadata (one host
+    sync for CUDA tensors), every slot is -1 or a distinct slot of the cache."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new),
+                    ("slot_mapping", slot_mapping)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
+        if t.layout is not torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must both be [num_blocks, block_size, Hkv, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_new.dim() != 3 or k_new.shape != v_new.shape:
+        raise ValueError(f"k_new and v_new must both be [tokens, Hkv, D], got {tuple(k_new.shape)} and "
+                         f"{tuple(v_new.shape)}")
+    num_blocks, block_size, H, D = k_cache.shape
+    if k_new.shape[1:] != (H, D):
+        raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
+    dtypes = {k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}
+    if len(dtypes) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"caches and new keys / values must share one of float16, bfloat16, float32, got "
+                        f"{sorted(map(str, dtypes))}")
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be a 1-D int32 or int64 tensor [tokens], got {_describe(slot_mapping)}")
+    if slot_mapping.numel() != k_new.shape[0]:
+        raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {k_new.shape[0]} tokens")
+    if slot_mapping.stride(0) != 1 and slot_mapping.numel() > 1:
+        raise ValueError("slot_mapping must be contiguous; pass slot_mapping.contiguous()")
+    devices = {t.device for t in (k_cache, v_cache, k_new, v_new, slot_mapping)}
+    if len(devices) != 1:
+        raise ValueError(f"caches, new keys / values and slot_mapping must be on one device, got "
+                         f"{sorted(map(str, devices))}")
+    if k_cache.device.type != "cuda":
+        if k_cache.device.type != "cpu":
+            raise ValueError(f"tensors on {k_cache.device.type} are not supported; use CUDA or CPU tensors")
+        refusal = interpreter_refusal()
+        if refusal is not None:
+            raise ValueError(f"the cache is on the CPU, and {refusal}")
+    if k_new.shape[0] > _INT32_MAX // 2:
+        raise ValueError(f"{k_new.shape[0]} tokens in one call are too many; write them in parts")
+    if check_metadata and slot_mapping.numel():
+        slots = slot_mapping.tolist()
+        capacity = num_blocks * block_size
+        seen = {}
+        for t, s in enumerate(slots):
+            if s == -1:
+                continue
+            if not 0 <= s < capacity:
+                raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache's {capacity} slots "
+                                 f"({num_blocks} blocks of {block_size}); -1 skips a token")
+            if s in seen:
+                raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
+                                 f"token a call")
+            seen[s] = t
+
+
 def _check_offsets(name: str, offsets, total: int, longest: int) -> None:
     tensor = "q" if name.endswith("_q") else "k and v"
     if offsets[0] != 0:

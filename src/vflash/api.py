@@ -6,6 +6,7 @@ import torch
 
 from vflash import _validate, dispatch
 from vflash.ops import attention_forward, attention_varlen_forward, mask_band, plans, sequence_band
+from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 
 
@@ -156,3 +157,26 @@ def merge_states(
     """
     _validate.check_merge(out_a, lse_a, out_b, lse_b)
     return merge_states_forward(out_a, lse_a, out_b, lse_b, dispatch.merge_tiles(out_a.shape[-1], out_a.device))
+
+
+def write_kvcache(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+    slot_mapping: torch.Tensor, *, check_metadata: bool = True,
+) -> None:
+    """Write new tokens' keys and values into a paged KV cache, in place, in one
+    kernel (vLLM's `reshape_and_cache_flash`).
+
+    Args:
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D], any block size >= 1 and any
+            strides. A contiguous cache [B, max_len, Hkv, D] is the case
+            block_size = max_len, slot = b * max_len + position.
+        k_new, v_new: [T, Hkv, D], the cache's dtype.
+        slot_mapping: int32 or int64 [T]: token t goes to slot
+            slot_mapping[t] = block_id * block_size + offset; -1 skips the token (padding).
+        check_metadata: check every slot is -1 or a distinct slot of the cache before
+            the launch (one host sync for CUDA tensors); off only for slots you have
+            checked (an out-of-range slot would write out of bounds).
+    """
+    _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping,
+                                  _validate.check_flag("check_metadata", check_metadata))
+    write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles())

@@ -10,7 +10,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles, MergeTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import CacheWriteTiles, HopperTiles, MergeTiles, PortableTiles, head_dim_pad
 
 KERNELS = ("portable", "sm90")
 
@@ -160,3 +160,8 @@ def merge_tiles(head_dim: int, device: torch.device) -> MergeTiles:
     the table's columns."""
     t = tables.MERGE_INTERPRETER if _backend.interpreted(device) else tables.MERGE
     return t._replace(block_d=min(t.block_d, max(16, 1 << (head_dim - 1).bit_length())))
+
+
+def cache_write_tiles() -> CacheWriteTiles:
+    """write_kvcache's tiles (one table entry for every device for now)."""
+    return tables.CACHE_WRITE

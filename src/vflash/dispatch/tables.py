@@ -8,7 +8,7 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import HopperTiles, MergeTiles, PortableTiles
+from vflash.ops.tiles import CacheWriteTiles, HopperTiles, MergeTiles, PortableTiles
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -115,3 +115,7 @@ HOPPER_USE: Dict[int, HopperUse] = {
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
 MERGE = MergeTiles(block_rows=32, block_d=256, num_warps=4)
 MERGE_INTERPRETER = MergeTiles(block_rows=16, block_d=256, num_warps=4)  # fewer numpy ops a program
+
+# --- write_kvcache (kernels/cache.py): a scatter of T tokens' [Hkv, D] rows ------------------------
+# Eight heads of one token a program (8 x 128 fp16 = 2 KiB each of K and V): not tuned on the GPU yet.
+CACHE_WRITE = CacheWriteTiles(block_h=8, num_warps=4)

@@ -39,3 +39,9 @@ class MergeTiles(NamedTuple):
     block_rows: int
     block_d: int
     num_warps: int
+
+
+class CacheWriteTiles(NamedTuple):
+    """`kernels/cache.py:write_kvcache_kernel`'s launch: block_h heads of one token a program."""
+    block_h: int
+    num_warps: int

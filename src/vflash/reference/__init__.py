@@ -8,13 +8,15 @@ the kernels and never import them.
 - `scalar`: the lesson's pure-Python online softmax, full vs online.
 - `attention_varlen_reference`: packed sequences, one explicit call per sequence.
 - `merge_states_reference`: two partial results merged from the formula.
+- `write_kvcache_reference`: new tokens scattered into a paged cache, token by token.
 """
 
 from vflash.reference.explicit import attention_explicit, visible_mask
 from vflash.reference.merge import merge_states_reference
+from vflash.reference.paged import write_kvcache_reference
 from vflash.reference.scalar import full_attention, online_attention
 from vflash.reference.tiled import attention_tiled
 from vflash.reference.varlen import attention_varlen_reference
 
 __all__ = ["attention_explicit", "attention_tiled", "attention_varlen_reference", "merge_states_reference",
-           "visible_mask", "full_attention", "online_attention"]
+           "visible_mask", "full_attention", "online_attention", "write_kvcache_reference"]

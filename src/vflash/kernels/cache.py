@@ -1,0 +1,35 @@
+"""Writing new tokens' keys and values into a paged KV cache (vLLM's
+reshape_and_cache_flash): token t goes to slot slot_mapping[t] = block * block_size +
+offset of the cache [num_blocks, block_size, Hkv, D]; a slot of -1 (padding) is skipped."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def write_kvcache_kernel(
+    K_CACHE, V_CACHE, K_NEW, V_NEW, SLOTS,
+    stride_kc_block, stride_kc_pos, stride_kc_h, stride_kc_d,
+    stride_vc_block, stride_vc_pos, stride_vc_h, stride_vc_d,
+    stride_kn_t, stride_kn_h, stride_kn_d,
+    stride_vn_t, stride_vn_h, stride_vn_d,
+    block_size, n_heads, head_dim,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # grid = (tokens, cdiv(n_heads, BLOCK_H)): one token's [BLOCK_H, BLOCK_D] tile of
+    # heads x head dim a program, for K and V.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(SLOTS + t).to(tl.int64)
+    if slot < 0:  # padding
+        return
+    block = slot // block_size
+    pos = slot % block_size
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    mask = (heads[:, None] < n_heads) & (dims[None, :] < head_dim)
+    k = tl.load(K_NEW + t * stride_kn_t + heads[:, None] * stride_kn_h + dims[None, :] * stride_kn_d, mask=mask)
+    v = tl.load(V_NEW + t * stride_vn_t + heads[:, None] * stride_vn_h + dims[None, :] * stride_vn_d, mask=mask)
+    tl.store(K_CACHE + block * stride_kc_block + pos * stride_kc_pos + heads[:, None] * stride_kc_h
+             + dims[None, :] * stride_kc_d, k, mask=mask)
+    tl.store(V_CACHE + block * stride_vc_block + pos * stride_vc_pos + heads[:, None] * stride_vc_h
+             + dims[None, :] * stride_vc_d, v, mask=mask)
