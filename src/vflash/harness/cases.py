@@ -8,7 +8,7 @@ import torch
 
 import vflash
 from vflash.harness.oracle import Verdict, compare
-from vflash.reference import attention_explicit
+from vflash.reference import attention_explicit, attention_varlen_reference
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -170,3 +170,46 @@ class BaselineCheck:
         tol = 4 * _ulp_floor(dt) * max(1.0, ref.abs().max().item())
         ok = bool(torch.isfinite(out).all()) and err.max().item() <= tol
         return [Verdict("out", err.max().item(), err.mean().item(), tol, ok)]
+
+
+@dataclass(frozen=True)
+class VarlenCase:
+    """`vflash.attention_varlen` on packed sequences of the given lengths, against a
+    per-sequence loop over the explicit fp64 reference (same rule as Case)."""
+    lens_q: Tuple[int, ...]
+    lens_k: Tuple[int, ...]
+    Hq: int = 4
+    Hkv: int = 2
+    D: int = 64
+    dtype: str = "fp16"
+    causal: Union[bool, str] = False
+    window: Optional[Tuple[int, int]] = None
+    softcap: Optional[float] = None
+    tag: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        lens = ",".join(f"{q}x{k}" for q, k in zip(self.lens_q, self.lens_k))
+        parts = [self.dtype, f"varlen[{lens}]", f"H{self.Hq}/{self.Hkv}", f"D{self.D}", f"causal={self.causal}"]
+        if self.window is not None:
+            parts.append(f"window={self.window[0]},{self.window[1]}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap:g}")
+        return " ".join(parts + ([self.tag] if self.tag else []))
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(self.name.encode()))
+        dt = DTYPES[self.dtype]
+        tq, tk = sum(self.lens_q), sum(self.lens_k)
+        q = torch.randn(tq, self.Hq, self.D, generator=gen).to(dt).to(device)
+        k, v = (torch.randn(tk, self.Hkv, self.D, generator=gen).to(dt).to(device) for _ in range(2))
+        cq, ck = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+                  for lens in (self.lens_q, self.lens_k))
+        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap)
+        out, lse = vflash.attention_varlen(q, k, v, cq, ck, max(self.lens_q), max(self.lens_k), return_lse=True,
+                                           **opts)
+        ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
+        same_o, _ = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=None, **opts)
+        _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
+        return [compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), dt),
+                compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)]

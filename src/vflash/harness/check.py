@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import torch
 
-from vflash.harness.cases import BaselineCheck, Case, TiledCheck
+from vflash.harness.cases import BaselineCheck, Case, TiledCheck, VarlenCase
 
 CAUSAL_MODES = (False, True, "top_left")
 
@@ -42,6 +42,12 @@ def cpu_matrix() -> list:
         Case(Nq=96, Nk=40, causal=True, tag="fully masked rows"),
         Case(Nq=513, Nk=513, amplify=4.0, causal=True, tag="stability"),
     ]
+    # packed sequences: zero lengths, tile edges, Nq != Nk per sequence
+    for causal in CAUSAL_MODES:
+        cases.append(VarlenCase((5, 0, 65, 1), (5, 3, 65, 1), causal=causal))
+        cases.append(VarlenCase((3, 40, 0), (70, 33, 4), causal=causal, tag="chunked"))
+    cases += [VarlenCase((17, 64), (17, 64), dtype="bf16", window=(8, 0), causal=True),
+              VarlenCase((30, 9), (30, 9), Hq=8, Hkv=1, D=32, softcap=5.0, tag="MQA")]
     return cases
 
 
@@ -82,6 +88,13 @@ def gpu_matrix() -> list:
         cases.append(Case(B=2, Hq=72, Hkv=8, Nq=300, Nk=333, D=d, dtype=dtype, window=window, tag="split"))
     cases += [Case(B=2, Hq=72, Hkv=8, Nq=300, Nk=300, D=128, softcap=30.0, tag="split"),
               Case(B=1, Hq=16, Hkv=16, Nq=4096, Nk=4096, D=128, tag="long split")]
+    # packed sequences of mixed lengths (prefill), and chunks of queries against longer keys
+    lens = (1000, 1, 0, 127, 128, 129, 513, 3000, 64)
+    for causal, dtype in itertools.product(CAUSAL_MODES, ("fp16", "bf16")):
+        cases.append(VarlenCase(lens, lens, Hq=8, Hkv=2, D=128, dtype=dtype, causal=causal))
+    cases += [VarlenCase((512, 100, 2048), (4096, 1000, 2048), Hq=8, Hkv=2, D=128, causal=True, tag="chunked"),
+              VarlenCase(lens, lens, Hq=8, Hkv=8, D=64, window=(256, 0), causal=True),
+              VarlenCase(lens, lens, Hq=4, Hkv=1, D=256, softcap=30.0, tag="MQA")]
     return cases
 
 
