@@ -92,7 +92,7 @@ def test_every_element_is_written(device):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
     lse = torch.full((2, q.shape[0]), float("nan"), device=device)
     band = sequence_band("bottom_right", (-1, -1))
-    tiles = dispatch.select(dispatch.varlen_problem_of(q, k, 4, 33, 33, band)).tiles
+    tiles = dispatch.select(dispatch.varlen_problem_of(q, 4, 33, 33, band)).tiles
     attention_varlen_forward(q, k, v, cq, cq, 33, band=band, top_left=False, scale=0.25, softcap=None,
                              return_lse=True, tiles=tiles, out=out, lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -153,7 +153,7 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
 def test_dispatch_takes_the_portable_kernel_and_refuses_a_forced_sm90(device):
     q, k, v, cu = _bad(device)
     band = sequence_band(None, (-1, -1))
-    p = dispatch.varlen_problem_of(q, k, 2, 4, 4, band)
+    p = dispatch.varlen_problem_of(q, 2, 4, 4, band)
     assert p.varlen and dispatch.select(p).kernel == "portable"
     with pytest.raises(ValueError, match="sm90 kernel cannot take this call"):
         dispatch.select(p, kernel="sm90")

@@ -66,10 +66,10 @@ def compile_portable(head_dim, tiles, has_left, has_right, softcap, store_lse, d
             signature[name] = "*fp32"
         elif name in ("qk_scale", "softcap_in", "softcap_out"):
             signature[name] = "fp32"
-        elif name.startswith("CU_"):
+        elif name.startswith("CU_") or name in ("BLOCK_TABLE", "SEQLENS_K", "stride_table", "page_size"):
             signature[name] = "constexpr"
             constexprs[name] = None
-        elif name in ("IS_VARLEN", "TOP_LEFT"):
+        elif name in ("IS_VARLEN", "TOP_LEFT", "IS_PAGED"):
             signature[name] = "constexpr"
             constexprs[name] = False
         else:

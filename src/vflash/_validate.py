@@ -202,6 +202,91 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError(f"{lse_a.numel()} rows exceed 2**31 - 1; merge in parts")
 
 
+def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
+                            check_metadata: bool):
+    """Validate attention against a KV cache. q [B, Nq, Hq, D], or packed [total_q, Hq, D]
+    with cu_seqlens_q int32 [B + 1] and max_seqlen_q; the cache contiguous
+    [B, max_len, Hkv, D] (block_table None) or paged [pages, page_size, Hkv, D] with an
+    int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. With
+    check_metadata (one host sync for CUDA tensors): every sequence fits its table's
+    capacity and every page it uses is a page of the cache."""
+    packed = cu_seqlens_q is not None
+    for name, t, nd in (("q", q, 3 if packed else 4), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
+        if t.dim() != nd:
+            what = ("[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed else
+                    "[batch, seq_len, heads, head_dim]") if name == "q" else "[pages or batch, rows, Hkv, D]"
+            raise ValueError(f"{name} must be {nd}-D {what}, got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q and the caches must share one dtype, got q {q.dtype}, k_cache {k_cache.dtype}, "
+                        f"v_cache {v_cache.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    Hq, D = q.shape[-2], q.shape[-1]
+    _, rows, Hkv, Dk = k_cache.shape
+    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise TypeError(f"cache_seqlens must be an int32 tensor [batch], got {_describe(cache_seqlens)}")
+    batch = cache_seqlens.numel()
+    if batch < 1 or batch > MAX_GRID_YZ:
+        raise ValueError(f"cache_seqlens must hold 1 to {MAX_GRID_YZ} sequences, got {batch}")
+    tensors = [("cache_seqlens", cache_seqlens)]
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"a contiguous cache [batch, max_len, Hkv, D] must have one row per sequence: "
+                             f"{k_cache.shape[0]} for {batch} sequences in cache_seqlens")
+        capacity = rows
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+            raise TypeError(f"block_table must be an int32 tensor [batch, max_pages], got {_describe(block_table)}")
+        if block_table.shape[0] != batch:
+            raise ValueError(f"block_table has {block_table.shape[0]} rows for {batch} sequences in cache_seqlens")
+        if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+            raise ValueError("block_table's rows must be contiguous; pass block_table.contiguous()")
+        capacity = block_table.shape[1] * rows
+        tensors.append(("block_table", block_table))
+    if packed:
+        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 or cu_seqlens_q.dim() != 1:
+            raise TypeError(f"cu_seqlens_q must be an int32 tensor [batch + 1], got {_describe(cu_seqlens_q)}")
+        if cu_seqlens_q.numel() != batch + 1:
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries for {batch} sequences (batch + 1)")
+        if cu_seqlens_q.stride(0) != 1:
+            raise ValueError("cu_seqlens_q must be contiguous; pass cu_seqlens_q.contiguous()")
+        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral) or max_seqlen_q < 0:
+            raise TypeError(f"max_seqlen_q must be an int >= 0 with cu_seqlens_q, got {_describe(max_seqlen_q)}")
+        tensors.append(("cu_seqlens_q", cu_seqlens_q))
+    else:
+        if max_seqlen_q is not None:
+            raise ValueError("max_seqlen_q goes with packed queries (cu_seqlens_q); q [B, Nq, Hq, D] gives Nq")
+        if q.shape[0] != batch:
+            raise ValueError(f"q holds {q.shape[0]} sequences, cache_seqlens {batch}")
+    for name, t in tensors:
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+    if capacity > _INT32_MAX:
+        raise ValueError(f"a sequence's cache capacity ({capacity} rows) exceeds 2**31 - 1")
+    if check_metadata:
+        lens = cache_seqlens.tolist()
+        table = block_table.tolist() if block_table is not None else None
+        for b, n in enumerate(lens):
+            if not 0 <= n <= capacity:
+                raise ValueError(f"cache_seqlens[{b}] = {n} is outside 0..{capacity}, the rows sequence {b}'s "
+                                 + ("block_table row holds" if table is not None else "cache row holds"))
+            if table is not None:
+                for j, page in enumerate(table[b][:(n + rows - 1) // rows]):
+                    if not 0 <= page < k_cache.shape[0]:
+                        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache "
+                                         f"(0..{k_cache.shape[0] - 1}); sequence {b} uses it for its keys "
+                                         f"{j * rows}..{min(n, (j + 1) * rows) - 1}")
+        if packed:
+            _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
+    return batch
+
+
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
     """Validate a paged cache [num_blocks, block_size, Hkv, D] pair, the new tokens
     [T, Hkv, D] and their slots [T] (int32 / int64). With check_metadata (one host

@@ -5,7 +5,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from vflash import _validate, dispatch
-from vflash.ops import attention_forward, attention_varlen_forward, mask_band, plans, sequence_band
+from vflash.ops import (attention_forward, attention_kvcache_forward, attention_varlen_forward, mask_band, plans,
+                        sequence_band)
 from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 
@@ -130,7 +131,7 @@ def attention_varlen(
     return_lse = _validate.check_flag("return_lse", return_lse)
     _validate.check_no_grad(q, k, v)
     band = sequence_band(causal_mode, window_lr)
-    choice = dispatch.select(dispatch.varlen_problem_of(q, k, batch, max_seqlen_q, max_seqlen_k, band))
+    choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
                                         top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
                                         return_lse=return_lse, tiles=choice.tiles)
@@ -180,3 +181,86 @@ def write_kvcache(
     _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping,
                                   _validate.check_flag("check_metadata", check_metadata))
     write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles())
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    block_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    causal: Union[bool, str] = True,
+    scale: Optional[float] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    num_splits: Optional[int] = None,
+    return_lse: bool = False,
+    check_metadata: bool = True,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of new queries against a KV cache (decode and chunked prefill), in
+    FlashAttention's `flash_attn_with_kvcache` layout.
+
+    Args:
+        q: [B, Nq, Hq, D] (the same Nq new queries per sequence), or packed
+            [total_q, Hq, D] with `cu_seqlens_q` (int32 [B + 1]) and `max_seqlen_q`.
+        k_cache, v_cache: contiguous [B, max_len, Hkv, D], or paged
+            [num_pages, page_size, Hkv, D] with `block_table`; any page size >= 1,
+            pages may be shared between sequences.
+        cache_seqlens: int32 [B], the valid keys of each sequence, the new queries'
+            own keys included (written before the call, e.g. by `write_kvcache`).
+        block_table: int32 [B, max_pages]: sequence b's key j is row j % page_size of
+            page block_table[b, j // page_size].
+        causal: True (or "bottom_right") or False: the queries are the last tokens
+            of their sequence (bottom-right alignment); "top_left" is refused.
+        scale, window, softcap: as in `vflash.attention`, per sequence.
+        num_splits: None or 1 (split-KV is not implemented yet; larger is refused).
+        return_lse: also return the LSE, [B, Hq, Nq] (or [Hq, total_q] packed), fp32.
+        check_metadata: check cache_seqlens against the cache's capacity, the pages
+            each sequence uses and cu_seqlens_q before the launch (one host sync for
+            CUDA tensors); off only for metadata you have checked (a wrong page id
+            reads out of bounds).
+
+    Returns:
+        out in q's layout and dtype; or (out, lse). A query row that sees no key
+        (more new queries than keys, say) gets 0 and lse = -inf.
+
+    Runs the portable Triton kernel (no sm_90 decode path, GQA packing or split-KV
+    yet); CPU tensors run it through Triton's interpreter. No backward pass.
+    """
+    batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
+                                              max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
+    causal_mode = _validate.resolve_causal(causal)
+    if causal_mode == "top_left":
+        raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
+                         "their sequence (bottom-right alignment); pass causal=True")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise TypeError(f"num_splits must be None or an int >= 1, got {_validate._describe(num_splits)}")
+    if num_splits is not None and num_splits > 1:
+        raise ValueError(f"num_splits={num_splits}: split-KV is not implemented yet; pass None or 1")
+    window_lr = _validate.check_window(window)
+    scale_f = _validate.check_scale(scale, q.shape[-1])
+    softcap_f = _validate.check_softcap(softcap)
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    _validate.check_no_grad(q, k_cache, v_cache)
+    dense_q = cu_seqlens_q is None
+    if dense_q:  # [B, Nq, Hq, D] as packed rows, Nq a sequence
+        n_q = q.shape[1]
+        cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * n_q
+        max_seqlen_q = n_q
+        q = q.reshape(batch * n_q, q.shape[2], q.shape[3])
+    if block_table is None:  # a contiguous cache is one page a sequence
+        block_table = torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]
+    band = sequence_band(causal_mode, window_lr)
+    problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, block_table.shape[1] * k_cache.shape[1], band)
+    out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
+                                         max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
+                                         return_lse=return_lse, tiles=dispatch.select(problem).tiles)
+    if dense_q:
+        out = out.view(batch, n_q, out.shape[1], out.shape[2])
+        if lse is not None:
+            lse = lse.view(lse.shape[0], batch, n_q).transpose(0, 1).contiguous()
+    return (out, lse) if return_lse else out

@@ -57,9 +57,9 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[
     return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
 
 
-def varlen_problem_of(q: torch.Tensor, k: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
-                      band: Band) -> Problem:
-    """The Problem of a packed call (q [total_q, Hq, D], k [total_k, Hkv, D])."""
+def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int, band: Band) -> Problem:
+    """The Problem of a call on packed queries q [total_q, Hq, D] (varlen, or against a
+    KV cache): batch sequences, the longest of max_seqlen_q queries and max_seqlen_k keys."""
     return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, False,
                    varlen=True)
 

@@ -38,6 +38,33 @@ def _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constex
 
 
 @triton.jit
+def _load_kv_tile(base, offs_n, offs_d, stride_n, stride_d, n, table, page_size, stride_page,
+                  HEAD_DIM: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, IS_PAGED: tl.constexpr):
+    # A K or V tile [len(offs_n), HEAD_DIM_PAD]. IS_PAGED: key j of the sequence is row
+    # j % page_size of cache page table[j // page_size] (the sequence's block-table row);
+    # keys past n (the ragged tail) read no table entry and load zeros.
+    if IS_PAGED:
+        if CHECK_N:
+            page = tl.load(table + offs_n // page_size, mask=offs_n < n, other=0)
+        else:
+            page = tl.load(table + offs_n // page_size)
+        rows = page.to(tl.int64) * stride_page + (offs_n % page_size) * stride_n  # [BLOCK_N]
+        ptrs = base + rows[:, None] + offs_d[None, :] * stride_d
+        if CHECK_N:
+            if CHECK_D:
+                return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            else:
+                return tl.load(ptrs, mask=offs_n[:, None] < n, other=0.0)
+        else:
+            if CHECK_D:
+                return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            else:
+                return tl.load(ptrs)
+    else:
+        return _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM, CHECK_N, CHECK_D)
+
+
+@triton.jit
 def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
     if UPCAST_DOT:
@@ -73,18 +100,21 @@ def _attend_tiles(
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    table, page_size, stride_kp, stride_vp,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
 ):
     # Key tiles [start, stop) for one block of rows (q [BLOCK_M, HEAD_DIM_PAD]).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        k = _load_kv_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, table, page_size, stride_kp, HEAD_DIM,
+                          MASKED, CHECK_D, IS_PAGED)
         qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = _load_kv_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, table, page_size, stride_vp, HEAD_DIM,
+                          MASKED, CHECK_D, IS_PAGED)
         # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -98,9 +128,10 @@ def _attend_tiles_split(
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m0, offs_m1, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    table, page_size, stride_kp, stride_vp,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
 ):
     # As _attend_tiles for two independent halves of the rows sharing each K/V
     # tile. Both QK products are issued before either softmax, so the exp2s of one
@@ -110,10 +141,12 @@ def _attend_tiles_split(
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        k = _load_kv_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, table, page_size, stride_kp, HEAD_DIM,
+                          MASKED, CHECK_D, IS_PAGED)
         qk0 = _scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
         qk1 = _scores(q1, k, UPCAST_DOT, DOT_PRECISION)
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = _load_kv_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, table, page_size, stride_vp, HEAD_DIM,
+                          MASKED, CHECK_D, IS_PAGED)
         acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
@@ -150,7 +183,7 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_TABLE, SEQLENS_K,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -158,18 +191,22 @@ def attention_fwd_kernel(
     n_heads_q, kv_group, n_q, n_k,
     off, left, right,
     qk_scale, softcap_in, softcap_out,
+    stride_table, page_size,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr, IS_PAGED: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
     # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
-    # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
-    # program's BLOCK_M rows are carried as two independent halves.
+    # grid's first dimension covers the longest, LSE is [Hq, total_q]. IS_PAGED (with
+    # IS_VARLEN's queries): K / V are caches [pages, page_size, Hkv, D] (stride_kb the
+    # page stride, stride_kn a row's), sequence b's keys the first SEQLENS_K[b] rows
+    # of the pages its BLOCK_TABLE row lists. SPLIT: the program's BLOCK_M rows are
+    # carried as two independent halves.
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
@@ -186,19 +223,26 @@ def attention_fwd_kernel(
     if IS_VARLEN:
         # Packed rows: n_q / n_k are the totals, LSE is [Hq, total_q]; this sequence's
         # rows start at its cu_seqlens entries (the batch strides are 0).
-        q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, n_q, n_k, off,
-                                                           IS_VARLEN, TOP_LEFT)
+        q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQLENS_K, n_q, n_k,
+                                                           off, IS_VARLEN, IS_PAGED, TOP_LEFT)
         if start_m >= n_q_seq:  # the grid covers the longest sequence
             return
         q_base += q_start * stride_qm
-        k_base += k_start * stride_kn
-        v_base += k_start * stride_vn
         o_base += q_start * stride_om
+        if IS_PAGED:
+            k_base = K + off_hk * stride_kh  # the page comes per key, from the table
+            v_base = V + off_hk * stride_vh
+            table = BLOCK_TABLE + off_b * stride_table
+        else:
+            k_base += k_start * stride_kn
+            v_base += k_start * stride_vn
+            table = BLOCK_TABLE
         lse_base = LSE + off_h * n_q + q_start
         n_q = n_q_seq
         n_k = n_k_seq
     else:
         lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
+        table = BLOCK_TABLE
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
 
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -219,15 +263,18 @@ def attention_fwd_kernel(
             acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
                 acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m0, offs_m1, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                table, page_size, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            table, page_size, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            table, page_size, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
         _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
     else:
@@ -240,13 +287,16 @@ def attention_fwd_kernel(
             acc, l_i, m_i = _attend_tiles(
                 acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                table, page_size, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            table, page_size, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            table, page_size, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
         _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)

@@ -7,17 +7,23 @@ import triton.language as tl
 
 
 @triton.jit
-def sequence(off_b, cu_seqlens_q, cu_seqlens_k, n_q, n_k, off, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr):
+def sequence(off_b, cu_seqlens_q, cu_seqlens_k, seqlens_k, n_q, n_k, off, IS_VARLEN: tl.constexpr,
+             IS_PAGED: tl.constexpr, TOP_LEFT: tl.constexpr):
     # Sequence off_b -> (first query row, first key row (int64, for base offsets),
     # its query rows and keys (int32), its band offset). Dense: rows from 0, the
     # call's lengths and the launcher's offset. Varlen: from cu_seqlens, and the
     # offset of the band rule for this sequence's lengths (Nk - Nq, bottom-right
-    # alignment, or 0 top-left).
+    # alignment, or 0 top-left). IS_PAGED: keys from a cache, seqlens_k[b] of them
+    # (their rows come from the block table, so the first key row is 0).
     if IS_VARLEN:
         q_start = tl.load(cu_seqlens_q + off_b)
-        k_start = tl.load(cu_seqlens_k + off_b)
         n_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
-        n_k = tl.load(cu_seqlens_k + off_b + 1) - k_start
+        if IS_PAGED:
+            k_start = q_start * 0
+            n_k = tl.load(seqlens_k + off_b)
+        else:
+            k_start = tl.load(cu_seqlens_k + off_b)
+            n_k = tl.load(cu_seqlens_k + off_b + 1) - k_start
         if TOP_LEFT:
             off = 0
         else:

@@ -97,6 +97,26 @@ def attention_varlen_forward(
     return out, lse
 
 
+def attention_kvcache_forward(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, *, band: Band, scale: float,
+    softcap: Optional[float], return_lse: bool, tiles: PortableTiles,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Packed queries q [total_q, Hq, D] (sequence b's rows from cu_seqlens_q) against
+    paged caches [pages, page_size, Hkv, D]: sequence b's keys are the first
+    cache_seqlens[b] rows of the pages block_table[b] lists, its queries the last
+    of them (bottom-right alignment). out [total_q, Hq, D], lse [Hq, total_q]."""
+    total_q, Hq, D = q.shape
+    out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if out.numel() == 0:
+        return out, lse
+    launch = _portable_launch(q, k_cache, v_cache, out, lse, band, scale, softcap, tiles,
+                              varlen=(cu_seqlens_q, None, max_seqlen_q, False), paged=(block_table, cache_seqlens))
+    launches.run(launch, q.device)
+    return out, lse
+
+
 def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     # A packed [total, H, D] tensor's strides as the kernel's (batch, head, row,
     # dim): batch 0, each sequence's first row comes from cu_seqlens.
@@ -104,11 +124,23 @@ def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     return 0, s_head, s_row, s_dim
 
 
+def _cache_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
+    # A cache [pages, page_size, Hkv, D] as the kernel's (batch, head, row, dim) strides:
+    # its "batch" stride is the page stride (IS_PAGED takes each key's page from the table).
+    s_page, s_row, s_head, s_dim = t.stride()
+    return s_page, s_head, s_row, s_dim
+
+
 def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float],
-                     tiles: PortableTiles, varlen: Optional[tuple] = None) -> KernelLaunch:
+                     tiles: PortableTiles, varlen: Optional[tuple] = None,
+                     paged: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_kernel: grid (row tiles, Hq, B). `varlen`
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D]
-    tensors; None for dense [B, H, N, D] ones."""
+    tensors; None for dense [B, H, N, D] ones. `paged` (block_table [B, max_pages],
+    seqlens_k [B]) with varlen's queries (cu_seqlens_k None): k / v are caches
+    [pages, page_size, Hkv, D]."""
+    table_args = (None, None)
+    paged_args = (None, None)
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -116,16 +148,26 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         rows, cu_seqlens, top_left = Nq, (None, None), False
     else:
         cu_q, cu_k, rows, top_left = varlen
-        (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # packed totals: n_q is LSE's head stride
+        Nq, Hq, D = q.shape  # the packed total: n_q is LSE's head stride
         B = cu_q.numel() - 1
-        strides = (*_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out))
         cu_seqlens = (cu_q, cu_k)
+        if paged is None:
+            Nk, Hkv = k.shape[:2]
+            kv_strides = (*_rows_strides(k), *_rows_strides(v))
+        else:
+            block_table, seqlens_k = paged
+            Nk, Hkv = 0, k.shape[2]  # unused: each sequence's key count comes from seqlens_k
+            kv_strides = (*_cache_strides(k), *_cache_strides(v))
+            paged_args = (block_table, seqlens_k)
+            table_args = (block_table.stride(0), k.shape[1])
+        strides = (*_rows_strides(q), *kv_strides, *_rows_strides(out))
     args = (
-        q, k, v, out, lse if lse is not None else out, *cu_seqlens,
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens, *paged_args,
         *strides,
         Hq, Hq // Hkv, Nq, Nk,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
+        *table_args,
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
@@ -135,11 +177,12 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         # The interpreter's bf16 dot is wrong (numpy has no bf16); upcast there only.
         UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
+        IS_VARLEN=varlen is not None, TOP_LEFT=top_left, IS_PAGED=paged is not None,
     )
     slots = (Slot(0, "q"), Slot(1, "k"), Slot(2, "v"), Slot(3, "out"), Slot(4, "out" if lse is None else "lse"))
     if varlen is not None:
-        slots += (Slot(5, "cu_seqlens_q"), Slot(6, "cu_seqlens_k"))
+        slots += (Slot(5, "cu_seqlens_q"),) + ((Slot(6, "cu_seqlens_k"),) if paged is None else
+                                               (Slot(7, "block_table"), Slot(8, "cache_seqlens")))
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
