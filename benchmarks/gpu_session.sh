@@ -65,7 +65,7 @@ for step in "$@"; do
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                   tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py \
-                  tests/test_kvcache_write.py tests/test_kvcache.py ;;
+                  tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
     hopper) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the portable
