@@ -14,6 +14,7 @@ No GPU needed (triton.compile for sm_90; ptxas ships with Triton).
 import argparse
 import hashlib
 import os
+import re
 import sys
 
 import torch
@@ -79,10 +80,13 @@ def compile_portable(head_dim, tiles, has_left, has_right, softcap, store_lse, d
 
 
 def instructions(ptx: str) -> str:
-    """The PTX without its debug sections, .loc / .file lines and comments."""
+    """The PTX without its debug sections, .loc / .file lines, comments, blank lines
+    and the $L__tmp labels that mark inlined scopes for the debug info (one more jit
+    helper layer adds one, with the same instructions)."""
     ptx = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
-    return "\n".join(line.split("//")[0].rstrip() for line in ptx.splitlines()
-                     if not line.strip().startswith((".loc", ".file", "//")))
+    lines = (line.split("//")[0].rstrip() for line in ptx.splitlines()
+             if not line.strip().startswith((".loc", ".file", "//")))
+    return "\n".join(line for line in lines if line.strip() and not re.fullmatch(r"\$L__tmp\d+:", line.strip()))
 
 
 def main() -> int:

@@ -22,9 +22,15 @@ from vflash.kernels.softmax import softmax_step
 @triton.jit
 def _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constexpr,
                CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
-    # [len(offs_n), HEAD_DIM_PAD]; bounds checks only where the tile can run past
-    # the sequence end (CHECK_N) or the padded head dim (CHECK_D).
-    ptrs = base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d
+    # [len(offs_n), HEAD_DIM_PAD] of rows base + offs_n * stride_n.
+    return _load_at(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, offs_n, offs_d, n, HEAD_DIM,
+                    CHECK_N, CHECK_D)
+
+
+@triton.jit
+def _load_at(ptrs, offs_n, offs_d, n, HEAD_DIM: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
+    # A tile at ptrs [len(offs_n), HEAD_DIM_PAD]; bounds checks only where it can run
+    # past the sequence end (CHECK_N) or the padded head dim (CHECK_D).
     if CHECK_N:
         if CHECK_D:
             return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -49,17 +55,8 @@ def _load_kv_tile(base, offs_n, offs_d, stride_n, stride_d, n, table, page_size,
         else:
             page = tl.load(table + offs_n // page_size)
         rows = page.to(tl.int64) * stride_page + (offs_n % page_size) * stride_n  # [BLOCK_N]
-        ptrs = base + rows[:, None] + offs_d[None, :] * stride_d
-        if CHECK_N:
-            if CHECK_D:
-                return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            else:
-                return tl.load(ptrs, mask=offs_n[:, None] < n, other=0.0)
-        else:
-            if CHECK_D:
-                return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-            else:
-                return tl.load(ptrs)
+        return _load_at(base + rows[:, None] + offs_d[None, :] * stride_d, offs_n, offs_d, n, HEAD_DIM, CHECK_N,
+                        CHECK_D)
     else:
         return _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM, CHECK_N, CHECK_D)
 
