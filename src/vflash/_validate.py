@@ -90,12 +90,17 @@ def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int) -> None:
     if not (MIN_HEAD_DIM <= D <= MAX_HEAD_DIM and D % 8 == 0):
         raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
                          f"got {D}")
-    if q.device.type != "cuda":
-        if q.device.type != "cpu":
-            raise ValueError(f"tensors on {q.device.type} are not supported; use CUDA or CPU tensors")
+    _check_device(q.device, "q is a CPU tensor")
+
+
+def _check_device(device: torch.device, on_cpu: str) -> None:
+    """CUDA, or the CPU where this Triton's interpreter runs (`on_cpu` starts the message)."""
+    if device.type != "cuda":
+        if device.type != "cpu":
+            raise ValueError(f"tensors on {device.type} are not supported; use CUDA or CPU tensors")
         refusal = interpreter_refusal()  # CPU tensors run through Triton's interpreter
         if refusal is not None:
-            raise ValueError(f"q is a CPU tensor, and {refusal}")
+            raise ValueError(f"{on_cpu}, and {refusal}")
 
 
 def _check_span(name: str, n: int, D: int, stride_n: int, stride_d: int, what: str) -> None:
@@ -192,12 +197,7 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
     devices = {t.device for t in (out_a, lse_a, out_b, lse_b)}
     if len(devices) != 1:
         raise ValueError(f"out_a, lse_a, out_b and lse_b must be on one device, got {sorted(map(str, devices))}")
-    if out_a.device.type != "cuda":
-        if out_a.device.type != "cpu":
-            raise ValueError(f"tensors on {out_a.device.type} are not supported; use CUDA or CPU tensors")
-        refusal = interpreter_refusal()
-        if refusal is not None:
-            raise ValueError(f"out_a is a CPU tensor, and {refusal}")
+    _check_device(out_a.device, "out_a is a CPU tensor")
     if lse_a.numel() > _INT32_MAX:
         raise ValueError(f"{lse_a.numel()} rows exceed 2**31 - 1; merge in parts")
 
@@ -320,12 +320,7 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if len(devices) != 1:
         raise ValueError(f"caches, new keys / values and slot_mapping must be on one device, got "
                          f"{sorted(map(str, devices))}")
-    if k_cache.device.type != "cuda":
-        if k_cache.device.type != "cpu":
-            raise ValueError(f"tensors on {k_cache.device.type} are not supported; use CUDA or CPU tensors")
-        refusal = interpreter_refusal()
-        if refusal is not None:
-            raise ValueError(f"the cache is on the CPU, and {refusal}")
+    _check_device(k_cache.device, "the cache is on the CPU")
     if k_new.shape[0] > _INT32_MAX // 2:
         raise ValueError(f"{k_new.shape[0]} tokens in one call are too many; write them in parts")
     if check_metadata and slot_mapping.numel():
@@ -410,6 +405,22 @@ def check_flag(name: str, x) -> bool:
     if not isinstance(x, bool):
         raise TypeError(f"{name} must be a bool, got {_describe(x)}")
     return x
+
+
+def check_options(causal, window, scale, softcap, return_lse, head_dim: int):
+    """The options every attention entry point shares: (causal mode, (left, right),
+    scale, softcap, return_lse), each checked."""
+    return (resolve_causal(causal), check_window(window), check_scale(scale, head_dim), check_softcap(softcap),
+            check_flag("return_lse", return_lse))
+
+
+def check_num_splits(num_splits) -> None:
+    """None or 1: split-KV is not implemented yet."""
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise TypeError(f"num_splits must be None or an int >= 1, got {_describe(num_splits)}")
+    if num_splits is not None and num_splits > 1:
+        raise ValueError(f"num_splits={num_splits}: split-KV is not implemented yet; pass None or 1")
 
 
 def check_no_grad(q, k, v) -> None:

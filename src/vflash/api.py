@@ -65,11 +65,8 @@ def attention(
         out, lse = plan(q, k, v)
         return (out, lse) if return_lse else out
     _validate.check_qkv(q, k, v)
-    causal_mode = _validate.resolve_causal(causal)
-    window_lr = _validate.check_window(window)
-    scale_f = _validate.check_scale(scale, q.shape[-1])
-    softcap_f = _validate.check_softcap(softcap)
-    return_lse = _validate.check_flag("return_lse", return_lse)
+    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
+        causal, window, scale, softcap, return_lse, q.shape[-1])
     _validate.check_no_grad(q, k, v)
     band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
@@ -124,11 +121,8 @@ def attention_varlen(
     """
     batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    _validate.check_flag("check_metadata", check_metadata))
-    causal_mode = _validate.resolve_causal(causal)
-    window_lr = _validate.check_window(window)
-    scale_f = _validate.check_scale(scale, q.shape[-1])
-    softcap_f = _validate.check_softcap(softcap)
-    return_lse = _validate.check_flag("return_lse", return_lse)
+    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
+        causal, window, scale, softcap, return_lse, q.shape[-1])
     _validate.check_no_grad(q, k, v)
     band = sequence_band(causal_mode, window_lr)
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))
@@ -232,19 +226,12 @@ def attention_with_kvcache(
     """
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                               max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
-    causal_mode = _validate.resolve_causal(causal)
+    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
+        causal, window, scale, softcap, return_lse, q.shape[-1])
     if causal_mode == "top_left":
         raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
                          "their sequence (bottom-right alignment); pass causal=True")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise TypeError(f"num_splits must be None or an int >= 1, got {_validate._describe(num_splits)}")
-    if num_splits is not None and num_splits > 1:
-        raise ValueError(f"num_splits={num_splits}: split-KV is not implemented yet; pass None or 1")
-    window_lr = _validate.check_window(window)
-    scale_f = _validate.check_scale(scale, q.shape[-1])
-    softcap_f = _validate.check_softcap(softcap)
-    return_lse = _validate.check_flag("return_lse", return_lse)
+    _validate.check_num_splits(num_splits)
     _validate.check_no_grad(q, k_cache, v_cache)
     dense_q = cu_seqlens_q is None
     if dense_q:  # [B, Nq, Hq, D] as packed rows, Nq a sequence
