@@ -33,10 +33,12 @@ def _paged(lens, page, hkv, d, dtype, device, seed=0, share_first=False, spare=3
     return k_cache, v_cache, table.to(device)
 
 
-def _check(q, k_cache, v_cache, cache_seqlens, table, cu_seqlens_q=None, max_seqlen_q=None, **opts):
+def _check(q, k_cache, v_cache, cache_seqlens, table, cu_seqlens_q=None, max_seqlen_q=None, num_splits=None,
+           batch_invariant=False, **opts):
     dt = q.dtype
     out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=table,
                                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                             num_splits=num_splits, batch_invariant=batch_invariant,
                                              return_lse=True, **opts)
     assert out.shape == q.shape and out.dtype == dt
     if cu_seqlens_q is None:  # the reference takes packed queries
@@ -145,7 +147,9 @@ def _args(device):
     (lambda a: dict(v_cache=a["v_cache"][:, :4]), ValueError, "one shape"),
     (lambda a: dict(q=a["q"].float()), TypeError, "share one dtype"),
     (lambda a: dict(causal="top_left"), ValueError, "does not apply to a KV cache"),
-    (lambda a: dict(num_splits=2), ValueError, "split-KV is not implemented yet"),
+    (lambda a: dict(num_splits=2, batch_invariant=True), ValueError, "leave num_splits None"),
+    (lambda a: dict(num_splits=1000), ValueError, "num_splits=1000 is above 256"),
+    (lambda a: dict(batch_invariant=1), TypeError, "batch_invariant must be a bool"),
     (lambda a: dict(num_splits=0), TypeError, "num_splits must be None or an int >= 1"),
     (lambda a: dict(max_seqlen_q=1), ValueError, "max_seqlen_q goes with packed queries"),
     (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32, device=a["q"].device),
@@ -167,3 +171,69 @@ def test_unused_table_entries_are_not_checked(device):
     vflash.attention_with_kvcache(**args)
     args["check_metadata"] = False
     vflash.attention_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("page", [128, 256])
+def test_large_pages(page, device):
+    lens = [300, 2, 129]
+    k_cache, v_cache, table = _paged(lens, page, 2, 16, torch.float16, device)
+    _check(_q(3, 1, 4, 16, torch.float16, device), k_cache, v_cache,
+           torch.tensor(lens, dtype=torch.int32, device=device), table)
+
+
+@pytest.mark.parametrize("hq,hkv", [(3, 1), (6, 2), (12, 4), (7, 7), (16, 16)], ids=["mqa3", "g3", "g3x4", "mha7",
+                                                                                    "mha16"])
+def test_gqa_packing_of_uneven_groups(hq, hkv, device):
+    # groups that do not divide the tile's rows: the rows past the last whole query are never stored
+    lens = [45, 17, 2]
+    k_cache, v_cache, table = _paged(lens, 16, hkv, 16, torch.float16, device)
+    _check(_q(3, 3, hq, 16, torch.float16, device), k_cache, v_cache,
+           torch.tensor(lens, dtype=torch.int32, device=device), table)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 5, 16])
+def test_split_kv_matches_the_reference(splits, device):
+    # splits of 16-key tiles (the interpreter's): with 16 splits most of sequence 1's are empty
+    lens = [200, 9, 77]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = _q(3, 2, 8, 16, torch.float16, device)
+    _check(q, k_cache, v_cache, seqlens, table, num_splits=splits)
+    _check(q, k_cache, v_cache, seqlens, table, num_splits=splits, window=(30, 0), softcap=4.0)
+
+
+def test_split_kv_agrees_with_unsplit_and_repeats_bitwise(device):
+    lens = [150, 64, 1]
+    k_cache, v_cache, table = _paged(lens, 17, 2, 32, torch.bfloat16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = _q(3, 1, 4, 32, torch.bfloat16, device)
+    run = lambda n: vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=n,
+                                                  return_lse=True)
+    one, one_lse = run(1)
+    four, four_lse = run(4)
+    torch.testing.assert_close(four.float(), one.float(), atol=2e-2, rtol=0)  # bf16 rounding of one output
+    torch.testing.assert_close(four_lse, one_lse, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(four_lse, torch.full_like(four_lse, float("-inf")))
+    for _ in range(3):
+        again, again_lse = run(4)
+        assert torch.equal(again, four) and torch.equal(again_lse, four_lse)
+
+
+def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):
+    # sequence 0 alone, then batched with longer and shorter ones (more splits in the grid, other
+    # row counts): its output and LSE are the same bits, and still attention's
+    lens = [1500, 3000, 7]
+    k_cache, v_cache, table = _paged(lens, 64, 1, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(3, 3, 4, 16, generator=g).half().to(device)
+    own = table[:1, :(lens[0] + 63) // 64]  # its own pages only: a smaller capacity, fewer splits in the grid
+    alone, alone_lse = vflash.attention_with_kvcache(q[:1, :1], k_cache, v_cache, seqlens[:1], block_table=own,
+                                                     batch_invariant=True, return_lse=True)
+    cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device=device)  # 1, 3 and 2 new queries
+    packed = torch.cat([q[0, :1], q[1], q[2, :2]])
+    batched, batched_lse = vflash.attention_with_kvcache(packed, k_cache, v_cache, seqlens, block_table=table,
+                                                         cu_seqlens_q=cu, max_seqlen_q=3, batch_invariant=True,
+                                                         return_lse=True)
+    assert torch.equal(batched[:1], alone[0]) and torch.equal(batched_lse[:, :1], alone_lse[0])
+    _check(packed, k_cache, v_cache, seqlens, table, cu_seqlens_q=cu, max_seqlen_q=3, batch_invariant=True)

@@ -270,21 +270,35 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     if capacity > _INT32_MAX:
         raise ValueError(f"a sequence's cache capacity ({capacity} rows) exceeds 2**31 - 1")
     if check_metadata:
-        lens = cache_seqlens.tolist()
-        table = block_table.tolist() if block_table is not None else None
-        for b, n in enumerate(lens):
-            if not 0 <= n <= capacity:
-                raise ValueError(f"cache_seqlens[{b}] = {n} is outside 0..{capacity}, the rows sequence {b}'s "
-                                 + ("block_table row holds" if table is not None else "cache row holds"))
-            if table is not None:
-                for j, page in enumerate(table[b][:(n + rows - 1) // rows]):
-                    if not 0 <= page < k_cache.shape[0]:
-                        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache "
-                                         f"(0..{k_cache.shape[0] - 1}); sequence {b} uses it for its keys "
-                                         f"{j * rows}..{min(n, (j + 1) * rows) - 1}")
+        _check_cache_metadata(cache_seqlens, block_table, capacity, rows, k_cache.shape[0])
         if packed:
             _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
     return batch
+
+
+def _check_cache_metadata(cache_seqlens, block_table, capacity: int, page_size: int, num_pages: int) -> None:
+    # Every sequence's length within its capacity and every page it uses a page of the
+    # cache, checked on the tensors' device with one host sync (the tables of a large
+    # batch hold 10^5-10^6 entries: no Python loop over them); the first offender named.
+    lens = cache_seqlens.long()
+    bad_len = (lens < 0) | (lens > capacity)
+    if block_table is not None:
+        used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + page_size - 1)
+                                                                                 // page_size)[:, None]
+        bad_page = used & ~bad_len[:, None] & ((block_table < 0) | (block_table >= num_pages))
+    else:
+        bad_page = bad_len[:, None] & False
+    flags = torch.stack((bad_len.any(), bad_page.any())).tolist()
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        n = int(cache_seqlens[b])
+        raise ValueError(f"cache_seqlens[{b}] = {n} is outside 0..{capacity}, the rows sequence {b}'s "
+                         + ("block_table row holds" if block_table is not None else "cache row holds"))
+    if flags[1]:
+        b, j = (int(x) for x in bad_page.nonzero()[0])
+        n, page = int(cache_seqlens[b]), int(block_table[b, j])
+        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{num_pages - 1}); "
+                         f"sequence {b} uses it for its keys {j * page_size}..{min(n, (j + 1) * page_size) - 1}")
 
 
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
@@ -414,13 +428,21 @@ def check_options(causal, window, scale, softcap, return_lse, head_dim: int):
             check_flag("return_lse", return_lse))
 
 
-def check_num_splits(num_splits) -> None:
-    """None or 1: split-KV is not implemented yet."""
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+MAX_SPLITS = 256
+
+
+def check_num_splits(num_splits, batch_invariant) -> bool:
+    """num_splits None or an int 1..MAX_SPLITS; batch_invariant a bool, not with num_splits
+    (it picks the splits itself). Returns batch_invariant."""
+    batch_invariant = check_flag("batch_invariant", batch_invariant)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
                                    or num_splits < 1):
         raise TypeError(f"num_splits must be None or an int >= 1, got {_describe(num_splits)}")
-    if num_splits is not None and num_splits > 1:
-        raise ValueError(f"num_splits={num_splits}: split-KV is not implemented yet; pass None or 1")
+    if num_splits is not None and num_splits > MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} is above {MAX_SPLITS}")
+    if num_splits is not None and batch_invariant:
+        raise ValueError("batch_invariant=True picks the splits from each sequence's length; leave num_splits None")
+    return batch_invariant
 
 
 def check_no_grad(q, k, v) -> None:

@@ -191,6 +191,7 @@ def attention_with_kvcache(
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     num_splits: Optional[int] = None,
+    batch_invariant: bool = False,
     return_lse: bool = False,
     check_metadata: bool = True,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -210,7 +211,14 @@ def attention_with_kvcache(
         causal: True (or "bottom_right") or False: the queries are the last tokens
             of their sequence (bottom-right alignment); "top_left" is refused.
         scale, window, softcap: as in `vflash.attention`, per sequence.
-        num_splits: None or 1 (split-KV is not implemented yet; larger is refused).
+        num_splits: split-KV: each sequence's keys are split across this many programs
+            and their partial results merged through their LSEs (deterministic: a
+            fixed-order combine, the same bits from run to run). None picks it from
+            how many (sequence, KV head) programs the batch has against the GPU's
+            SMs and the cache's capacity; 1 turns splitting off.
+        batch_invariant: fix the tiles and each split's length (1024 keys), so a
+            sequence's output is bitwise the same whatever else is in the batch (its
+            splits depend only on its own length). Not with num_splits.
         return_lse: also return the LSE, [B, Hq, Nq] (or [Hq, total_q] packed), fp32.
         check_metadata: check cache_seqlens against the cache's capacity, the pages
             each sequence uses and cu_seqlens_q before the launch (one host sync for
@@ -221,8 +229,10 @@ def attention_with_kvcache(
         out in q's layout and dtype; or (out, lse). A query row that sees no key
         (more new queries than keys, say) gets 0 and lse = -inf.
 
-    Runs the portable Triton kernel (no sm_90 decode path, GQA packing or split-KV
-    yet); CPU tensors run it through Triton's interpreter. No backward pass.
+    The query heads of a KV head are packed into one program's rows (GQA packing),
+    so each cache tile is read once per KV head. Runs the portable Triton kernel (no
+    sm_90 decode path yet); CPU tensors run it through Triton's interpreter. No
+    backward pass.
     """
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                               max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
@@ -231,7 +241,7 @@ def attention_with_kvcache(
     if causal_mode == "top_left":
         raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
                          "their sequence (bottom-right alignment); pass causal=True")
-    _validate.check_num_splits(num_splits)
+    batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
     _validate.check_no_grad(q, k_cache, v_cache)
     dense_q = cu_seqlens_q is None
     if dense_q:  # [B, Nq, Hq, D] as packed rows, Nq a sequence
@@ -243,9 +253,11 @@ def attention_with_kvcache(
         block_table = torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]
     band = sequence_band(causal_mode, window_lr)
     problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, block_table.shape[1] * k_cache.shape[1], band)
+    choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                         return_lse=return_lse, tiles=dispatch.select(problem).tiles)
+                                         return_lse=return_lse, tiles=choice.tiles,
+                                         combine=dispatch.combine_tiles())
     if dense_q:
         out = out.view(batch, n_q, out.shape[1], out.shape[2])
         if lse is not None:

@@ -10,7 +10,8 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import CacheWriteTiles, HopperTiles, MergeTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import (CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles, PortableTiles,
+                              head_dim_pad)
 
 KERNELS = ("portable", "sm90")
 
@@ -45,7 +46,7 @@ class Problem:
 @dataclass(frozen=True)
 class Choice:
     kernel: str  # "portable" or "sm90"
-    tiles: Union[PortableTiles, HopperTiles]
+    tiles: Union[PortableTiles, HopperTiles, KVCacheTiles]
     why: str
 
 
@@ -153,6 +154,53 @@ def _portable(p: Problem, why: str) -> Choice:
         if p.n_q <= longest or p.row_tiles(plain.block_m) < tables.SHORT_GRID_WAVES * sms:
             return Choice("portable", short, why + ": PORTABLE_SHORT")
     return Choice("portable", plain, why + ": PORTABLE")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, batch_invariant: bool = False,
+                   ) -> Choice:
+    """The tiles and split count of `attention_with_kvcache` (attention_kvcache_kernel;
+    no sm_90 path yet): `p` from varlen_problem_of, n_k the cache's capacity a sequence
+    (the longest a sequence can be without a host sync). num_splits forces the split
+    count; batch_invariant fixes the tiles and a split's keys (tables.INVARIANT_SPLIT_KEYS)."""
+    group = p.heads_q // heads_k
+    d = p.head_dim_pad
+    rows = group * max(1, p.n_q)
+    if _backend.interpreted(p.device):
+        base, why = tables.KVCACHE_INTERPRETER, "KVCACHE_INTERPRETER"
+    elif p.dtype == torch.float32:
+        base, why = tables.KVCACHE_FP32[d], "KVCACHE_FP32"
+    elif rows <= tables.DECODE_ROWS or batch_invariant:
+        base, why = tables.KVCACHE_DECODE[d], "KVCACHE_DECODE"
+    else:
+        base, why = tables.KVCACHE_PREFILL[d], "KVCACHE_PREFILL"
+    # The packed rows' power of two, at least 16 and the group, at most the table's (batch_invariant: the table's).
+    block_m = max(_pow2(group), base.block_m if batch_invariant else min(base.block_m, max(16, _pow2(rows))))
+    tiles = base._replace(block_m=block_m)
+    key_tiles = max(1, -(-p.n_k // tiles.block_n))
+    if batch_invariant:
+        keys = tables.INVARIANT_SPLIT_KEYS
+        splits = max(1, -(-p.n_k // keys))
+        return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys),
+                      f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
+    if num_splits is not None:
+        splits, how = max(1, min(num_splits, key_tiles)), "num_splits given"
+    else:
+        rule = tables.KVCACHE_SPLIT
+        programs = p.batch * heads_k * -(-max(1, p.n_q) // (block_m // group))
+        sms = 1 if _backend.interpreted(p.device) else _sm_count(p)
+        want = -(-rule.programs_per_sm * sms // programs)
+        splits = max(1, min(want, key_tiles // rule.min_split_tiles, rule.max_splits))
+        how = f"KVCACHE_SPLIT: {programs} programs unsplit"
+    return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
+
+
+def combine_tiles() -> CombineTiles:
+    """Split-KV's combine tiles (one table entry for every device for now)."""
+    return tables.COMBINE
 
 
 def merge_tiles(head_dim: int, device: torch.device) -> MergeTiles:

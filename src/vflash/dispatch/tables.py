@@ -8,7 +8,7 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import CacheWriteTiles, HopperTiles, MergeTiles, PortableTiles
+from vflash.ops.tiles import CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles, PortableTiles
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -110,6 +110,44 @@ HOPPER_USE: Dict[int, HopperUse] = {
     256: HopperUse(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
 }
 
+
+# --- KV-cache attention (kernels/attention_fwd.py:attention_kvcache_kernel), by padded head dim --------
+# Rows are GQA-packed (query, head) pairs; block_m here is the most a call gets: fewer rows wanted
+# (group x the longest sequence's new queries) get the power of two that holds them, at least 16
+# (the smallest tensor-core tile). Decode reads each cache byte once: the tile is sized for the loads.
+
+# Up to 64 packed rows (decode, short chunks): memory-bound, not tuned on the GPU yet.
+KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
+    16: KVCacheTiles(64, 64, 4, 3),
+    32: KVCacheTiles(64, 64, 4, 3),
+    64: KVCacheTiles(64, 64, 4, 3),
+    128: KVCacheTiles(64, 64, 4, 3),
+    256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
+}
+DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
+
+# Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
+KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}
+KVCACHE_FP32: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE_FP32.items()}
+KVCACHE_INTERPRETER = KVCacheTiles(32, 16, 4, 1)  # small key tiles: CPU tests cross many tile edges cheaply
+
+
+class SplitRule(NamedTuple):
+    programs_per_sm: int  # split until the grid has about this many programs an SM
+    min_split_tiles: int  # no split of fewer key tiles than this
+    max_splits: int
+
+
+# Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU: not tuned on the GPU yet.
+KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_tiles=4, max_splits=64)
+
+# batch_invariant=True: every split holds this many keys (its splits depend only on the sequence's
+# own length), on KVCACHE_DECODE's tiles whatever the call's row count, so no other sequence of the
+# batch changes a sequence's arithmetic.
+INVARIANT_SPLIT_KEYS = 1024
+
+# Split-KV's combine: eight heads of one query row a program.
+COMBINE = CombineTiles(block_h=8, num_warps=4)
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.

@@ -125,10 +125,9 @@ def _attend_tiles_split(
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m0, offs_m1, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    table, page_size, stride_kp, stride_vp,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # As _attend_tiles for two independent halves of the rows sharing each K/V
     # tile. Both QK products are issued before either softmax, so the exp2s of one
@@ -138,12 +137,10 @@ def _attend_tiles_split(
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_kv_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, table, page_size, stride_kp, HEAD_DIM,
-                          MASKED, CHECK_D, IS_PAGED)
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk0 = _scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
         qk1 = _scores(q1, k, UPCAST_DOT, DOT_PRECISION)
-        v = _load_kv_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, table, page_size, stride_vp, HEAD_DIM,
-                          MASKED, CHECK_D, IS_PAGED)
+        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
@@ -180,7 +177,7 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_TABLE, SEQLENS_K,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -188,22 +185,18 @@ def attention_fwd_kernel(
     n_heads_q, kv_group, n_q, n_k,
     off, left, right,
     qk_scale, softcap_in, softcap_out,
-    stride_table, page_size,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr, IS_PAGED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
     # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
-    # grid's first dimension covers the longest, LSE is [Hq, total_q]. IS_PAGED (with
-    # IS_VARLEN's queries): K / V are caches [pages, page_size, Hkv, D] (stride_kb the
-    # page stride, stride_kn a row's), sequence b's keys the first SEQLENS_K[b] rows
-    # of the pages its BLOCK_TABLE row lists. SPLIT: the program's BLOCK_M rows are
-    # carried as two independent halves.
+    # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
+    # program's BLOCK_M rows are carried as two independent halves.
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
@@ -220,26 +213,19 @@ def attention_fwd_kernel(
     if IS_VARLEN:
         # Packed rows: n_q / n_k are the totals, LSE is [Hq, total_q]; this sequence's
         # rows start at its cu_seqlens entries (the batch strides are 0).
-        q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQLENS_K, n_q, n_k,
-                                                           off, IS_VARLEN, IS_PAGED, TOP_LEFT)
+        q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, n_q,
+                                                           n_k, off, IS_VARLEN, False, TOP_LEFT)
         if start_m >= n_q_seq:  # the grid covers the longest sequence
             return
         q_base += q_start * stride_qm
         o_base += q_start * stride_om
-        if IS_PAGED:
-            k_base = K + off_hk * stride_kh  # the page comes per key, from the table
-            v_base = V + off_hk * stride_vh
-            table = BLOCK_TABLE + off_b * stride_table
-        else:
-            k_base += k_start * stride_kn
-            v_base += k_start * stride_vn
-            table = BLOCK_TABLE
+        k_base += k_start * stride_kn
+        v_base += k_start * stride_vn
         lse_base = LSE + off_h * n_q + q_start
         n_q = n_q_seq
         n_k = n_k_seq
     else:
         lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
-        table = BLOCK_TABLE
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
 
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -260,18 +246,16 @@ def attention_fwd_kernel(
             acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
                 acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m0, offs_m1, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                table, page_size, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            table, page_size, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            table, page_size, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
         _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
     else:
@@ -284,16 +268,115 @@ def attention_fwd_kernel(
             acc, l_i, m_i = _attend_tiles(
                 acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                table, page_size, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+                K, 1, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            table, page_size, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+            K, 1, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            table, page_size, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+            K, 1, stride_kb, stride_vb,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
         _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
+
+
+@triton.jit
+def _split_range(lo, full_lo, full_hi, hi, k_lo, k_hi):
+    # key_range's stretches clipped to one split's keys [k_lo, k_hi) (both multiples
+    # of BLOCK_N, so the stretches stay tile-aligned and keep their masks).
+    lo_s = tl.maximum(lo, k_lo)
+    hi_s = tl.maximum(tl.minimum(hi, k_hi), lo_s)
+    full_lo_s = tl.minimum(tl.maximum(full_lo, lo_s), hi_s)
+    full_hi_s = tl.maximum(tl.minimum(full_hi, hi_s), full_lo_s)
+    return lo_s, full_lo_s, full_hi_s, hi_s
+
+
+@triton.jit
+def attention_kvcache_kernel(
+    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K,
+    stride_qm, stride_qh, stride_qd,
+    stride_kp, stride_kn, stride_kh, stride_kd,
+    stride_vp, stride_vn, stride_vh, stride_vd,
+    stride_os, stride_om, stride_oh, stride_od,
+    stride_ls, stride_lh,
+    left, right, qk_scale, softcap_in, softcap_out,
+    stride_table, page_size, num_splits, split_keys,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # New queries against a KV cache: packed Q [total_q, Hq, D] (sequence b's rows from
+    # CU_SEQLENS_Q), caches [pages, page_size, Hkv, D] read through BLOCK_TABLE, sequence
+    # b's keys the first SEQLENS_K[b], its queries the last of them (bottom-right).
+    # grid = (row tiles * num_splits, Hkv, B). GQA packing: a tile's BLOCK_M rows are
+    # BLOCK_M // GROUP queries times the GROUP query heads of KV head program_id(1),
+    # row r = (query r // GROUP, head r % GROUP), so each K/V tile is read once for
+    # the group and decode's few queries still fill a tensor-core tile.
+    # Split-KV: program (tile, split) sees keys [split * part, (split + 1) * part) of
+    # its sequence, part = split_keys if > 0 (fixed: a sequence's splits depend only
+    # on its own length), else its length over num_splits, rounded up to BLOCK_N.
+    # O / LSE: the output [total_q, Hq, D] / [Hq, total_q] (num_splits 1), or fp32
+    # partials [splits, total_q, Hq, D] / [splits, Hq, total_q] for combine_splits_kernel.
+    QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
+    pid = tl.program_id(0)
+    split = (pid % num_splits).to(tl.int64)
+    start_q = (pid // num_splits) * QUERIES
+    off_hk = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    q_start, _, n_q, n_k, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, SEQLENS_K, 0, 0, 0, True, True, False)
+    if start_q >= n_q:  # the grid covers the most queries of any sequence
+        return
+    rows = tl.arange(0, BLOCK_M)
+    # Rows past QUERIES * GROUP (GROUP not dividing BLOCK_M) repeat the tile's last query
+    # and are never stored.
+    offs_q = start_q + tl.minimum(rows // GROUP, QUERIES - 1)  # [BLOCK_M] query index in the sequence
+    heads = off_hk * GROUP + rows % GROUP  # [BLOCK_M] query head
+    row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_rows = Q + (q_start + offs_q) * stride_qm + heads * stride_qh  # [BLOCK_M] pointers
+    q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+                other=0.0)
+
+    if split_keys > 0:
+        part = split_keys
+    else:
+        part = tl.cdiv(tl.cdiv(n_k, num_splits), BLOCK_N) * BLOCK_N
+    lo, full_lo, full_hi, hi = key_range(start_q, n_k, off, left, right, QUERIES, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo, full_lo, full_hi, hi = _split_range(lo, full_lo, full_hi, hi, split * part, split * part + part)
+
+    k_base = K + off_hk * stride_kh
+    v_base = V + off_hk * stride_vh
+    table = BLOCK_TABLE + off_b * stride_table
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    if HAS_LEFT:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+            SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
+        SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+        SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
+
+    LN2: tl.constexpr = 0.6931471805599453
+    empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the combine gives it weight 0)
+    out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
+    o_rows = O + split * stride_os + (q_start + offs_q) * stride_om + heads * stride_oh
+    tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if STORE_LSE:
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+        tl.store(LSE + split * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)

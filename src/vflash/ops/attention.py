@@ -10,13 +10,14 @@ from typing import Hashable, Optional, Tuple, Union
 import torch
 
 from vflash import _backend
-from vflash.kernels.attention_fwd import attention_fwd_kernel
+from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
+from vflash.kernels.combine import combine_splits_kernel
 from vflash.ops import hopper as hopper_launch
 from vflash.ops import launch as launches
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.tiles import HopperTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import CombineTiles, HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 RETURNS = ("out", "lse")
@@ -100,21 +101,66 @@ def attention_varlen_forward(
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, *, band: Band, scale: float,
-    softcap: Optional[float], return_lse: bool, tiles: PortableTiles,
+    softcap: Optional[float], return_lse: bool, tiles: KVCacheTiles, combine: CombineTiles,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Packed queries q [total_q, Hq, D] (sequence b's rows from cu_seqlens_q) against
     paged caches [pages, page_size, Hkv, D]: sequence b's keys are the first
     cache_seqlens[b] rows of the pages block_table[b] lists, its queries the last
-    of them (bottom-right alignment). out [total_q, Hq, D], lse [Hq, total_q]."""
+    of them (bottom-right alignment). out [total_q, Hq, D], lse [Hq, total_q].
+    With tiles.num_splits > 1 the kernel writes fp32 partials of each split and
+    combine_splits_kernel folds them."""
     total_q, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group, batch, splits = Hq // Hkv, cu_seqlens_q.numel() - 1, tiles.num_splits
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
-    launch = _portable_launch(q, k_cache, v_cache, out, lse, band, scale, softcap, tiles,
-                              varlen=(cu_seqlens_q, None, max_seqlen_q, False), paged=(block_table, cache_seqlens))
-    launches.run(launch, q.device)
+    if splits == 1:
+        o_part, lse_part = out, lse
+    else:
+        o_part = torch.empty((splits, total_q, Hq, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((splits, Hq, total_q), dtype=torch.float32, device=q.device)
+    lse_strides = (0, total_q) if lse_part is None else (lse_part.stride(0) if splits > 1 else 0, total_q)
+    o_strides = (o_part.stride(0) if splits > 1 else 0, *o_part.stride()[-3:])
+    args = (
+        q, k_cache, v_cache, o_part, out if lse_part is None else lse_part, cu_seqlens_q, block_table, cache_seqlens,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides,
+        band.left, band.right, *score_scales(scale, softcap),
+        block_table.stride(0), k_cache.shape[1], splits, tiles.split_keys,
+    )
+    constexprs = dict(
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
+        HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
+        STORE_LSE=lse_part is not None, **_dot_flags(q),
+    )
+    queries = tiles.block_m // group
+    grid = (max(1, -(-max_seqlen_q // queries)) * splits, Hkv, batch)
+    slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out" if splits == 1 else "o_part"),
+             Slot(4, ("out" if lse is None else "lse") if splits == 1 else "lse_part"), Slot(5, "cu_seqlens_q"),
+             Slot(6, "block_table"), Slot(7, "cache_seqlens"))
+    launches.run(KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
+                              dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots), q.device)
+    if splits > 1:
+        launches.run(_combine_launch(o_part, lse_part, out, lse, combine), q.device)
     return out, lse
+
+
+def _combine_launch(o_part, lse_part, out, lse, tiles: CombineTiles) -> KernelLaunch:
+    """combine_splits_kernel over the partials [splits, total_q, Hq, D] / [splits, Hq, total_q]."""
+    splits, total_q, Hq, D = o_part.shape
+    args = (o_part, lse_part, out, lse if lse is not None else lse_part, *o_part.stride(), *lse_part.stride()[:2],
+            *out.stride(), splits, Hq)
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_H=tiles.block_h, STORE_LSE=lse is not None)
+    grid = (total_q, -(-Hq // tiles.block_h), 1)
+    slots = (Slot(0, "o_part"), Slot(1, "lse_part"), Slot(2, "out"), Slot(3, "lse" if lse is not None else "lse_part"))
+    return KernelLaunch(combine_splits_kernel, grid, args, constexprs, dict(num_warps=tiles.num_warps), slots)
+
+
+def _dot_flags(q: torch.Tensor) -> dict:
+    # The interpreter's bf16 dot is wrong (numpy has no bf16): upcast there only.
+    return dict(UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
 def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
@@ -124,23 +170,11 @@ def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     return 0, s_head, s_row, s_dim
 
 
-def _cache_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
-    # A cache [pages, page_size, Hkv, D] as the kernel's (batch, head, row, dim) strides:
-    # its "batch" stride is the page stride (IS_PAGED takes each key's page from the table).
-    s_page, s_row, s_head, s_dim = t.stride()
-    return s_page, s_head, s_row, s_dim
-
-
 def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float],
-                     tiles: PortableTiles, varlen: Optional[tuple] = None,
-                     paged: Optional[tuple] = None) -> KernelLaunch:
+                     tiles: PortableTiles, varlen: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_kernel: grid (row tiles, Hq, B). `varlen`
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D]
-    tensors; None for dense [B, H, N, D] ones. `paged` (block_table [B, max_pages],
-    seqlens_k [B]) with varlen's queries (cu_seqlens_k None): k / v are caches
-    [pages, page_size, Hkv, D]."""
-    table_args = (None, None)
-    paged_args = (None, None)
+    tensors; None for dense [B, H, N, D] ones."""
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -148,41 +182,28 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         rows, cu_seqlens, top_left = Nq, (None, None), False
     else:
         cu_q, cu_k, rows, top_left = varlen
-        Nq, Hq, D = q.shape  # the packed total: n_q is LSE's head stride
+        Nq, Hq, D = q.shape  # the packed totals: n_q is LSE's head stride
+        Nk, Hkv = k.shape[:2]
         B = cu_q.numel() - 1
         cu_seqlens = (cu_q, cu_k)
-        if paged is None:
-            Nk, Hkv = k.shape[:2]
-            kv_strides = (*_rows_strides(k), *_rows_strides(v))
-        else:
-            block_table, seqlens_k = paged
-            Nk, Hkv = 0, k.shape[2]  # unused: each sequence's key count comes from seqlens_k
-            kv_strides = (*_cache_strides(k), *_cache_strides(v))
-            paged_args = (block_table, seqlens_k)
-            table_args = (block_table.stride(0), k.shape[1])
-        strides = (*_rows_strides(q), *kv_strides, *_rows_strides(out))
+        strides = (*_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out))
     args = (
-        q, k, v, out, lse if lse is not None else out, *cu_seqlens, *paged_args,
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens,
         *strides,
         Hq, Hq // Hkv, Nq, Nk,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
-        *table_args,
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,
-        # The interpreter's bf16 dot is wrong (numpy has no bf16); upcast there only.
-        UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        IS_VARLEN=varlen is not None, TOP_LEFT=top_left, IS_PAGED=paged is not None,
+        **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
     )
     slots = (Slot(0, "q"), Slot(1, "k"), Slot(2, "v"), Slot(3, "out"), Slot(4, "out" if lse is None else "lse"))
     if varlen is not None:
-        slots += (Slot(5, "cu_seqlens_q"),) + ((Slot(6, "cu_seqlens_k"),) if paged is None else
-                                               (Slot(7, "block_table"), Slot(8, "cache_seqlens")))
+        slots += (Slot(5, "cu_seqlens_q"), Slot(6, "cu_seqlens_k"))
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

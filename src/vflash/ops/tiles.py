@@ -34,6 +34,22 @@ class HopperTiles(NamedTuple):
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
 
 
+class KVCacheTiles(NamedTuple):
+    """`kernels/attention_fwd.py:attention_kvcache_kernel`'s launch (GQA-packed rows, split-KV)."""
+    block_m: int  # rows a program: block_m // group queries times their group of query heads
+    block_n: int  # keys an inner step
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1  # programs each sequence's keys are split across (split-KV), the grid's split count
+    split_keys: int = 0  # > 0: a split's keys, fixed (batch-invariant); 0: each sequence's keys over num_splits
+
+
+class CombineTiles(NamedTuple):
+    """`kernels/combine.py:combine_splits_kernel`'s launch: block_h heads of one query row a program."""
+    block_h: int
+    num_warps: int
+
+
 class MergeTiles(NamedTuple):
     """`kernels/combine.py:merge_states_kernel`'s launch: [block_rows, block_d] tiles."""
     block_rows: int
