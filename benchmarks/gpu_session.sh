@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
+#   steps: check tests tests_serving decode varlen chunked decode_tune hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -66,6 +66,13 @@ for step in "$@"; do
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                   tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
+    tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
+                  tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
+    decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;
+    varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
+    chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
+    decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
+                   --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1; grep -v "^B .* tile " "$R/decode_tune.txt" | tail -60 ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ;;
     hopper) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the portable

@@ -237,3 +237,27 @@ def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):
                                                          return_lse=True)
     assert torch.equal(batched[:1], alone[0]) and torch.equal(batched_lse[:, :1], alone_lse[0])
     _check(packed, k_cache, v_cache, seqlens, table, cu_seqlens_q=cu, max_seqlen_q=3, batch_invariant=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 7, "invariant"])
+def test_decode_at_serving_sizes_on_the_gpu(page, splits):
+    # Llama-3-8B's attention shape (Hq 32 / Hkv 8, D 128, bf16), lengths across split and page edges
+    lens = [4000, 1, 777, 8192]
+    k_cache, v_cache, table = _paged(lens, page, 8, 128, torch.bfloat16, "cuda")
+    opts = dict(batch_invariant=True) if splits == "invariant" else dict(num_splits=splits)
+    _check(_q(4, 1, 32, 128, torch.bfloat16, "cuda"), k_cache, v_cache,
+           torch.tensor(lens, dtype=torch.int32, device="cuda"), table, **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(32, 32), (32, 2), (16, 1), (40, 8)], ids=["mha", "gqa16", "mqa16", "gqa5"])
+def test_chunked_prefill_at_serving_sizes_on_the_gpu(hq, hkv):
+    lens_q, lens_k = [512, 1, 100], [3000, 2048, 100]
+    k_cache, v_cache, table = _paged(lens_k, 16, hkv, 128, torch.float16, "cuda")
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(sum(lens_q), hq, 128, generator=g).half().cuda()
+    cu = torch.tensor([0, 512, 513, 613], dtype=torch.int32, device="cuda")
+    _check(q, k_cache, v_cache, torch.tensor(lens_k, dtype=torch.int32, device="cuda"), table, cu_seqlens_q=cu,
+           max_seqlen_q=512)

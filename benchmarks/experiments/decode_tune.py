@@ -1,0 +1,92 @@
+"""Decode tiles and split counts of attention_kvcache_kernel, timed on the GPU.
+
+For a few decode rows (bf16, Hq 32 / Hkv 8, D 128, one query a sequence, a shuffled paged
+cache of page size 16), every candidate tile (block_m, block_n, warps, stages) at the
+dispatch's split count, then the best tile at other split counts. CUDA-graph replays over
+rotating cache copies (vflash.harness.serving). Prints one line a candidate and writes a CSV.
+
+  PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick]
+"""
+
+import argparse
+import csv
+
+import torch
+
+from vflash import dispatch
+from vflash.harness.serving import _copies, _graph_time, _shuffled_table
+from vflash.ops.attention import attention_kvcache_forward
+from vflash.ops.band import sequence_band
+from vflash.ops.tiles import KVCacheTiles
+
+ROWS = [(1, 32768), (1, 8192), (8, 8192), (32, 8192), (128, 8192), (128, 1024), (32, 32768)]
+TILES = [
+    (16, 64, 4, 2), (16, 64, 4, 3), (16, 64, 4, 4), (16, 128, 4, 2), (16, 128, 4, 3), (16, 32, 4, 4),
+    (16, 32, 2, 4), (16, 64, 2, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 8, 2),
+    (64, 128, 8, 3), (16, 128, 8, 3),
+]
+SPLITS = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="decode_tune.csv")
+    ap.add_argument("--quick", action="store_true", help="three rows only")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    Hq, Hkv, D, page = 32, 8, 128, 16
+    dt = torch.bfloat16
+    band = sequence_band("bottom_right", (-1, -1))
+    scale = D ** -0.5
+    out_rows = []
+    for B, KV in (ROWS[:3] if args.quick else ROWS):
+        pages = -(-KV // page)
+        cache_bytes = 2 * B * KV * Hkv * D * 2
+        n = _copies(cache_bytes)
+        caches = [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt),
+                   torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)) for _ in range(n)]
+        table = _shuffled_table(B, pages, dev)
+        seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
+        q = torch.randn(B, Hq, D, device=dev, dtype=dt)
+        cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        problem = dispatch.varlen_problem_of(q, B, 1, pages * page, band)
+        chosen = dispatch.select_kvcache(problem, Hkv).tiles
+
+        def time_tiles(t: KVCacheTiles) -> float:
+            calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
+                q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
+                tiles=t, combine=dispatch.combine_tiles()) for kc, vc in caches]
+            return _graph_time(calls, dev)[0]
+
+        def record(kind, t, us):
+            gbps = cache_bytes / us / 1e3
+            out_rows.append(dict(B=B, KV=KV, kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
+                                 stages=t.num_stages, splits=t.num_splits, us=round(us, 2), gbps=round(gbps, 1)))
+            print(f"B {B:4d} KV {KV:6d} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
+            return gbps
+
+        record("dispatch", chosen, time_tiles(chosen))
+        best, best_gbps = chosen, 0.0
+        for tl in TILES:
+            t = KVCacheTiles(*tl, num_splits=chosen.num_splits)
+            try:
+                g = record("tile", t, time_tiles(t))
+            except Exception as exc:  # out of shared memory, say
+                print(f"B {B} KV {KV} {tl}: {type(exc).__name__} {str(exc)[:80]}")
+                continue
+            if g > best_gbps:
+                best, best_gbps = t, g
+        for s in SPLITS:
+            if s != best.num_splits:
+                record("splits", best._replace(num_splits=s), time_tiles(best._replace(num_splits=s)))
+        del caches
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, list(out_rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,302 @@
+"""`vflash bench --sweep decode | varlen | chunked`: the serving path against the engines
+people would otherwise use, in the same run.
+
+decode   one new query per sequence (bf16, Hq 32 / Hkv 8, D 128), B x KV rows. GB/s of K+V
+         read per call (2 * B * KV * Hkv * D * 2 bytes over the time) for vflash on a paged
+         cache with a shuffled block table (page size 16 and 64) and on a contiguous cache,
+         and SDPA cuDNN / flash on the same contiguous cache ([B, KV, Hkv, D] seen as
+         [B, Hkv, KV, D], enable_gqa). Timed as CUDA-graph replays over rotating cache copies
+         (at least ROTATE_BYTES of caches, so no call finds its cache in L2), with the run's
+         own copy bandwidth measured first; vflash's host cost a call is timed apart.
+varlen   8 causal sequences of mixed lengths packed in one attention_varlen call, against
+         vflash.attention and SDPA cuDNN called once per sequence (the GPU time of the loop):
+         TFLOP/s counting each sequence's own causal pairs.
+chunked  a chunk of new queries per sequence against a cached prefix on a paged cache
+         (page size 16), against the same work done dense by vflash.attention.
+
+Every method of a row is timed in the same process, one after another.
+"""
+
+import csv
+import math
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+import vflash
+from vflash.harness.env import environment
+
+DECODE_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
+DECODE_HEADS = (32, 8, 128)  # Hq, Hkv, D
+DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_contig", "sdpa_cudnn", "sdpa_flash"]
+VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 tokens
+CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
+ROTATE_BYTES = 1 << 30
+COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
+           "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "vs_sdpa_cudnn"]
+SMOKE_DECODE = [(2, 40)]
+SMOKE_HEADS = (4, 2, 16)
+
+
+def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = 20,
+                ) -> Tuple[float, float, float, int]:
+    """(median, p20, p80) microseconds of one call and the sample count: the calls
+    (one per rotating copy) captured in one CUDA graph, replayed; CPU: wall clock."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        us = (time.perf_counter() - t0) * 1e6 / len(calls)
+        return us, us, us, 1
+    for c in calls:  # compile, and settle the allocator outside the capture
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        run = graph.replay
+    except RuntimeError:  # not capturable: the calls launched one after another, timed by events
+        torch.cuda.synchronize()
+        graph = None
+
+        def run():
+            for c in calls:
+                c()
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    times.sort()
+    pick = lambda f: times[min(len(times) - 1, int(round(f * (len(times) - 1))))]  # noqa: E731
+    return pick(0.5), pick(0.2), pick(0.8), len(times)
+
+
+def copy_gbps(device: torch.device) -> float:
+    """The device's copy bandwidth (bytes read + written a second) over a 2 GiB copy."""
+    if device.type != "cuda":
+        return float("nan")
+    a = torch.empty(1 << 30, dtype=torch.int16, device=device)
+    b = torch.empty_like(a)
+    us = _graph_time([lambda: b.copy_(a)], device)[0]
+    del a, b
+    return 2 * (1 << 31) / us / 1e3
+
+
+def _copies(bytes_one: int) -> int:
+    return max(1, min(64, math.ceil(ROTATE_BYTES / bytes_one)))
+
+
+def _shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(B * pages_per_seq, generator=g).to(torch.int32).view(B, pages_per_seq).to(device)
+
+
+def _host_us(call: Callable[[], object], device: torch.device, n: int = 300) -> float:
+    """Host time a call: n calls back to back, the GPU kept ahead by short kernels."""
+    for _ in range(10):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    us = (time.perf_counter() - t0) * 1e6 / n
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return us
+
+
+def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype, device: torch.device,
+                methods: Sequence[str]) -> List[Dict[str, object]]:
+    """One decode row: a dict per method (status, times, GB/s)."""
+    Hq, Hkv, D = heads
+    cache_bytes = 2 * B * KV * Hkv * D * torch.finfo(dtype).bits // 8
+    n = _copies(cache_bytes) if device.type == "cuda" else 1  # the interpreter: one copy, it reads no L2
+    q = torch.randn(B, 1, Hq, D, device=device, dtype=dtype)
+    seqlens = torch.full((B,), KV, dtype=torch.int32, device=device)
+    rows = []
+    contig = None
+    for method in methods:
+        row = dict(method=method, B=B, Hq=Hq, Hkv=Hkv, Nq=1, Nk=KV, D=D, page="", status="ok")
+        try:
+            if method.startswith("vflash_paged"):
+                page = int(method[len("vflash_paged"):])
+                row["page"] = page
+                pages = -(-KV // page)
+                caches = [(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype),
+                           torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
+                table = _shuffled_table(B, pages, device)
+                calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(
+                    q, kc, vc, seqlens, block_table=table, check_metadata=False) for kc, vc in caches]
+                if page == 16 and device.type == "cuda":
+                    row["host_us"] = round(_host_us(calls[0], device), 2)
+            else:
+                if contig is None:
+                    contig = [(torch.randn(B, KV, Hkv, D, device=device, dtype=dtype),
+                               torch.randn(B, KV, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
+                if method == "vflash_contig":
+                    calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(q, kc, vc, seqlens,
+                                                                                check_metadata=False)
+                             for kc, vc in contig]
+                else:
+                    calls = [_sdpa_call(method, q, kc, vc) for kc, vc in contig]
+            med, p20, p80, reps = _graph_time(calls, device)
+            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
+                       gbps=round(cache_bytes / med / 1e3, 1))
+        except Exception as exc:  # a method that cannot run here gets its status
+            row["status"] = _error_text(exc)
+        finally:
+            caches = calls = None
+        rows.append(row)
+    return rows
+
+
+def _sdpa_call(method: str, q, kc, vc):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}[method]
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)  # [B, H, N, D] views
+
+    def call():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    return call
+
+
+def _error_text(exc: Exception) -> str:
+    first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
+    return f"{type(exc).__name__}: {first}"
+
+
+def _causal_pairs(n_q: int, n_k: int) -> int:
+    # bottom-right causal: row i sees keys 0 .. i + n_k - n_q
+    full = max(0, n_k - n_q)
+    return n_q * full + n_q * (n_q + 1) // 2 if n_k >= n_q else n_k * (n_k + 1) // 2
+
+
+def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torch.dtype,
+                device: torch.device) -> List[Dict[str, object]]:
+    """Causal prefill of packed sequences: vflash_varlen (one call) against vflash_dense and
+    sdpa_cudnn called once per sequence."""
+    Hq, Hkv, D = heads
+    total = sum(lengths)
+    q = torch.randn(total, Hq, D, device=device, dtype=dtype)
+    k = torch.randn(total, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(total, Hkv, D, device=device, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    flops = 4.0 * D * Hq * sum(_causal_pairs(n, n) for n in lengths)
+    parts = [(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None])
+             for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def per_sequence_sdpa():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for qs, ks, vs in parts:
+                torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+    methods = {
+        "vflash_varlen": lambda: vflash.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                                         check_metadata=False),
+        "vflash_dense": lambda: [vflash.attention(qs, ks, vs, causal=True) for qs, ks, vs in parts],
+        "sdpa_cudnn": per_sequence_sdpa,
+    }
+    rows = []
+    for name, call in methods.items():
+        row = dict(method=name, B=len(lengths), Hq=Hq, Hkv=Hkv, Nq=total, Nk=total, D=D, page="", status="ok")
+        try:
+            med, p20, p80, reps = _graph_time([call], device)
+            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
+                       tflops=round(flops / med / 1e6, 1))
+        except Exception as exc:
+            row["status"] = _error_text(exc)
+        rows.append(row)
+    return rows
+
+
+def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], dtype: torch.dtype,
+                 device: torch.device, page: int = 16) -> List[Dict[str, object]]:
+    """A chunk of n_new queries per sequence against prefix cached keys plus their own (paged
+    cache, page size 16), against vflash.attention on dense [B, H, N, D] copies."""
+    Hq, Hkv, D = heads
+    n_k = prefix + n_new
+    pages = -(-n_k // page)
+    kc = torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)
+    vc = torch.randn_like(kc)
+    table = _shuffled_table(B, pages, device)
+    seqlens = torch.full((B,), n_k, dtype=torch.int32, device=device)
+    q = torch.randn(B, n_new, Hq, D, device=device, dtype=dtype)
+    rows_k = kc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
+    rows_v = vc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
+    qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, rows_k, rows_v))
+    flops = 4.0 * D * Hq * B * _causal_pairs(n_new, n_k)
+    methods = {
+        "vflash_paged16": lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,
+                                                                check_metadata=False),
+        "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True),
+    }
+    rows = []
+    for name, call in methods.items():
+        row = dict(method=name, B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=page if "paged" in name else "",
+                   status="ok")
+        try:
+            med, p20, p80, reps = _graph_time([call], device)
+            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
+                       tflops=round(flops / med / 1e6, 1))
+        except Exception as exc:
+            row["status"] = _error_text(exc)
+        rows.append(row)
+    return rows
+
+
+def run_serving(sweep: str, out_csv: str, device: torch.device, methods: Optional[Sequence[str]] = None,
+                printer: Callable[[str], None] = print) -> List[Dict[str, object]]:
+    """Run one serving sweep ("decode", "varlen", "chunked", or "smoke": tiny decode rows
+    through the interpreter) and write its CSV; returns the rows."""
+    env = environment()
+    dtype = torch.bfloat16
+    smoke = sweep == "smoke"
+    heads = SMOKE_HEADS if smoke else DECODE_HEADS
+    bw = copy_gbps(device)
+    printer(f"copy bandwidth {bw:.0f} GB/s (read + write)")
+    rows: List[Dict[str, object]] = []
+    if sweep in ("decode", "smoke"):
+        for B, KV in (SMOKE_DECODE if smoke else DECODE_ROWS):
+            got = decode_rows(B, KV, heads, dtype, device, methods or DECODE_METHODS)
+            _ratios(got, "gbps")
+            rows += got
+            printer(f"B {B:4d} KV {KV:6d}: " + "  ".join(f"{r['method']} {r.get('gbps', r['status'])}" for r in got))
+    elif sweep == "varlen":
+        rows = varlen_rows(VARLEN_LENGTHS, heads, dtype, device)
+        _ratios(rows, "tflops")
+        printer("  ".join(f"{r['method']} {r.get('tflops', r['status'])}" for r in rows))
+    elif sweep == "chunked":
+        for B, n_new, prefix in CHUNKED_ROWS:
+            got = chunked_rows(B, n_new, prefix, heads, dtype, device)
+            rows += got
+            printer(f"B {B} new {n_new} prefix {prefix}: "
+                    + "  ".join(f"{r['method']} {r.get('tflops', r['status'])}" for r in got))
+    else:
+        raise ValueError(f"unknown serving sweep {sweep!r}")
+    gpu = env.get("gpu") or env.get("device") or device.type
+    with open(out_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{c: "" for c in COLUMNS}, "date": time.strftime("%Y-%m-%d"), "gpu": gpu, "sweep": sweep,
+                        "dtype": "bf16", "copy_gbps": round(bw, 1) if bw == bw else "", **r})
+    return rows
+
+
+def _ratios(rows: List[Dict[str, object]], field: str) -> None:
+    base = next((r.get(field) for r in rows if r["method"] == "sdpa_cudnn" and r["status"] == "ok"), None)
+    for r in rows:
+        if base and r.get(field):
+            r["vs_sdpa_cudnn"] = round(r[field] / base, 3)
