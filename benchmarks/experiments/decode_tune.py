@@ -79,7 +79,7 @@ def main() -> int:
         for s in SPLITS:
             if s != best.num_splits:
                 record("splits", best._replace(num_splits=s), time_tiles(best._replace(num_splits=s)))
-        del caches
+        caches = None
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, list(out_rows[0]))
         w.writeheader()
