@@ -146,8 +146,10 @@ KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_tiles=4, max_splits=64)
 # batch changes a sequence's arithmetic.
 INVARIANT_SPLIT_KEYS = 1024
 
-# Split-KV's combine: eight heads of one query row a program.
-COMBINE = CombineTiles(block_h=8, num_warps=4)
+# Split-KV's combine: one (query row, head) a program, 16 splits a load (a loop over single splits waits a
+# load round trip a split: at B 1, KV 8k, 33 splits the H200 took 33 us a call, cuDNN 15). Fixed on every
+# device: batch-invariant results depend on it.
+COMBINE = CombineTiles(split_chunk=16, num_warps=4)
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.

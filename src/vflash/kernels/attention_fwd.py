@@ -44,24 +44,6 @@ def _load_at(ptrs, offs_n, offs_d, n, HEAD_DIM: tl.constexpr, CHECK_N: tl.conste
 
 
 @triton.jit
-def _load_kv_tile(base, offs_n, offs_d, stride_n, stride_d, n, table, page_size, stride_page,
-                  HEAD_DIM: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, IS_PAGED: tl.constexpr):
-    # A K or V tile [len(offs_n), HEAD_DIM_PAD]. IS_PAGED: key j of the sequence is row
-    # j % page_size of cache page table[j // page_size] (the sequence's block-table row);
-    # keys past n (the ragged tail) read no table entry and load zeros.
-    if IS_PAGED:
-        if CHECK_N:
-            page = tl.load(table + offs_n // page_size, mask=offs_n < n, other=0)
-        else:
-            page = tl.load(table + offs_n // page_size)
-        rows = page.to(tl.int64) * stride_page + (offs_n % page_size) * stride_n  # [BLOCK_N]
-        return _load_at(base + rows[:, None] + offs_d[None, :] * stride_d, offs_n, offs_d, n, HEAD_DIM, CHECK_N,
-                        CHECK_D)
-    else:
-        return _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM, CHECK_N, CHECK_D)
-
-
-@triton.jit
 def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
     if UPCAST_DOT:
@@ -97,22 +79,54 @@ def _attend_tiles(
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    table, page_size, stride_kp, stride_vp,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Key tiles [start, stop) for one block of rows (q [BLOCK_M, HEAD_DIM_PAD]).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_kv_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, table, page_size, stride_kp, HEAD_DIM,
-                          MASKED, CHECK_D, IS_PAGED)
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        v = _load_kv_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, table, page_size, stride_vp, HEAD_DIM,
-                          MASKED, CHECK_D, IS_PAGED)
+        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
+        acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
+                                       right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
+                                       SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_paged_tiles(
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page_size,
+    offs_m, offs_d, start, stop,
+    n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # _attend_tiles over a paged cache: key j of the sequence is row j % page_size of page
+    # table[j // page_size] (its block-table row). Each tile's page ids are loaded one tile
+    # ahead, so its K / V addresses never wait on the table load of the same step (which
+    # left the pipeliner one K / V buffer and a full load round trip a tile). Keys past
+    # n_k read no table entry and load zeros.
+    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_n0 = tl.arange(0, BLOCK_N)
+    page = tl.load(table + (start + offs_n0) // page_size, mask=start + offs_n0 < n_k, other=0)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0  # [BLOCK_N]
+        slot = (offs_n % page_size).to(tl.int64)
+        k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
+        v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
+        k = _load_at(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
+                     CHECK_D)
+        v = _load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
+                     CHECK_D)
+        page = tl.load(table + (offs_n + BLOCK_N) // page_size, mask=offs_n + BLOCK_N < n_k, other=0)
+        qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
                                        SOFTCAP, UPCAST_DOT, DOT_PRECISION)
@@ -268,18 +282,16 @@ def attention_fwd_kernel(
             acc, l_i, m_i = _attend_tiles(
                 acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                K, 1, stride_kb, stride_vb, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            K, 1, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            K, 1, stride_kb, stride_vb,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, False)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
         _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
 
 
@@ -355,21 +367,18 @@ def attention_kvcache_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if HAS_LEFT:
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-            SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
-        SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        table, page_size, stride_kp, stride_vp, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-        SOFTCAP, UPCAST_DOT, DOT_PRECISION, True)
+        acc, l_i, m_i = _attend_paged_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            table, page_size, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+    acc, l_i, m_i = _attend_paged_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+        table, page_size, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+    acc, l_i, m_i = _attend_paged_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+        table, page_size, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
 
     LN2: tl.constexpr = 0.6931471805599453
     empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the combine gives it weight 0)

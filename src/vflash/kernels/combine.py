@@ -56,37 +56,41 @@ def combine_splits_kernel(
     stride_ps, stride_pm, stride_ph, stride_pd,
     stride_ls, stride_lh,
     stride_om, stride_oh, stride_od,
-    num_splits, n_heads,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_H: tl.constexpr, STORE_LSE: tl.constexpr,
+    num_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
-    # grid = (total_q, cdiv(Hq, BLOCK_H)): split-KV's fp32 partials O_PART [splits, total_q,
-    # Hq, D] and LSE_PART [splits, Hq, total_q] (row stride 1) of BLOCK_H heads of one query
-    # row into OUT [total_q, Hq, D] and LSE [Hq, total_q]. The splits are folded one after
-    # another in a fixed order, so the result is the same bits from run to run, and splits
-    # that saw no key (-inf) add exact zeros: a sequence's result does not depend on how
-    # many empty splits the grid has beyond its own.
+    # grid = (total_q, Hq): split-KV's fp32 partials O_PART [splits, total_q, Hq, D] and
+    # LSE_PART [splits, Hq, total_q] (row stride 1) of one (query row, head) into OUT
+    # [total_q, Hq, D] and LSE [Hq, total_q]. The splits are read SPLIT_CHUNK at a time
+    # ([SPLIT_CHUNK, HEAD_DIM_PAD] tiles, so a long split list costs few load round trips),
+    # each chunk reduced by a fixed tree and the chunks folded in order: the same bits from
+    # run to run, and splits that saw no key (-inf) add exact zeros, so a sequence's result
+    # does not depend on how many empty splits the grid has beyond its own.
     row = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
-    head_ok = heads < n_heads
+    head = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    lse_rows = LSE_PART + heads * stride_lh + row
-    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(lse_rows + s * stride_ls, mask=head_ok, other=float("-inf")))
-    empty = m == float("-inf")
-    m_ref = tl.where(empty, 0.0, m)
-    total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM_PAD], dtype=tl.float32)
-    mask = head_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    part_rows = O_PART + row * stride_pm + heads[:, None] * stride_ph + offs_d[None, :] * stride_pd
-    for s in range(num_splits):
-        w = tl.exp(tl.load(lse_rows + s * stride_ls, mask=head_ok, other=float("-inf")) - m_ref)  # [BLOCK_H]
-        o = tl.load(part_rows + s * stride_ps, mask=mask, other=0.0)
-        total += w
-        acc += tl.where(w[:, None] > 0, o * w[:, None], 0.0)
+    lse_col = LSE_PART + head * stride_lh + row
+    m = tl.full([SPLIT_CHUNK], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        m = tl.maximum(m, tl.load(lse_col + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < num_splits,
+                                  other=float("-inf")))
+    m_all = tl.max(m, 0)
+    empty = m_all == float("-inf")
+    m_ref = tl.where(empty, 0.0, m_all)
+    total = 0.0
+    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
+    part = O_PART + row * stride_pm + head * stride_ph
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        ok = s0 + offs_s < num_splits
+        w = tl.exp(tl.load(lse_col + (s0 + offs_s) * stride_ls, mask=ok, other=float("-inf")) - m_ref)
+        o = tl.load(part + (s0 + offs_s)[:, None] * stride_ps + offs_d[None, :] * stride_pd,
+                    mask=ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # [SPLIT_CHUNK, HEAD_DIM_PAD]
+        total += tl.sum(w, 0)
+        acc += tl.sum(tl.where(w[:, None] > 0, o * w[:, None], 0.0), 0)
     inv = 1.0 / tl.where(empty, 1.0, total)
-    tl.store(OUT + row * stride_om + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-             (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + row * stride_om + head * stride_oh + offs_d * stride_od, (acc * inv).to(OUT.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
     if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
-        tl.store(LSE + heads * stride_lh + row, lse, mask=head_ok)
+        tl.store(LSE + head * stride_lh + row, tl.where(empty, float("-inf"), m_all + tl.log(tl.where(empty, 1.0,
+                                                                                                        total))))

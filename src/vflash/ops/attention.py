@@ -150,9 +150,10 @@ def _combine_launch(o_part, lse_part, out, lse, tiles: CombineTiles) -> KernelLa
     """combine_splits_kernel over the partials [splits, total_q, Hq, D] / [splits, Hq, total_q]."""
     splits, total_q, Hq, D = o_part.shape
     args = (o_part, lse_part, out, lse if lse is not None else lse_part, *o_part.stride(), *lse_part.stride()[:2],
-            *out.stride(), splits, Hq)
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_H=tiles.block_h, STORE_LSE=lse is not None)
-    grid = (total_q, -(-Hq // tiles.block_h), 1)
+            *out.stride(), splits)
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLIT_CHUNK=tiles.split_chunk,
+                      STORE_LSE=lse is not None)
+    grid = (total_q, Hq, 1)
     slots = (Slot(0, "o_part"), Slot(1, "lse_part"), Slot(2, "out"), Slot(3, "lse" if lse is not None else "lse_part"))
     return KernelLaunch(combine_splits_kernel, grid, args, constexprs, dict(num_warps=tiles.num_warps), slots)
 

@@ -45,8 +45,8 @@ class KVCacheTiles(NamedTuple):
 
 
 class CombineTiles(NamedTuple):
-    """`kernels/combine.py:combine_splits_kernel`'s launch: block_h heads of one query row a program."""
-    block_h: int
+    """`kernels/combine.py:combine_splits_kernel`'s launch: one (query row, head) a program."""
+    split_chunk: int  # splits read a load (a fixed reduction tree each: batch-invariant results need it fixed)
     num_warps: int
 
 
