@@ -13,7 +13,7 @@ from vflash.dispatch import Problem, select, tables
 from vflash.dispatch import rules as select_module
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles, PortableTiles
+from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles
 
 CUDA = torch.device("cuda", 0)
 H = torch.float16
@@ -125,3 +125,29 @@ def test_env_override_is_read_and_checked():
               "try:\n    vflash.attention(q, q, q)\nexcept ValueError as e:\n    print(e)\n")
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert "the sm90 kernel cannot take this call" in run.stdout, run.stderr[-2000:]
+
+
+def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
+    return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, varlen=True)
+
+
+@pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
+    # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until ~2 programs an SM
+    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 8, 3, num_splits=32)),
+    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4)),  # no split under 256 keys
+    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=5)),
+    (32, 32, 8, 1, 8192, {}, KVCacheTiles(16, 32, 4, 4, num_splits=2)),
+    (128, 32, 8, 1, 8192, {}, KVCacheTiles(16, 32, 4, 4, num_splits=1)),
+    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 32, 4, 4, num_splits=3)),
+    (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5)),  # a key tile a split at most
+    # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=5)),
+    # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
+    (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1)),
+    # batch-invariant: the decode tiles whatever the rows, 1024 keys a split
+    (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(64, 32, 4, 4, num_splits=8, split_keys=1024)),
+])
+def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
+    monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)
+    choice = dispatch.select_kvcache(kv_problem(batch, hq, n_q, capacity), hkv, **kw)
+    assert choice.tiles == tiles, choice.why

@@ -244,15 +244,13 @@ def attention_with_kvcache(
     batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
     _validate.check_no_grad(q, k_cache, v_cache)
     dense_q = cu_seqlens_q is None
-    if dense_q:  # [B, Nq, Hq, D] as packed rows, Nq a sequence
+    if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         n_q = q.shape[1]
-        cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * n_q
         max_seqlen_q = n_q
         q = q.reshape(batch * n_q, q.shape[2], q.shape[3])
-    if block_table is None:  # a contiguous cache is one page a sequence
-        block_table = torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]
     band = sequence_band(causal_mode, window_lr)
-    problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, block_table.shape[1] * k_cache.shape[1], band)
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+    problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
     choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,

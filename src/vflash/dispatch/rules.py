@@ -178,23 +178,28 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     else:
         base, why = tables.KVCACHE_PREFILL[d], "KVCACHE_PREFILL"
     # The packed rows' power of two, at least 16 and the group, at most the table's (batch_invariant: the table's).
-    block_m = max(_pow2(group), base.block_m if batch_invariant else min(base.block_m, max(16, _pow2(rows))))
-    tiles = base._replace(block_m=block_m)
-    key_tiles = max(1, -(-p.n_k // tiles.block_n))
+    def rows_of(t: KVCacheTiles) -> KVCacheTiles:
+        return t._replace(block_m=max(_pow2(group), t.block_m if batch_invariant else
+                                      min(t.block_m, max(16, _pow2(rows)))))
+    tiles = rows_of(base)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS
         splits = max(1, -(-p.n_k // keys))
         return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys),
                       f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
+    rule = tables.KVCACHE_SPLIT
     if num_splits is not None:
-        splits, how = max(1, min(num_splits, key_tiles)), "num_splits given"
+        splits, how = max(1, min(num_splits, -(-p.n_k // tiles.block_n))), "num_splits given"
     else:
-        rule = tables.KVCACHE_SPLIT
-        programs = p.batch * heads_k * -(-max(1, p.n_q) // (block_m // group))
+        programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
         sms = 1 if _backend.interpreted(p.device) else _sm_count(p)
         want = -(-rule.programs_per_sm * sms // programs)
-        splits = max(1, min(want, key_tiles // rule.min_split_tiles, rule.max_splits))
+        splits = max(1, min(want, p.n_k // rule.min_split_keys, rule.max_splits))
         how = f"KVCACHE_SPLIT: {programs} programs unsplit"
+    entry = next((e for e in tables.KVCACHE_DECODE_SPLIT[d] if splits >= e[0]), None)
+    if entry is not None and why == "KVCACHE_DECODE":
+        tiles, why = rows_of(entry[1]), f"KVCACHE_DECODE_SPLIT (>= {entry[0]} splits)"
+        splits = min(splits, -(-p.n_k // tiles.block_n))
     return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
 
 

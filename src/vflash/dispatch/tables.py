@@ -116,15 +116,28 @@ HOPPER_USE: Dict[int, HopperUse] = {
 # (group x the longest sequence's new queries) get the power of two that holds them, at least 16
 # (the smallest tensor-core tile). Decode reads each cache byte once: the tile is sized for the loads.
 
-# Up to 64 packed rows (decode, short chunks): memory-bound, not tuned on the GPU yet.
+# Up to 64 packed rows (decode, short chunks), unsplit: memory-bound, and more CTAs an SM beat deeper
+# K/V pipelines. D 128 measured (decode_tune, bf16, Hq 32 / Hkv 8, page 16, H200): 32 x 128 tiles in
+# four stages 3.58 / 3.10 TB/s at B 128, KV 8k / 1k against 3.31 / 2.74 for 64-key tiles in three;
+# the other head dims follow it, unmeasured.
 KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
-    16: KVCacheTiles(64, 64, 4, 3),
-    32: KVCacheTiles(64, 64, 4, 3),
-    64: KVCacheTiles(64, 64, 4, 3),
-    128: KVCacheTiles(64, 64, 4, 3),
+    16: KVCacheTiles(64, 32, 4, 4),
+    32: KVCacheTiles(64, 32, 4, 4),
+    64: KVCacheTiles(64, 32, 4, 4),
+    128: KVCacheTiles(64, 32, 4, 4),
     256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
+
+# Split decode, by the fewest splits each entry serves (the first that holds the call's; fewer splits than
+# the last entry's keep KVCACHE_DECODE's tiles). D 128 (decode_tune): 64-key tiles in three stages with 8
+# warps 2.34 / 1.43 TB/s at B 1, KV 32k / 8k (33 / 32 splits) against 1.99 / 1.20 with 4 warps, which lead
+# at B 8, KV 8k (5 splits: 2.48 against 1.92, and 2.23 for 32-key tiles); at B 32, KV 8k (2 splits) the
+# 32-key tiles lead (3.33 against 2.43).
+KVCACHE_DECODE_SPLIT: Dict[int, Tuple[Tuple[int, KVCacheTiles], ...]] = {
+    d: ((16, KVCacheTiles(64, 64 if d <= 128 else 32, 8, 3)), (4, KVCacheTiles(64, 64 if d <= 128 else 32, 4, 3)))
+    for d in (16, 32, 64, 128, 256)
+}
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}
@@ -134,12 +147,14 @@ KVCACHE_INTERPRETER = KVCacheTiles(32, 16, 4, 1)  # small key tiles: CPU tests c
 
 class SplitRule(NamedTuple):
     programs_per_sm: int  # split until the grid has about this many programs an SM
-    min_split_tiles: int  # no split of fewer key tiles than this
+    min_split_keys: int  # no split of fewer keys than this
     max_splits: int
 
 
-# Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU: not tuned on the GPU yet.
-KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_tiles=4, max_splits=64)
+# Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU. Measured at D 128 (decode_tune):
+# the best counts were 16-32 at B 1 (KV 8k-32k), 4-16 at B 8, 2-4 at B 32 and 1-2 at B 128, where this
+# rule gives 32-33, 5, 2 and 1.
+KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_keys=256, max_splits=64)
 
 # batch_invariant=True: every split holds this many keys (its splits depend only on the sequence's
 # own length), on KVCACHE_DECODE's tiles whatever the call's row count, so no other sequence of the

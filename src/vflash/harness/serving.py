@@ -3,7 +3,8 @@ people would otherwise use, in the same run.
 
 decode   one new query per sequence (bf16, Hq 32 / Hkv 8, D 128), B x KV rows. GB/s of K+V
          read per call (2 * B * KV * Hkv * D * 2 bytes over the time) for vflash on a paged
-         cache with a shuffled block table (page size 16 and 64) and on a contiguous cache,
+         cache with a shuffled block table (page size 16 and 64; 16 also batch-invariant)
+         and on a contiguous cache,
          and SDPA cuDNN / flash on the same contiguous cache ([B, KV, Hkv, D] seen as
          [B, Hkv, KV, D], enable_gqa). Timed as CUDA-graph replays over rotating cache copies
          (at least ROTATE_BYTES of caches, so no call finds its cache in L2), with the run's
@@ -29,7 +30,8 @@ from vflash.harness.env import environment
 
 DECODE_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
 DECODE_HEADS = (32, 8, 128)  # Hq, Hkv, D
-DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_contig", "sdpa_cudnn", "sdpa_flash"]
+DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_paged16_invariant", "vflash_contig", "sdpa_cudnn",
+                  "sdpa_flash"]
 VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 tokens
 CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
 ROTATE_BYTES = 1 << 30
@@ -131,15 +133,17 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
         row = dict(method=method, B=B, Hq=Hq, Hkv=Hkv, Nq=1, Nk=KV, D=D, page="", status="ok")
         try:
             if method.startswith("vflash_paged"):
-                page = int(method[len("vflash_paged"):])
+                page_text, _, mode = method[len("vflash_paged"):].partition("_")
+                page, invariant = int(page_text), mode == "invariant"
                 row["page"] = page
                 pages = -(-KV // page)
                 caches = [(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype),
                            torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
                 table = _shuffled_table(B, pages, device)
                 calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(
-                    q, kc, vc, seqlens, block_table=table, check_metadata=False) for kc, vc in caches]
-                if page == 16 and device.type == "cuda":
+                    q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, check_metadata=False)
+                    for kc, vc in caches]
+                if method == "vflash_paged16" and device.type == "cuda":
                     row["host_us"] = round(_host_us(calls[0], device), 2)
             else:
                 if contig is None:

@@ -99,33 +99,40 @@ def _attend_tiles(
 
 
 @triton.jit
-def _attend_paged_tiles(
+def _attend_cache_tiles(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page_size,
     offs_m, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
 ):
-    # _attend_tiles over a paged cache: key j of the sequence is row j % page_size of page
-    # table[j // page_size] (its block-table row). Each tile's page ids are loaded one tile
-    # ahead, so its K / V addresses never wait on the table load of the same step (which
-    # left the pipeliner one K / V buffer and a full load round trip a tile). Keys past
-    # n_k read no table entry and load zeros.
+    # _attend_tiles over a KV cache. IS_PAGED: key j of the sequence is row j % page_size
+    # of page table[j // page_size] (its block-table row); each tile's page ids are loaded
+    # one tile ahead, so its K / V addresses never wait on a table load of the same step
+    # (which left the pipeliner one K / V buffer and a full load round trip a tile). Keys
+    # past n_k read no table entry and load zeros. Else the bases point at the sequence's
+    # rows of a contiguous cache.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
-    page = tl.load(table + (start + offs_n0) // page_size, mask=start + offs_n0 < n_k, other=0)
+    if IS_PAGED:
+        page = tl.load(table + (start + offs_n0) // page_size, mask=start + offs_n0 < n_k, other=0)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        slot = (offs_n % page_size).to(tl.int64)
-        k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
-        v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
+        if IS_PAGED:
+            slot = (offs_n % page_size).to(tl.int64)
+            k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
+            v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
+        else:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
         k = _load_at(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
                      CHECK_D)
         v = _load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
                      CHECK_D)
-        page = tl.load(table + (offs_n + BLOCK_N) // page_size, mask=offs_n + BLOCK_N < n_k, other=0)
+        if IS_PAGED:
+            page = tl.load(table + (offs_n + BLOCK_N) // page_size, mask=offs_n + BLOCK_N < n_k, other=0)
         qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -315,15 +322,18 @@ def attention_kvcache_kernel(
     stride_os, stride_om, stride_oh, stride_od,
     stride_ls, stride_lh,
     left, right, qk_scale, softcap_in, softcap_out,
-    stride_table, page_size, num_splits, split_keys,
+    stride_table, page_size, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr,
 ):
-    # New queries against a KV cache: packed Q [total_q, Hq, D] (sequence b's rows from
-    # CU_SEQLENS_Q), caches [pages, page_size, Hkv, D] read through BLOCK_TABLE, sequence
-    # b's keys the first SEQLENS_K[b], its queries the last of them (bottom-right).
+    # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
+    # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
+    # sequence b's rows from CU_SEQLENS_Q; else n_q_fixed rows a sequence, rows b * n_q_fixed
+    # on. Caches [pages, page_size, Hkv, D]: IS_PAGED, read through BLOCK_TABLE; else
+    # contiguous [B, max_len, Hkv, D] (stride_kp the batch stride).
     # grid = (row tiles * num_splits, Hkv, B). GQA packing: a tile's BLOCK_M rows are
     # BLOCK_M // GROUP queries times the GROUP query heads of KV head program_id(1),
     # row r = (query r // GROUP, head r % GROUP), so each K/V tile is read once for
@@ -339,7 +349,14 @@ def attention_kvcache_kernel(
     start_q = (pid // num_splits) * QUERIES
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
-    q_start, _, n_q, n_k, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, SEQLENS_K, 0, 0, 0, True, True, False)
+    if PACKED_Q:
+        q_start, _, n_q, n_k, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, SEQLENS_K, 0, 0, 0, True, True,
+                                             False)
+    else:
+        q_start = off_b * n_q_fixed
+        n_q = n_q_fixed
+        n_k = tl.load(SEQLENS_K + off_b)
+        off = n_k - n_q
     if start_q >= n_q:  # the grid covers the most queries of any sequence
         return
     rows = tl.arange(0, BLOCK_M)
@@ -362,23 +379,28 @@ def attention_kvcache_kernel(
 
     k_base = K + off_hk * stride_kh
     v_base = V + off_hk * stride_vh
-    table = BLOCK_TABLE + off_b * stride_table
+    if IS_PAGED:
+        table = BLOCK_TABLE + off_b * stride_table
+    else:
+        table = BLOCK_TABLE
+        k_base += off_b * stride_kp
+        v_base += off_b * stride_vp
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if HAS_LEFT:
-        acc, l_i, m_i = _attend_paged_tiles(
+        acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, page_size, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-    acc, l_i, m_i = _attend_paged_tiles(
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+    acc, l_i, m_i = _attend_cache_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
         table, page_size, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-    acc, l_i, m_i = _attend_paged_tiles(
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+    acc, l_i, m_i = _attend_cache_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
         table, page_size, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
 
     LN2: tl.constexpr = 0.6931471805599453
     empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the combine gives it weight 0)

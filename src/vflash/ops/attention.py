@@ -100,18 +100,19 @@ def attention_varlen_forward(
 
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-    block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, *, band: Band, scale: float,
-    softcap: Optional[float], return_lse: bool, tiles: KVCacheTiles, combine: CombineTiles,
+    block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
+    scale: float, softcap: Optional[float], return_lse: bool, tiles: KVCacheTiles, combine: CombineTiles,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Packed queries q [total_q, Hq, D] (sequence b's rows from cu_seqlens_q) against
-    paged caches [pages, page_size, Hkv, D]: sequence b's keys are the first
-    cache_seqlens[b] rows of the pages block_table[b] lists, its queries the last
-    of them (bottom-right alignment). out [total_q, Hq, D], lse [Hq, total_q].
-    With tiles.num_splits > 1 the kernel writes fp32 partials of each split and
-    combine_splits_kernel folds them."""
+    """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
+    cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
+    block_table [B, max_pages], or contiguous [B, max_len, Hkv, D] with block_table
+    None), its queries the last of them (bottom-right alignment): rows from
+    cu_seqlens_q, or with cu_seqlens_q None max_seqlen_q rows a sequence, in order.
+    out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
+    writes fp32 partials of each split and combine_splits_kernel folds them."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    group, batch, splits = Hq // Hkv, cu_seqlens_q.numel() - 1, tiles.num_splits
+    group, batch, splits = Hq // Hkv, cache_seqlens.numel(), tiles.num_splits
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
@@ -127,18 +128,21 @@ def attention_kvcache_forward(
         q, k_cache, v_cache, o_part, out if lse_part is None else lse_part, cu_seqlens_q, block_table, cache_seqlens,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides,
         band.left, band.right, *score_scales(scale, softcap),
-        block_table.stride(0), k_cache.shape[1], splits, tiles.split_keys,
+        0 if block_table is None else block_table.stride(0), k_cache.shape[1], splits, tiles.split_keys,
+        0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
         STORE_LSE=lse_part is not None, **_dot_flags(q),
+        PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
     )
     queries = tiles.block_m // group
     grid = (max(1, -(-max_seqlen_q // queries)) * splits, Hkv, batch)
     slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out" if splits == 1 else "o_part"),
-             Slot(4, ("out" if lse is None else "lse") if splits == 1 else "lse_part"), Slot(5, "cu_seqlens_q"),
-             Slot(6, "block_table"), Slot(7, "cache_seqlens"))
+             Slot(4, ("out" if lse is None else "lse") if splits == 1 else "lse_part"), Slot(7, "cache_seqlens"))
+    slots += ((Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
+        (Slot(6, "block_table"),) if block_table is not None else ())
     launches.run(KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
                               dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots), q.device)
     if splits > 1:
