@@ -144,8 +144,8 @@ def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
     (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=5)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1)),
-    # batch-invariant: the decode tiles whatever the rows, 1024 keys a split
-    (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(64, 32, 4, 4, num_splits=8, split_keys=1024)),
+    # batch-invariant: the decode tiles in 16-row blocks whatever the rows, 512 keys a split
+    (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 32, 4, 4, num_splits=16, split_keys=512)),
 ])
 def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)

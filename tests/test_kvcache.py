@@ -261,3 +261,32 @@ def test_chunked_prefill_at_serving_sizes_on_the_gpu(hq, hkv):
     cu = torch.tensor([0, 512, 513, 613], dtype=torch.int32, device="cuda")
     _check(q, k_cache, v_cache, torch.tensor(lens_k, dtype=torch.int32, device="cuda"), table, cu_seqlens_q=cu,
            max_seqlen_q=512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 1, 4])
+def test_planned_repeats_follow_growing_lengths_and_capture_in_a_graph(splits):
+    # a generation loop: check_metadata=False calls with the same metadata take the recorded plan;
+    # cache_seqlens grows on the device, and the plan (and a CUDA graph of it) reads the new lengths
+    lens = [300, 1000]
+    k_cache, v_cache, table = _paged(lens, 16, 8, 128, torch.bfloat16, "cuda")
+    q = _q(2, 1, 32, 128, torch.bfloat16, "cuda")
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    def call(check=False):
+        return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
+                                             return_lse=True, check_metadata=check)
+    first = call()
+    again = call()
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    seqlens.add_(3)
+    planned, checked = call(), call(check=True)  # the plan, and the full path with its checks
+    assert all(torch.equal(a, b) for a, b in zip(planned, checked))
+    assert not torch.equal(planned[0], first[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    seqlens.add_(2)
+    graph.replay()
+    want = call(check=True)
+    assert all(torch.equal(a, b) for a, b in zip(captured, want))

@@ -216,7 +216,7 @@ def attention_with_kvcache(
             fixed-order combine, the same bits from run to run). None picks it from
             how many (sequence, KV head) programs the batch has against the GPU's
             SMs and the cache's capacity; 1 turns splitting off.
-        batch_invariant: fix the tiles and each split's length (1024 keys), so a
+        batch_invariant: fix the tiles and each split's length (512 keys), so a
             sequence's output is bitwise the same whatever else is in the batch (its
             splits depend only on its own length). Not with num_splits.
         return_lse: also return the LSE, [B, Hq, Nq] (or [Hq, total_q] packed), fp32.
@@ -234,6 +234,16 @@ def attention_with_kvcache(
     sm_90 decode path yet); CPU tensors run it through Triton's interpreter. No
     backward pass.
     """
+    # With check_metadata=False, repeats of a call's metadata and options skip to the recorded
+    # launches (vflash.ops.plans); cache_seqlens' values are not part of the key.
+    dense_q = cu_seqlens_q is None
+    key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
+                                 scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata)
+    plan = plans.lookup(key, q, k_cache, v_cache)
+    if plan is not None:
+        rows = q.reshape(-1, q.shape[-2], q.shape[-1]) if dense_q else q
+        out, lse = plan(rows, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table)
+        return _kvcache_result(out, lse, q.shape, dense_q, return_lse)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                               max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
@@ -243,11 +253,10 @@ def attention_with_kvcache(
                          "their sequence (bottom-right alignment); pass causal=True")
     batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
     _validate.check_no_grad(q, k_cache, v_cache)
-    dense_q = cu_seqlens_q is None
+    q_shape = q.shape
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
-        n_q = q.shape[1]
-        max_seqlen_q = n_q
-        q = q.reshape(batch * n_q, q.shape[2], q.shape[3])
+        max_seqlen_q = q.shape[1]
+        q = q.reshape(-1, q.shape[2], q.shape[3])
     band = sequence_band(causal_mode, window_lr)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
@@ -255,8 +264,14 @@ def attention_with_kvcache(
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
                                          return_lse=return_lse, tiles=choice.tiles,
-                                         combine=dispatch.combine_tiles())
+                                         combine=dispatch.combine_tiles(), plan_key=key)
+    return _kvcache_result(out, lse, q_shape, dense_q, return_lse)
+
+
+def _kvcache_result(out, lse, q_shape, dense_q: bool, return_lse: bool):
+    # Packed rows back in q's layout: [B, Nq, Hq, D] and lse [B, Hq, Nq] for dense q.
     if dense_q:
+        batch, n_q = q_shape[0], q_shape[1]
         out = out.view(batch, n_q, out.shape[1], out.shape[2])
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, n_q).transpose(0, 1).contiguous()

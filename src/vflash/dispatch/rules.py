@@ -177,9 +177,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         base, why = tables.KVCACHE_DECODE[d], "KVCACHE_DECODE"
     else:
         base, why = tables.KVCACHE_PREFILL[d], "KVCACHE_PREFILL"
-    # The packed rows' power of two, at least 16 and the group, at most the table's (batch_invariant: the table's).
+    # The packed rows' power of two, at least 16 and the group, at most the table's (batch_invariant: fixed).
     def rows_of(t: KVCacheTiles) -> KVCacheTiles:
-        return t._replace(block_m=max(_pow2(group), t.block_m if batch_invariant else
+        return t._replace(block_m=max(_pow2(group), tables.INVARIANT_ROWS if batch_invariant else
                                       min(t.block_m, max(16, _pow2(rows)))))
     tiles = rows_of(base)
     if batch_invariant:

@@ -20,6 +20,7 @@ from vflash.ops.scales import score_scales
 from vflash.ops.tiles import CombineTiles, HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
+KVCACHE_INPUTS = ("q", "k_cache", "v_cache", "cache_seqlens", "cu_seqlens_q", "block_table")
 RETURNS = ("out", "lse")
 
 
@@ -102,6 +103,7 @@ def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
     scale: float, softcap: Optional[float], return_lse: bool, tiles: KVCacheTiles, combine: CombineTiles,
+    plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -109,7 +111,8 @@ def attention_kvcache_forward(
     None), its queries the last of them (bottom-right alignment): rows from
     cu_seqlens_q, or with cu_seqlens_q None max_seqlen_q rows a sequence, in order.
     out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
-    writes fp32 partials of each split and combine_splits_kernel folds them."""
+    writes fp32 partials of each split and combine_splits_kernel folds them. With a
+    `plan_key` both launches are recorded as one plan (vflash.ops.plans)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group, batch, splits = Hq // Hkv, cache_seqlens.numel(), tiles.num_splits
@@ -143,10 +146,19 @@ def attention_kvcache_forward(
              Slot(4, ("out" if lse is None else "lse") if splits == 1 else "lse_part"), Slot(7, "cache_seqlens"))
     slots += ((Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
         (Slot(6, "block_table"),) if block_table is not None else ())
-    launches.run(KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
-                              dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots), q.device)
+    launch = KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
+                          dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
+    launched = [(launch, launches.run(launch, q.device))]
     if splits > 1:
-        launches.run(_combine_launch(o_part, lse_part, out, lse, combine), q.device)
+        combine_launch = _combine_launch(o_part, lse_part, out, lse, combine)
+        launched.append((combine_launch, launches.run(combine_launch, q.device)))
+    if plan_key is not None and q.device.index == torch.cuda.current_device():
+        allocs = [Alloc("out", tuple(out.shape), q.dtype)]
+        allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
+        if splits > 1:
+            allocs += [Alloc("o_part", tuple(o_part.shape), torch.float32),
+                       Alloc("lse_part", tuple(lse_part.shape), torch.float32)]
+        launches.record_sequence(plan_key, launched, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
 
 

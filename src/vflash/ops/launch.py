@@ -66,16 +66,14 @@ def run(launch: KernelLaunch, device: torch.device):
         return launch.kernel[launch.grid](*launch.args, **launch.constexprs, **launch.options)
 
 
-def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str], allocs: Sequence[Alloc],
-           returns: Sequence[str], device_index: int) -> None:
-    """Record `launch` (just run as `compiled`) as the plan for `key`: the plan
-    takes the tensors named `inputs`, allocates `allocs`, launches, and returns
-    the tensors named `returns` (None for a name it does not have)."""
+def bind(launch: KernelLaunch, compiled, order: Sequence[str], device_index: int) -> Optional[Callable]:
+    """`launch` (just run as `compiled`) as a function of the tensors named `order`
+    (its slots' sources): the direct C launch where it applies, else Triton's runner
+    with the slots filled in; None for a Triton whose launch returns no CompiledKernel."""
     try:
         runner = compiled[launch.grid]
-    except (TypeError, AttributeError):  # a Triton whose launch returns no CompiledKernel
-        return
-    order = list(inputs) + [a.name for a in allocs]
+    except (TypeError, AttributeError):
+        return None
     sources = [order.index(s.name) for s in launch.slots]
     params = launch.params()
 
@@ -85,6 +83,30 @@ def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str],
             t = tensors[src]
             p[slot.position] = t if slot.describe is None else slot.describe(t)
         runner(*p)
-    fast = direct_launch(compiled, launch.grid, params, launch.slots, sources, device_index, fallback)
+    return direct_launch(compiled, launch.grid, params, launch.slots, sources, device_index, fallback) or fallback
+
+
+def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str], allocs: Sequence[Alloc],
+           returns: Sequence[str], device_index: int) -> None:
+    """Record `launch` (just run as `compiled`) as the plan for `key`: the plan
+    takes the tensors named `inputs`, allocates `allocs`, launches, and returns
+    the tensors named `returns` (None for a name it does not have)."""
+    record_sequence(key, [(launch, compiled)], inputs, allocs, returns, device_index)
+
+
+def record_sequence(key: Hashable, launched: Sequence[Tuple[KernelLaunch, Any]], inputs: Sequence[str],
+                    allocs: Sequence[Alloc], returns: Sequence[str], device_index: int) -> None:
+    """record for several launches run in order on the same tensors (a kernel and its
+    combine, say); nothing is recorded if any of them cannot be bound."""
+    order = list(inputs) + [a.name for a in allocs]
+    bound = [bind(launch, compiled, order, device_index) for launch, compiled in launched]
+    if any(b is None for b in bound):
+        return
+    if len(bound) == 1:
+        run_all = bound[0]
+    else:
+        def run_all(*tensors):
+            for b in bound:
+                b(*tensors)
     picks = tuple(order.index(name) if name in order else None for name in returns)
-    plans.record(key, plans.LaunchPlan(fast or fallback, device_index, tuple(allocs), picks))
+    plans.record(key, plans.LaunchPlan(run_all, device_index, tuple(allocs), picks))

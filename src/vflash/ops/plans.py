@@ -79,6 +79,30 @@ def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Ha
     return key
 
 
+def _meta(t) -> Optional[tuple]:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, scale,
+                     window, softcap, num_splits, batch_invariant, return_lse,
+                     check_metadata) -> Optional[Hashable]:
+    """attention_with_kvcache's key: the tensors' metadata (not cache_seqlens' values:
+    a generation loop's growing lengths keep one plan) and the options. Only calls with
+    check_metadata=False are planned: the checks read the metadata on the host."""
+    try:
+        if check_metadata is not False or not _planned(q):
+            return None
+        if window is not None:
+            window = (window.__class__, *[(w.__class__, w) for w in window])
+        key = ("kvcache", _meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table),
+               _meta(cu_seqlens_q), max_seqlen_q.__class__, max_seqlen_q, causal.__class__, causal,
+               scale.__class__, scale, window, softcap.__class__, softcap, num_splits.__class__, num_splits,
+               batch_invariant.__class__, batch_invariant, return_lse.__class__, return_lse)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
+        return None
+    return key
+
+
 def lookup(key: Optional[Hashable], *inputs: torch.Tensor) -> Optional[LaunchPlan]:
     """The plan recorded for key, if it may run now."""
     if key is None:
