@@ -101,15 +101,16 @@ def _attend_tiles(
 @triton.jit
 def _attend_cache_tiles(
     acc, l_i, m_i, q,
-    k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page_size,
+    k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table,
     offs_m, offs_d, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):
-    # _attend_tiles over a KV cache. IS_PAGED: key j of the sequence is row j % page_size
-    # of page table[j // page_size] (its block-table row); each tile's page ids are loaded
+    # _attend_tiles over a KV cache. IS_PAGED: key j of the sequence is row j % PAGE_SIZE
+    # of page table[j // PAGE_SIZE] (its block-table row); each tile's page ids are loaded
     # one tile ahead, so its K / V addresses never wait on a table load of the same step
     # (which left the pipeliner one K / V buffer and a full load round trip a tile). Keys
     # past n_k read no table entry and load zeros. Else the bases point at the sequence's
@@ -117,11 +118,11 @@ def _attend_cache_tiles(
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     if IS_PAGED:
-        page = tl.load(table + (start + offs_n0) // page_size, mask=start + offs_n0 < n_k, other=0)
+        page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         if IS_PAGED:
-            slot = (offs_n % page_size).to(tl.int64)
+            slot = (offs_n % PAGE_SIZE).to(tl.int64)
             k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
             v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
         else:
@@ -132,7 +133,7 @@ def _attend_cache_tiles(
         v = _load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
                      CHECK_D)
         if IS_PAGED:
-            page = tl.load(table + (offs_n + BLOCK_N) // page_size, mask=offs_n + BLOCK_N < n_k, other=0)
+            page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
         qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -322,17 +323,18 @@ def attention_kvcache_kernel(
     stride_os, stride_om, stride_oh, stride_od,
     stride_ls, stride_lh,
     left, right, qk_scale, softcap_in, softcap_out,
-    stride_table, page_size, num_splits, split_keys, n_q_fixed,
+    stride_table, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr,
+    PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
     # sequence b's rows from CU_SEQLENS_Q; else n_q_fixed rows a sequence, rows b * n_q_fixed
-    # on. Caches [pages, page_size, Hkv, D]: IS_PAGED, read through BLOCK_TABLE; else
+    # on. Caches [pages, PAGE_SIZE, Hkv, D]: IS_PAGED, read through BLOCK_TABLE (a constexpr
+    # page size: its divisions become shifts or multiplies); else
     # contiguous [B, max_len, Hkv, D] (stride_kp the batch stride).
     # grid = (row tiles * num_splits, Hkv, B). GQA packing: a tile's BLOCK_M rows are
     # BLOCK_M // GROUP queries times the GROUP query heads of KV head program_id(1),
@@ -391,16 +393,19 @@ def attention_kvcache_kernel(
     if HAS_LEFT:
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, page_size, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+            table, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
+            PAGE_SIZE)
     acc, l_i, m_i = _attend_cache_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-        table, page_size, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+        table, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
+            PAGE_SIZE)
     acc, l_i, m_i = _attend_cache_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-        table, page_size, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED)
+        table, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
+            PAGE_SIZE)
 
     LN2: tl.constexpr = 0.6931471805599453
     empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the combine gives it weight 0)

@@ -131,7 +131,7 @@ def attention_kvcache_forward(
         q, k_cache, v_cache, o_part, out if lse_part is None else lse_part, cu_seqlens_q, block_table, cache_seqlens,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides,
         band.left, band.right, *score_scales(scale, softcap),
-        0 if block_table is None else block_table.stride(0), k_cache.shape[1], splits, tiles.split_keys,
+        0 if block_table is None else block_table.stride(0), splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
@@ -139,6 +139,8 @@ def attention_kvcache_forward(
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
         STORE_LSE=lse_part is not None, **_dot_flags(q),
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
+        # one compile a page size; a contiguous cache's length is not one (it needs no division)
+        PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
     )
     queries = tiles.block_m // group
     grid = (max(1, -(-max_seqlen_q // queries)) * splits, Hkv, batch)
