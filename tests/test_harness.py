@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from vflash.harness.bench import CSV_COLUMNS, Shape, attention_flops, time_calls
 from vflash.reference import visible_mask
 
 FIXTURES = __file__.rsplit("/", 1)[0] + "/fixtures"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_bench_writes_documented_csv_and_environment(tmp_path, capsys):
@@ -189,3 +191,10 @@ def test_cli_help_for_every_subcommand(capsys):
             main([cmd, "--help"])
         assert info.value.code == 0
         assert cmd in capsys.readouterr().out
+
+
+def test_plot_decode_csv(tmp_path):
+    # the committed H200 decode sweep: GB/s against KV length and against batch
+    csv_path = os.path.join(ROOT, "benchmarks", "results", "2026-12-02-h200-s18-serving", "decode.csv")
+    assert main(["plot", csv_path, "--out", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["decode_decode_by_batch.png", "decode_decode_by_kv.png"]

@@ -8,7 +8,7 @@ import torch
 
 import vflash
 from vflash.harness.oracle import Verdict, compare
-from vflash.reference import attention_explicit, attention_varlen_reference
+from vflash.reference import attention_explicit, attention_varlen_reference, attention_with_kvcache_reference
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -213,3 +213,64 @@ class VarlenCase:
         _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
         return [compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), dt),
                 compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class KVCacheCase:
+    """`vflash.attention_with_kvcache` on a shuffled paged cache (lens_q new queries per
+    sequence, packed, against lens_k cached keys, its own included), against the paged
+    reference (each sequence's pages gathered, explicit fp64 attention; same rule as Case)."""
+    lens_q: Tuple[int, ...]
+    lens_k: Tuple[int, ...]
+    page: int = 16
+    Hq: int = 8
+    Hkv: int = 2
+    D: int = 64
+    dtype: str = "fp16"
+    causal: bool = True
+    window: Optional[Tuple[int, int]] = None
+    softcap: Optional[float] = None
+    num_splits: Optional[int] = None
+    batch_invariant: bool = False
+    tag: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        lens = ",".join(f"{q}x{k}" for q, k in zip(self.lens_q, self.lens_k))
+        parts = [self.dtype, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}", f"D{self.D}",
+                 f"causal={self.causal}"]
+        if self.window is not None:
+            parts.append(f"window={self.window[0]},{self.window[1]}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.num_splits is not None:
+            parts.append(f"splits={self.num_splits}")
+        if self.batch_invariant:
+            parts.append("batch-invariant")
+        return " ".join(parts + ([self.tag] if self.tag else []))
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(self.name.encode()))
+        dt = DTYPES[self.dtype]
+        need = [max(1, -(-n // self.page)) for n in self.lens_k]
+        pages = sum(need) + 2
+        order = torch.randperm(pages, generator=gen).tolist()
+        table = torch.zeros(len(need), max(need), dtype=torch.int32)
+        used = 0
+        for b, n in enumerate(need):
+            table[b, :n] = torch.tensor(order[used:used + n], dtype=torch.int32)
+            used += n
+        k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, self.D, generator=gen).to(dt).to(device)
+                            for _ in range(2))
+        q = torch.randn(sum(self.lens_q), self.Hq, self.D, generator=gen).to(dt).to(device)
+        table = table.to(device)
+        lens = torch.tensor(self.lens_k, dtype=torch.int32, device=device)
+        cu = torch.tensor([0] + torch.tensor(self.lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
+        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap)
+        out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, cu_seqlens_q=cu,
+                                                 max_seqlen_q=max(self.lens_q), num_splits=self.num_splits,
+                                                 batch_invariant=self.batch_invariant, return_lse=True, **opts)
+        ref = {c: attention_with_kvcache_reference(q, k_cache, v_cache, lens, table, cu, compute_dtype=c, **opts)
+               for c in (torch.float64, None, torch.float32)}
+        return [compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), dt),
+                compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(), torch.float32)]

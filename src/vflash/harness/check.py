@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import torch
 
-from vflash.harness.cases import BaselineCheck, Case, TiledCheck, VarlenCase
+from vflash.harness.cases import BaselineCheck, Case, KVCacheCase, TiledCheck, VarlenCase
 
 CAUSAL_MODES = (False, True, "top_left")
 
@@ -48,6 +48,11 @@ def cpu_matrix() -> list:
         cases.append(VarlenCase((3, 40, 0), (70, 33, 4), causal=causal, tag="chunked"))
     cases += [VarlenCase((17, 64), (17, 64), dtype="bf16", window=(8, 0), causal=True),
               VarlenCase((30, 9), (30, 9), Hq=8, Hkv=1, D=32, softcap=5.0, tag="MQA")]
+    # a KV cache: decode (split and not) and chunked prefill on shuffled pages
+    cases += [KVCacheCase((1, 1, 1), (70, 1, 33), page=16, tag="decode"),
+              KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", tag="decode"),
+              KVCacheCase((9, 0, 20), (40, 5, 20), page=16, window=(12, 0), tag="chunked"),
+              KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, softcap=5.0, batch_invariant=True, tag="MQA")]
     return cases
 
 
@@ -95,6 +100,16 @@ def gpu_matrix() -> list:
     cases += [VarlenCase((512, 100, 2048), (4096, 1000, 2048), Hq=8, Hkv=2, D=128, causal=True, tag="chunked"),
               VarlenCase(lens, lens, Hq=8, Hkv=8, D=64, window=(256, 0), causal=True),
               VarlenCase(lens, lens, Hq=4, Hkv=1, D=256, softcap=30.0, tag="MQA")]
+    # decode and chunked prefill on paged caches: Llama-3-8B's heads, page sizes 1 / 16 / 64
+    decode = (1, 1, 1, 1, 1, 1, 1, 1)
+    kv = (1, 100, 4096, 8191, 333, 16, 2048, 17)
+    for page, splits in itertools.product((16, 64), (None, 1, 8)):
+        cases.append(KVCacheCase(decode, kv, page=page, Hq=32, Hkv=8, D=128, dtype="bf16", num_splits=splits,
+                                 tag="decode"))
+    cases += [KVCacheCase(decode, kv, page=1, Hq=32, Hkv=8, D=128, dtype="bf16", tag="decode"),
+              KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, dtype="bf16", batch_invariant=True, tag="decode"),
+              KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=32, Hkv=8, D=128, tag="chunked"),
+              KVCacheCase((4, 4), (5000, 64), page=16, Hq=16, Hkv=1, D=64, window=(1000, 0), tag="MQA")]
     return cases
 
 

@@ -21,6 +21,10 @@ STYLE = {  # method: (label, colour, marker)
     "tiled": ("tiled PyTorch", "#17becf", "d"),
     "materialised": ("materialised S×S", "#7f7f7f", "x"),
     "sdpa": ("SDPA (default dispatch)", "#1f77b4", "s"),
+    "vflash_paged16": ("vflash, paged 16", "#d62728", "o"),
+    "vflash_paged64": ("vflash, paged 64", "#ff7f0e", "D"),
+    "vflash_paged16_invariant": ("vflash, paged 16, batch-invariant", "#e377c2", "v"),
+    "vflash_contig": ("vflash, contiguous cache", "#8c564b", "P"),
 }
 
 
@@ -152,6 +156,41 @@ def plot_memory(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
     return [_finish(fig, os.path.join(out_dir, f"{prefix}_peak_memory.png"))]
 
 
+def plot_decode(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
+    """`vflash bench --sweep decode`: GB/s of K+V read against the KV length (a panel a batch
+    size) and against the batch size (a panel a KV length), the run's copy bandwidth dotted."""
+    ok = [r for r in rows if r["status"] == "ok" and _num(r.get("gbps")) is not None]
+    copy = _num(rows[0].get("copy_gbps"))
+    paths = []
+    for across, along, name in (("B", "Nk", "kv"), ("Nk", "B", "batch")):
+        panels = defaultdict(list)
+        for r in ok:
+            panels[int(r[across])].append(r)
+        if not panels:
+            continue
+        fig, cells = _grid(panels, f"decode: GB/s of K+V read, {rows[0]['dtype']} ({prefix})")
+        for key, ax in cells:
+            series = defaultdict(list)
+            for r in panels[key]:
+                series[r["method"]].append((int(r[along]), float(r["gbps"])))
+            for method, pts in sorted(series.items()):
+                pts.sort()
+                label, colour, marker = _style(method)
+                mine = method.startswith("vflash")
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, color=colour, label=label,
+                        linestyle="-" if mine else "--", linewidth=2.0 if mine else 1.3)
+            if copy:
+                ax.axhline(copy, color="#999999", linestyle=":", linewidth=1, label="copy bandwidth (read + write)")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("KV length" if along == "Nk" else "batch")
+            ax.set_ylabel("GB/s")
+            ax.set_title(f"{'B' if across == 'B' else 'KV'} = {key}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        paths.append(_finish(fig, os.path.join(out_dir, f"{prefix}_decode_by_{name}.png")))
+    return paths
+
+
 def plot_csv(path: str, out_dir: str) -> List[str]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -160,8 +199,11 @@ def plot_csv(path: str, out_dir: str) -> List[str]:
     os.makedirs(out_dir, exist_ok=True)
     prefix = os.path.splitext(os.path.basename(path))[0]
     cols = set(rows[0])
+    if {"method", "gbps", "sweep"} <= cols and rows[0]["sweep"] in ("decode", "smoke"):
+        return plot_decode(rows, out_dir, prefix)
     if {"method", "Nq", "ms_median", "tflops"} <= cols:
         return plot_bench(rows, out_dir, prefix)
     if {"method", "S", "peak_mib"} <= cols:
         return plot_memory(rows, out_dir, prefix)
-    raise ValueError(f"{path} is neither a `vflash bench` nor a `vflash memory` CSV (columns: {sorted(cols)})")
+    raise ValueError(f"{path} is neither a `vflash bench` (attention or decode sweep) nor a `vflash memory` CSV "
+                     f"(columns: {sorted(cols)})")
