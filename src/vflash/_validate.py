@@ -445,8 +445,8 @@ def check_num_splits(num_splits, batch_invariant) -> bool:
     return batch_invariant
 
 
-def check_no_grad(q, k, v) -> None:
+def check_no_grad(q, k, v, entry: str) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError(
-            "vflash.attention has no backward pass yet, and q/k/v require grad; call it under "
+            f"vflash.{entry} has no backward pass yet, and its inputs require grad; call it under "
             "torch.no_grad() / torch.inference_mode(), or pass detached tensors")

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash import _validate, dispatch
+from vflash import _validate, autograd, dispatch
 from vflash.ops import (attention_forward, attention_kvcache_forward, attention_varlen_forward, mask_band, plans,
                         sequence_band)
 from vflash.ops.cache import write_kvcache_forward
@@ -51,12 +51,21 @@ def attention(
         A query row that sees no key (fully masked, or Nk = 0) gets out = 0 and
         lse = -inf.
 
-    dtypes: float16, bfloat16, float32 (fp32 products). Head dims 8..256, any
-    multiple of 8. CPU tensors run the same kernel through Triton's interpreter
-    (slow; see README). Which kernel and tiles run: vflash.dispatch. No
-    backward pass yet: inputs that require grad are refused while autograd is
-    recording.
+    dtypes: float16, bfloat16, float32 (fp32 products); under torch.autocast, fp32
+    inputs run in the autocast dtype. Head dims 8..256, any multiple of 8. CPU
+    tensors run the same kernel through Triton's interpreter (slow; see README).
+    Which kernel and tiles run: vflash.dispatch.
+
+    Autograd: when q, k or v requires grad (or under torch.compile) the call goes
+    through the `vflash::attention_fwd` custom op (vflash.autograd), whose backward
+    is deterministic (bitwise the same gradients from run to run) and saves q, k, v,
+    out and lse only. Portable Triton backward kernels; no sm_90 backward yet.
     """
+    q, k, v = _autocast(q, k, v)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+            or getattr(v, "requires_grad", False))):
+        return _attention_autograd(q, k, v, causal, scale, window, softcap, return_lse)
     # Repeated calls with the same metadata and options skip straight to the launch
     # recorded by the first one (vflash.ops.plans); everything else is checked here.
     key = plans.plan_key(q, k, v, causal, scale, window, softcap, return_lse)
@@ -67,11 +76,28 @@ def attention(
     _validate.check_qkv(q, k, v)
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
-    _validate.check_no_grad(q, k, v)
     band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
     out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
                                  tiles=choice.tiles, plan_key=key)
+    return (out, lse) if return_lse else out
+
+
+def _autocast(q, k, v):
+    # SDPA's rule: under autocast, fp32 inputs run in the autocast dtype.
+    dev = getattr(q, "device", None)
+    if dev is not None and dev.type in ("cuda", "cpu") and torch.is_autocast_enabled(dev.type):
+        dt = torch.get_autocast_dtype(dev.type)
+        q, k, v = (t.to(dt) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v))
+    return q, k, v
+
+
+def _attention_autograd(q, k, v, causal, scale, window, softcap, return_lse):
+    _validate.check_qkv(q, k, v)
+    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
+        causal, window, scale, softcap, return_lse, q.shape[-1])
+    band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
+    out, lse = autograd.attention_fwd(q, k, v, band.off, band.left, band.right, scale_f, softcap_f)
     return (out, lse) if return_lse else out
 
 
@@ -123,7 +149,7 @@ def attention_varlen(
                                    _validate.check_flag("check_metadata", check_metadata))
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
-    _validate.check_no_grad(q, k, v)
+    _validate.check_no_grad(q, k, v, "attention_varlen")
     band = sequence_band(causal_mode, window_lr)
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
@@ -252,7 +278,7 @@ def attention_with_kvcache(
         raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
                          "their sequence (bottom-right alignment); pass causal=True")
     batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
-    _validate.check_no_grad(q, k_cache, v_cache)
+    _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
     q_shape = q.shape
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         max_seqlen_q = q.shape[1]

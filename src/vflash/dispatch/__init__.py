@@ -7,8 +7,9 @@ whole account in `docs/dispatch.md`. `VFLASH_KERNEL=portable|sm90` (or
 raises ValueError saying why.
 """
 
-from vflash.dispatch.rules import (FORCED, KERNELS, Choice, Problem, cache_write_tiles, combine_tiles, merge_tiles,
-                                   problem_of, select, select_kvcache, sm90_refusal, varlen_problem_of)
+from vflash.dispatch.rules import (FORCED, KERNELS, Choice, Problem, backward_tiles, cache_write_tiles,
+                                   combine_tiles, merge_tiles, problem_of, select, select_kvcache, sm90_refusal,
+                                   varlen_problem_of)
 
-__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "cache_write_tiles", "combine_tiles", "merge_tiles",
-           "problem_of", "select", "select_kvcache", "sm90_refusal", "varlen_problem_of"]
+__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "backward_tiles", "cache_write_tiles", "combine_tiles",
+           "merge_tiles", "problem_of", "select", "select_kvcache", "sm90_refusal", "varlen_problem_of"]

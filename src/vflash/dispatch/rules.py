@@ -10,8 +10,8 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import (CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles, PortableTiles,
-                              head_dim_pad)
+from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles,
+                              PortableTiles, head_dim_pad)
 
 KERNELS = ("portable", "sm90")
 
@@ -201,6 +201,15 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         tiles, why = rows_of(entry[1]), f"KVCACHE_DECODE_SPLIT (>= {entry[0]} splits)"
         splits = min(splits, -(-p.n_k // tiles.block_n))
     return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
+
+
+def backward_tiles(p: Problem) -> BackwardTiles:
+    """The backward kernels' tiles (portable Triton; no sm_90 backward yet)."""
+    if _backend.interpreted(p.device):
+        return tables.BACKWARD_INTERPRETER
+    if p.dtype == torch.float32:
+        return tables.BACKWARD_FP32[p.head_dim_pad]
+    return tables.BACKWARD[p.head_dim_pad]
 
 
 def combine_tiles() -> CombineTiles:

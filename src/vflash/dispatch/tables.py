@@ -8,7 +8,8 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles, PortableTiles
+from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles,
+                              PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -168,6 +169,17 @@ INVARIANT_ROWS = 16
 # load round trip a split: at B 1, KV 8k, 33 splits the H200 took 33 us a call, cuDNN 15). Fixed on every
 # device: batch-invariant results depend on it.
 COMBINE = CombineTiles(split_chunk=16, num_warps=4)
+
+# --- backward (kernels/attention_bwd.py), by padded head dim: not tuned on the GPU yet -------------
+BACKWARD: Dict[int, BackwardTiles] = {
+    16: BackwardTiles(64, 64, 4, 2),
+    32: BackwardTiles(64, 64, 4, 2),
+    64: BackwardTiles(64, 64, 4, 2),
+    128: BackwardTiles(64, 64, 8, 2),  # dK, dV [64, 128] fp32 accumulators: 8 warps keep them in registers
+    256: BackwardTiles(32, 32, 8, 1),  # four [32, 256] tiles a step
+}
+BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(32, 32, 4, 1) for d in (16, 32, 64, 128, 256)}
+BACKWARD_INTERPRETER = BackwardTiles(16, 16, 4, 1)  # small tiles: CPU tests cross many tile edges
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.

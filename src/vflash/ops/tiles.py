@@ -34,6 +34,15 @@ class HopperTiles(NamedTuple):
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
 
 
+class BackwardTiles(NamedTuple):
+    """`kernels/attention_bwd.py`'s launches: the dK/dV kernel's key tiles walk block_m-row
+    query tiles, the dQ kernel's query tiles walk block_n-key tiles."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
 class KVCacheTiles(NamedTuple):
     """`kernels/attention_fwd.py:attention_kvcache_kernel`'s launch (GQA-packed rows, split-KV)."""
     block_m: int  # rows a program: block_m // group queries times their group of query heads

@@ -1,0 +1,73 @@
+"""Autograd and torch.compile for `vflash.attention`: two torch.library custom ops.
+
+`vflash::attention_fwd` (q, k, v and the folded band -> out, lse) and
+`vflash::attention_bwd` (dout, dlse, q, k, v, out, lse -> dq, dk, dv), each with a
+fake (meta) implementation, so `torch.compile(fullgraph=True)` traces them as single
+nodes, and `register_autograd` linking the two: the forward saves q, k, v, out and
+lse only. CPU tensors run the kernels through Triton's interpreter, as the rest of
+vflash does. The kernels are chosen inside the ops (vflash.dispatch), so the traced
+graph holds no launch details.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from vflash import dispatch
+from vflash.ops import attention_forward
+from vflash.ops.attention_bwd import attention_backward
+from vflash.ops.band import Band
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("vflash::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, off: int, left: int, right: int, scale: float,
+                  softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
+    """out [B, Hq, Nq, D] in q's dtype and lse [B, Hq, Nq] fp32 (inputs validated by vflash.api)."""
+    band = Band(off, left, right)
+    choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
+    return attention_forward(q, k, v, band=band, scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, off, left, right, scale, softcap):
+    B, Hq, Nq, D = q.shape
+    return q.new_empty((B, Hq, Nq, D)), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("vflash::attention_bwd", mutates_args=())
+def attention_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  off: int, left: int, right: int, scale: float,
+                  softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
+    dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
+    band = Band(off, left, right)
+    tiles = dispatch.backward_tiles(dispatch.problem_of(q, k, v, None, band))
+    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=tiles,
+                              dlse=dlse)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        torch.empty_like(k, memory_format=torch.contiguous_format), \
+        torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, off, left, right, scale, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (off, left, right, scale, softcap)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attention_bwd(dout, dlse, q, k, v, out, lse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)

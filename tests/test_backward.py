@@ -1,0 +1,152 @@
+"""vflash.attention's backward (vflash.autograd: custom ops over kernels/attention_bwd.py)
+against PyTorch autograd of the explicit reference, through the interpreter on the CPU (or
+the device VFLASH_TEST_DEVICE names): every forward option, the 3x rule of DESIGN.md
+(error at most 3x the same-dtype PyTorch error plus a floor); bitwise-repeatable
+gradients; the LSE's gradient; torch.library.opcheck; torch.compile(fullgraph=True) of a
+block forward and backward; autocast."""
+
+import pytest
+import torch
+
+import vflash
+from vflash.autograd import attention_fwd
+from vflash.harness.oracle import compare
+from vflash.reference import attention_explicit
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, device, seed=0, layout="bhnd"):
+    g = torch.Generator().manual_seed(seed)
+    if layout == "bnhd":  # [B, N, H, D] storage seen as [B, H, N, D]
+        q, k, v = (torch.randn(B, n, h, D, generator=g).transpose(1, 2) for h, n in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk)))
+    else:
+        q, k, v = (torch.randn(B, h, n, D, generator=g) for h, n in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk)))
+    do = torch.randn(B, Hq, Nq, D, generator=g)
+    return [t.to(dtype).to(device) for t in (q, k, v)], do.to(dtype).to(device)
+
+
+def _grads(fn, q, k, v, do, dtype):
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(do.to(dtype))
+    return [t.grad for t in leaves]
+
+
+def _check(B, Hq, Hkv, Nq, Nk, D, dtype, device, layout="bhnd", **opts):
+    (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, DT[dtype], device, layout=layout)
+    got = _grads(lambda a, b, c: vflash.attention(a, b, c, **opts), q, k, v, do, DT[dtype])
+    ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
+                 torch.float64)
+    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, DT[dtype])
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        assert g.shape == r.shape and g.dtype == DT[dtype]
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), DT[dtype], factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+@pytest.mark.parametrize("causal", [False, "bottom_right", "top_left"])
+@pytest.mark.parametrize("nq,nk", [(33, 33), (20, 45), (45, 20)])
+def test_gradients_match_the_reference(causal, nq, nk, device):
+    # Nq != Nk both ways: with causal, some rows (45 queries on 20 keys) see no key at all
+    _check(1, 2, 2, nq, nk, 16, "fp32", device, causal=causal)
+
+
+@pytest.mark.parametrize("opts", [dict(window=(5, 3)), dict(causal=True, window=(7, 0)), dict(softcap=2.0),
+                                  dict(scale=0.7, causal=True, softcap=4.0)],
+                         ids=["window", "causal-window", "softcap", "scale-causal-softcap"])
+def test_gradients_of_the_band_and_softcap(opts, device):
+    _check(1, 2, 1, 30, 38, 16, "fp32", device, **opts)
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (6, 1), (3, 3)], ids=["gqa2", "mqa6", "mha"])
+def test_gqa_gradients_sum_over_the_group(hq, hkv, device):
+    _check(2, hq, hkv, 19, 27, 8, "fp32", device, causal=True)
+
+
+@pytest.mark.parametrize("d", [24, 40, 72])
+def test_odd_head_dims_and_strides(d, device):
+    _check(1, 2, 1, 21, 17, d, "fp32", device, layout="bnhd", causal=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_gradients(dtype, device):
+    _check(1, 4, 2, 40, 40, 32, dtype, device, causal=True)
+
+
+def test_fully_masked_rows_get_zero_gradients_never_nan(device):
+    (q, k, v), do = _inputs(1, 2, 2, 30, 10, 16, torch.float32, device)
+    dq, dk, dv = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.float32)
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    assert torch.equal(dq[:, :, :20], torch.zeros_like(dq[:, :, :20]))  # rows 0..19 see no key (bottom-right)
+    assert dq[:, :, 20:].abs().sum() > 0
+
+
+def test_lse_gradient(device):
+    # a loss on out and lse: the lse's gradient enters the kernels as P * dlse
+    (q, k, v), do = _inputs(1, 2, 1, 17, 23, 16, torch.float32, device)
+    w = torch.randn(1, 2, 17, generator=torch.Generator().manual_seed(3)).to(device)
+
+    def loss(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*leaves)
+        ((out * do.to(dtype)).sum() + (lse * w.to(dtype)).sum()).backward()
+        return [t.grad for t in leaves]
+    got = loss(lambda a, b, c: vflash.attention(a, b, c, causal=True, return_lse=True), torch.float32)
+    ref = loss(lambda a, b, c: attention_explicit(a, b, c, causal=True, compute_dtype=torch.float64), torch.float64)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r, atol=2e-5, rtol=1e-4)
+
+
+def test_backward_is_bitwise_repeatable(device):
+    (q, k, v), do = _inputs(1, 4, 2, 37, 41, 16, torch.bfloat16, device, seed=5)
+    first = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.bfloat16)
+    for _ in range(19):
+        again = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_opcheck(device):
+    (q, k, v), _ = _inputs(1, 2, 1, 9, 12, 16, torch.float32, device)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(attention_fwd, (q, k, v, 3, -1, 0, 0.25, None),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        B, N, d = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = vflash.attention(q, k, v, causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, N, d))
+
+
+def test_torch_compile_fullgraph_forward_and_backward(device):
+    torch.manual_seed(0)
+    block = _Block().to(device)
+    x = torch.randn(2, 24, 32, device=device)
+    eager = block(x)
+    eager.sum().backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, eager)
+    for p, g in zip(block.parameters(), want):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_autocast_runs_in_the_autocast_dtype(device):
+    (q, k, v), _ = _inputs(1, 2, 2, 16, 16, 16, torch.float32, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = vflash.attention(q, k, v)
+    assert out.dtype == torch.bfloat16
