@@ -593,14 +593,15 @@ def serving_text(folder, base=""):
     decode = _serving_rows(folder, "decode")
     if not decode:
         return []
+    fast = DECODE_FAST / 1000
     out = [f"## Serving (`{os.path.basename(folder)}`)\n",
            _wrap(f"`vflash bench --sweep decode | varlen | chunked` on the run in "
                  f"[{os.path.basename(folder)}]({_link(folder, base)}/REPORT.md), bf16, Hq 32 / Hkv 8, D 128. "
                  "Decode: one query a sequence, GB/s of K+V read (CUDA-graph replays over rotating cache copies), "
-                 "vflash on a shuffled paged cache (page 16 / 64; 16 also batch-invariant) and on a contiguous one, "
-                 "SDPA cuDNN / flash on the same contiguous cache. The bar is issue 22's: at or above cuDNN, "
-                 f"{DECODE_FAST / 1000:.1f} TB/s where cuDNN passes 4 TB/s, 1.2x cuDNN (or {DECODE_FAST / 1000:.1f} TB/s, "
-                 "the lower) at B 1-8 from KV 8k.") + "\n"]
+                 "vflash on a shuffled paged cache (page 16 / 64; 16 also batch-invariant) and on a contiguous "
+                 "one, SDPA cuDNN / flash on the same contiguous cache. The bar is issue 22's: at or above cuDNN, "
+                 f"{fast:.1f} TB/s where cuDNN passes 4 TB/s, 1.2x cuDNN (or {fast:.1f} TB/s, the lower) at B 1-8 "
+                 "from KV 8k.") + "\n"]
     by = {(int(r["B"]), int(r["Nk"]), r["method"]): r for r in decode}
     copy = decode[0].get("copy_gbps", "")
     out.append(f"Copy bandwidth that run (read + write): {copy} GB/s.\n")

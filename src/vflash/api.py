@@ -85,7 +85,7 @@ def attention(
 
 def _autocast(q, k, v):
     # SDPA's rule: under autocast, fp32 inputs run in the autocast dtype.
-    dev = getattr(q, "device", None)
+    dev = q.device if isinstance(q, torch.Tensor) else None
     if dev is not None and dev.type in ("cuda", "cpu") and torch.is_autocast_enabled(dev.type):
         dt = torch.get_autocast_dtype(dev.type)
         q, k, v = (t.to(dt) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v))
