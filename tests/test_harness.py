@@ -198,3 +198,18 @@ def test_plot_decode_csv(tmp_path):
     csv_path = os.path.join(ROOT, "benchmarks", "results", "2026-12-02-h200-s18-serving", "decode.csv")
     assert main(["plot", csv_path, "--out", str(tmp_path)]) == 0
     assert sorted(os.listdir(tmp_path)) == ["decode_decode_by_batch.png", "decode_decode_by_kv.png"]
+
+
+@pytest.mark.parametrize("mode,factor", [("bwd", 2.5), ("fwd_bwd", 3.5)])
+def test_smoke_bench_times_the_backward(tmp_path, mode, factor):
+    out = tmp_path / f"{mode}.csv"
+    assert main(["bench", "--smoke", "--mode", mode, "--methods", "explicit,vflash", "--out", str(out)]) == 0
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["method"] for r in rows} == {"explicit", "vflash"} and {r["mode"] for r in rows} == {mode}
+    for r in rows:
+        assert r["status"] == "ok", r
+        shape = Shape(int(r["B"]), int(r["Hq"]), int(r["Hkv"]), int(r["Nq"]), int(r["Nk"]), int(r["D"]),
+                      r["causal"] == "True")
+        tflops = attention_flops(shape) * factor / (float(r["ms_median"]) * 1e-3) / 1e12
+        assert float(r["tflops"]) == pytest.approx(tflops, rel=1e-6)

@@ -178,7 +178,7 @@ def cmd_bench(args) -> int:
             raise SystemExit(f"error: unknown dtype {d!r}; choose fp16, bf16 or fp32")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     run_bench(shapes, sweep, dtypes, args.out, methods, device, printer=lambda s: print(s, flush=True),
-              interleave=args.interleave)
+              interleave=args.interleave, mode=args.mode)
     print(f"wrote {args.out}")
     return 0
 
@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench.csv", metavar="CSV",
                    help="results CSV, one row per shape, dtype and method (default bench.csv); the environment "
                         "record goes beside it with .env.json for .csv (bench.env.json)")
+    p.add_argument("--mode", default="fwd", choices=["fwd", "bwd", "fwd_bwd"],
+                   help="what is timed: the forward (default), the backward of a recorded forward "
+                        "(TFLOP/s as 2.5x the forward's FLOPs), or both (3.5x)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the interpreter: tests the harness")
     p.add_argument("--interleave", action="store_true",
                    help="time a shape's methods in turn, one repetition of each per round after 1.2 s of them "

@@ -12,7 +12,11 @@ Methods (a method that cannot run here is left out or gets a status row):
   fa4            FlashAttention-4 (flash_attn.cute), when importable
 
 TFLOP/s counts useful FLOPs: 4 * D per visible (query, key) pair, with the exact
-pair count for causal masks and Nq != Nk (bottom-right alignment).
+pair count for causal masks and Nq != Nk (bottom-right alignment); the backward
+counts 2.5x the forward's (FlashAttention's convention), forward + backward 3.5x.
+
+Modes: fwd times the call; bwd times torch.autograd.grad of one recorded forward
+(retained graph) with respect to q, k and v; fwd_bwd times both.
 """
 
 import csv
@@ -34,9 +38,10 @@ from vflash.reference import attention_explicit, attention_tiled
 CSV_COLUMNS = [
     "date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "status",
     "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "peak_mib", "out_lse_mib",
-    "vs_sdpa_flash", "vs_sdpa_cudnn",
+    "vs_sdpa_flash", "vs_sdpa_cudnn", "mode",
 ]
 METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
+MODES = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # mode -> FLOPs as a multiple of the forward's
 TILED_MAX_N = 2048
 
 
@@ -272,24 +277,40 @@ def _error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+def _in_mode(call: Callable[[], torch.Tensor], inputs, mode: str, device: torch.device) -> Callable[[], object]:
+    """The timed call of a mode: the forward, the backward of one recorded forward, or both."""
+    if mode == "fwd":
+        return call
+    do = torch.randn_like(inputs[0])
+    if mode == "bwd":
+        out = call()
+        return lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
+    return lambda: torch.autograd.grad(call(), inputs, do)
+
+
 def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], methods: Sequence[str],
-                device: torch.device, interleave: bool = False) -> List[dict]:
+                device: torch.device, interleave: bool = False, mode: str = "fwd") -> List[dict]:
     dt = DTYPES[dtype]
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(s.B, s.Hq, s.Nq, s.D, device=device, dtype=dt, generator=g)
     k = torch.randn(s.B, s.Hkv, s.Nk, s.D, device=device, dtype=dt, generator=g)
     v = torch.randn(s.B, s.Hkv, s.Nk, s.D, device=device, dtype=dt, generator=g)
-    flops = attention_flops(s)
+    if mode != "fwd":
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    grad = torch.no_grad if mode == "fwd" else torch.enable_grad
+    flops = attention_flops(s) * MODES[mode]
     out_lse_mib = (q.numel() * q.element_size() + s.B * s.Hq * s.Nq * 4) / 2**20
     rows = []
     ready = []  # interleave: (name, call, row) of the methods that ran once, to be timed together
     for name in methods:
         row = dict(date=env["date"], gpu=env["gpu"], sweep=sweep, method=name, dtype=dtype, B=s.B, Hq=s.Hq,
-                   Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, causal=s.causal, out_lse_mib=round(out_lse_mib, 3))
+                   Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, causal=s.causal, out_lse_mib=round(out_lse_mib, 3),
+                   mode=mode)
         try:
-            call = PREPARE[name](q, k, v, s.causal)
+            with grad():
+                call = _in_mode(PREPARE[name](q, k, v, s.causal), (q, k, v), mode, device)
             if interleave:
-                with torch.no_grad():
+                with grad():
                     call()  # a method that fails, fails here and alone
                 ready.append((name, call, row))
                 rows.append(row)
@@ -298,7 +319,7 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
                 # The slow references leave the GPU idle on the host's loops; bring the
                 # clocks back up so every method starts from the same state.
                 gemm_warmup(0.1)
-            with torch.no_grad():
+            with grad():
                 med, p20, p80, reps = time_call(call, device)
                 peak = peak_mib(call, device)
             row.update(status="ok", ms_median=med, ms_p20=p20, ms_p80=p80, reps=reps,
@@ -314,7 +335,7 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
         rows.append(row)
     if ready:
         try:
-            with torch.no_grad():
+            with grad():
                 stats = time_calls_interleaved([(name, call) for name, call, _ in ready], device)
                 for name, call, row in ready:
                     med, p20, p80, reps = stats[name]
@@ -346,9 +367,9 @@ def env_path(out_csv: str) -> str:
 
 def run_bench(shapes: Sequence[Shape], sweep: str, dtypes: Sequence[str], out_csv: str,
               methods: Optional[Sequence[str]], device: torch.device, printer=print,
-              interleave: bool = False) -> List[dict]:
+              interleave: bool = False, mode: str = "fwd") -> List[dict]:
     methods = list(methods or default_methods(device))
-    env = dict(environment(device), timing="interleaved" if interleave else "one method after another")
+    env = dict(environment(device), timing="interleaved" if interleave else "one method after another", mode=mode)
     with open(env_path(out_csv), "w") as f:
         json.dump(env, f, indent=2)
     if device.type == "cuda":
@@ -359,14 +380,14 @@ def run_bench(shapes: Sequence[Shape], sweep: str, dtypes: Sequence[str], out_cs
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for i, (dtype, s) in enumerate(itertools.product(dtypes, shapes)):
-            shape_rows = bench_shape(s, dtype, sweep, env, methods, device, interleave)
+            shape_rows = bench_shape(s, dtype, sweep, env, methods, device, interleave, mode)
             for r in shape_rows:
                 w.writerow(r)
             f.flush()
             rows += shape_rows
             cols = "  ".join(f"{r['method']} {r['tflops']:.1f}" if r["status"] == "ok"
                              else f"{r['method']} {r['status'].split(':')[0]}" for r in shape_rows)
-            printer(f"{_bar(i + 1, total)} {dtype} B{s.B} H{s.Hq}/{s.Hkv} N{s.Nq}x{s.Nk} D{s.D} "
+            printer(f"{_bar(i + 1, total)} {mode} {dtype} B{s.B} H{s.Hq}/{s.Hkv} N{s.Nq}x{s.Nk} D{s.D} "
                     f"causal={s.causal}: {cols} (TFLOP/s)")
     return rows
 

@@ -274,3 +274,35 @@ class KVCacheCase:
                for c in (torch.float64, None, torch.float32)}
         return [compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), dt),
                 compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class GradCase:
+    """The backward of `vflash.attention` on a Case's inputs: dq, dk, dv against fp64
+    autograd of the explicit reference, with the 3x rule (DESIGN.md: at most 3x the
+    same-dtype PyTorch error plus the floor)."""
+    case: Case
+
+    @property
+    def name(self) -> str:
+        return f"grad {self.case.name}"
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        attention = attention or vflash.attention
+        c = self.case
+        q, k, v = make_inputs(c, device)
+        dt = DTYPES[c.dtype]
+        gen = torch.Generator().manual_seed(c.seed() + 1)
+        do = torch.randn(c.B, c.Hq, c.Nq, c.D, generator=gen).to(device=device, dtype=dt)
+        opts = dict(causal=c.causal, scale=c.scale, window=c.window, softcap=c.softcap)
+
+        def grads(fn, dtype):
+            leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            out = fn(*leaves)
+            out = out[0] if isinstance(out, tuple) else out
+            return torch.autograd.grad(out, leaves, do.to(dtype))
+        got = grads(lambda a, b, x: attention(a, b, x, **opts), dt)
+        ref = grads(lambda a, b, x: attention_explicit(a, b, x, compute_dtype=torch.float64, **opts), torch.float64)
+        same = grads(lambda a, b, x: attention_explicit(a, b, x, compute_dtype=None, **opts), dt)
+        return [compare(name, g.cpu(), r.cpu(), s.cpu(), dt, factor=3.0)
+                for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same)]

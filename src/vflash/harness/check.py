@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import torch
 
-from vflash.harness.cases import BaselineCheck, Case, KVCacheCase, TiledCheck, VarlenCase
+from vflash.harness.cases import BaselineCheck, Case, GradCase, KVCacheCase, TiledCheck, VarlenCase
 
 CAUSAL_MODES = (False, True, "top_left")
 
@@ -53,6 +53,10 @@ def cpu_matrix() -> list:
               KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", tag="decode"),
               KVCacheCase((9, 0, 20), (40, 5, 20), page=16, window=(12, 0), tag="chunked"),
               KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, softcap=5.0, batch_invariant=True, tag="MQA")]
+    # gradients (the backward), fp32 and half precision, the band, softcap, GQA
+    cases += [GradCase(Case(Hq=4, Hkv=2, Nq=33, Nk=47, D=16, dtype="fp32", causal=True)),
+              GradCase(Case(Nq=40, Nk=30, D=32, dtype="bf16", causal="top_left", window=(9, 4))),
+              GradCase(Case(Hq=2, Hkv=1, Nq=25, Nk=25, D=24, dtype="fp16", softcap=3.0, layout="bnhd"))]
     return cases
 
 
@@ -110,6 +114,13 @@ def gpu_matrix() -> list:
               KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, dtype="bf16", batch_invariant=True, tag="decode"),
               KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=32, Hkv=8, D=128, tag="chunked"),
               KVCacheCase((4, 4), (5000, 64), page=16, Hq=16, Hkv=1, D=64, window=(1000, 0), tag="MQA")]
+    # gradients: lengths around tile edges, GQA ratios, long sequences, every option
+    for dtype, causal, n, d in itertools.product(("fp16", "bf16"), (False, True), (63, 129, 1000), (64, 128)):
+        cases.append(GradCase(Case(B=2, Hq=8, Hkv=2, Nq=n, Nk=n, D=d, dtype=dtype, causal=causal)))
+    cases += [GradCase(Case(B=1, Hq=8, Hkv=1, Nq=8192, Nk=8192, D=128, dtype="bf16", causal=True, tag="long")),
+              GradCase(Case(B=1, Hq=4, Hkv=4, Nq=300, Nk=700, D=256, dtype="fp16", causal=True)),
+              GradCase(Case(B=1, Hq=4, Hkv=2, Nq=500, Nk=500, D=96, window=(100, 20), softcap=30.0)),
+              GradCase(Case(B=1, Hq=4, Hkv=4, Nq=700, Nk=300, D=64, causal=True, tag="fully masked rows"))]
     return cases
 
 
