@@ -58,8 +58,8 @@ def test_check_reports_a_crash_as_failure():
 def test_cpu_matrix_covers_the_features():
     names = " ".join(c.name for c in cpu_matrix())
     for word in ("fp16", "bf16", "fp32", "top_left", "window=", "softcap=", "bnhd", "sliced",
-                 "H8/1", "stability", "fully masked", "D256", "D40", "varlen[", "chunked", "kvcache[", "splits=", "grad ",
-                 "batch-invariant"):
+                 "H8/1", "stability", "fully masked", "D256", "D40", "varlen[", "chunked", "kvcache[", "splits=",
+                 "grad ", "batch-invariant"):
         assert word in names
 
 
