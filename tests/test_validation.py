@@ -71,12 +71,10 @@ def test_validation_errors(desc, build, err, words):
 
 
 def test_requires_grad_is_refused_by_the_entry_points_without_a_backward():
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in qkv())  # [N, H, D] packed rows of one sequence
+    q, k, v = (t.transpose(1, 2).contiguous() for t in qkv())  # [B, N, H, D]: decode queries, a contiguous cache
     q.requires_grad_(True)
-    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32)
-    with pytest.raises(ValueError, match="vflash.attention_varlen has no backward pass yet"):
-        vflash.attention_varlen(q, k, v, cu, torch.tensor([0, k.shape[0]], dtype=torch.int32), q.shape[0],
-                                k.shape[0])
+    with pytest.raises(ValueError, match="vflash.attention_with_kvcache has no backward pass yet"):
+        vflash.attention_with_kvcache(q, k, v, torch.tensor([8], dtype=torch.int32))
 
 
 def test_device_mismatch():

@@ -143,14 +143,18 @@ def attention_varlen(
         no key (a sequence with no keys, say) get 0 and lse = -inf.
 
     Runs the portable Triton kernel (no sm_90 varlen path yet); CPU tensors run
-    it through Triton's interpreter. No backward pass yet.
+    it through Triton's interpreter. Autograd as `vflash.attention`'s (custom ops,
+    deterministic backward).
     """
     batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    _validate.check_flag("check_metadata", check_metadata))
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
-    _validate.check_no_grad(q, k, v, "attention_varlen")
     band = sequence_band(causal_mode, window_lr)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        out, lse = autograd.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 band.left, band.right, causal_mode == "top_left", scale_f, softcap_f)
+        return (out, lse) if return_lse else out
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
                                         top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,

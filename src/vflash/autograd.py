@@ -1,4 +1,5 @@
-"""Autograd and torch.compile for `vflash.attention`: two torch.library custom ops.
+"""Autograd and torch.compile for `vflash.attention` and `vflash.attention_varlen`:
+torch.library custom ops, a forward and a backward for each.
 
 `vflash::attention_fwd` (q, k, v and the folded band -> out, lse) and
 `vflash::attention_bwd` (dout, dlse, q, k, v, out, lse -> dq, dk, dv), each with a
@@ -14,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from vflash import dispatch
-from vflash.ops import attention_forward
+from vflash.ops import attention_forward, attention_varlen_forward
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band
 
@@ -71,3 +72,59 @@ def _backward(ctx, dout, dlse):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("vflash::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         max_seqlen_q: int, max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
+                         softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
+    """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api)."""
+    band = Band(0, left, right)
+    choice = dispatch.select(dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k,
+                                                        band))
+    return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band, top_left=top_left,
+                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles)
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
+                               top_left, scale, softcap):
+    total_q, Hq, D = q.shape
+    return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("vflash::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                         lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
+                         softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    band = Band(0, left, right)
+    problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band)
+    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap,
+                              tiles=dispatch.backward_tiles(problem), dlse=dlse,
+                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left))
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, dlse, q, k, v, out, lse, *rest):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.options = tuple(options)
+
+
+def _backward_varlen(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * 9
+
+
+attention_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from vflash.kernels.attention_fwd import _load_rows, _load_tile, _scores
 from vflash.kernels.mask import key_range, masked_logits
+from vflash.kernels.seqlen import sequence
 
 
 @triton.jit
@@ -64,7 +65,7 @@ def _row_stats(LSE, DELTA, offs_m, n_q):
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -75,22 +76,34 @@ def attention_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
-    # grid = (cdiv(n_k, BLOCK_N), Hkv, B). LSE / DELTA contiguous [B, Hq, n_q] fp32.
+    # grid = (cdiv(n_k, BLOCK_N), Hkv, B). LSE / DELTA contiguous [B, Hq, n_q] fp32; IS_VARLEN
+    # (the forward's layout): packed rows from CU_SEQLENS_Q / _K, n_q / n_k the totals and the
+    # grid's first dimension the longest sequence's keys, LSE / DELTA [Hq, total_q].
     # The query tiles that see keys [start_n, start_n + BLOCK_N): from the band's right
     # edge (row i sees key j only if j <= i + off + right) and its left edge
     # (j >= i + off - left); every tile is masked (the band and the ragged ends).
     start_n = tl.program_id(0) * BLOCK_N
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
+    q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, n_q, n_k,
+                                                       off, IS_VARLEN, False, TOP_LEFT)
+    if IS_VARLEN:
+        if start_n >= n_k_seq:  # the grid covers the longest sequence
+            return
+        row0, row_stride_h = q_start, n_q  # LSE [Hq, total_q]
+    else:
+        row0, row_stride_h = off_b * n_heads_q * n_q, n_q
+    n_q = n_q_seq
+    n_k = n_k_seq
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    k = _load_tile(K + off_b * stride_kb + off_hk * stride_kh, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM,
-                   True, CHECK_D)
-    v = _load_tile(V + off_b * stride_vb + off_hk * stride_vh, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM,
-                   True, CHECK_D)
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
+    k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, True, CHECK_D)
+    v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, True, CHECK_D)
     m_lo = 0
     m_hi = n_q
     if HAS_RIGHT:
@@ -102,9 +115,9 @@ def attention_bwd_dkdv_kernel(
     offs_m0 = tl.arange(0, BLOCK_M)
     for g in range(GROUP):  # the group's query heads, in order
         off_h = off_hk * GROUP + g
-        q_base = Q + off_b * stride_qb + off_h * stride_qh
-        do_base = DO + off_b * stride_dob + off_h * stride_doh
-        row_base = (off_b * n_heads_q + off_h) * n_q
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom
+        row_base = row0 + off_h * row_stride_h
         for start_m in range(m_lo, m_hi, BLOCK_M):
             offs_m = start_m + offs_m0
             q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
@@ -117,9 +130,9 @@ def attention_bwd_dkdv_kernel(
             dv += _dot(tl.trans(p.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION)
             dk += _dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION)
     mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
+    tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
              + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
+    tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
              + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mask)
 
 
@@ -143,7 +156,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
 
 @triton.jit
 def attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -152,23 +165,33 @@ def attention_bwd_dq_kernel(
     n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B); the key tiles as the forward's (key_range's
-    # masked edges and unmasked middle).
+    # masked edges and unmasked middle). IS_VARLEN as in the dK/dV kernel.
     start_m = tl.program_id(0) * BLOCK_M
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // kv_group
+    q_start, k_start, n_q_seq, n_k_seq, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, n_q, n_k,
+                                                       off, IS_VARLEN, False, TOP_LEFT)
+    if IS_VARLEN:
+        if start_m >= n_q_seq:
+            return
+        row_base = off_h * n_q + q_start  # LSE [Hq, total_q]
+    else:
+        row_base = (off_b * n_heads_q + off_h) * n_q
+    n_q = n_q_seq
+    n_k = n_k_seq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q = _load_rows(Q + off_b * stride_qb + off_h * stride_qh, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
-    do = _load_rows(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_d, stride_dom, stride_dod, n_q,
-                    HEAD_DIM)
-    row_base = (off_b * n_heads_q + off_h) * n_q
+    q = _load_rows(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
+                   stride_qd, n_q, HEAD_DIM)
+    do = _load_rows(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
+                    stride_dod, n_q, HEAD_DIM)
     lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q)
-    k_base = K + off_b * stride_kb + off_hk * stride_kh
-    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if HAS_LEFT:
@@ -182,5 +205,6 @@ def attention_bwd_dq_kernel(
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
                    offs_d, full_hi, hi, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
                    BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
+             mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

@@ -15,44 +15,65 @@ from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
 
 
+def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
+    # packed [total, H, D] as the kernels' (batch, head, row, dim) strides: batch 0
+    s_row, s_head, s_dim = t.stride()
+    return 0, s_head, s_row, s_dim
+
+
 def attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
     band: Band, scale: float, softcap: Optional[float], tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
+    varlen: Optional[tuple] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq [B, Hq, Nq, D], dk [B, Hkv, Nk, D], dv [B, Hkv, Nk, D]) in the inputs' dtype, contiguous,
-    for do [B, Hq, Nq, D] (any strides) and the forward's out and natural-log lse [B, Hq, Nq].
+    """(dq, dk, dv) in the inputs' dtype and layout, contiguous, for do (any strides) and the
+    forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
+    [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q].
     Deterministic: every output tile is written by one program, its sums in a fixed order.
-    dlse [B, Hq, Nq]: the loss's gradient with respect to lse too (lse's dS term is P * dlse)."""
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    dq = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=q.device)
-    if Nq == 0 or Nk == 0 or B == 0 or Hq == 0:
+    dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse)."""
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+    if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = (do.float() * out.float()).sum(-1)  # [B, Hq, Nq]: rowsum(dO * O)
+    delta = (do.float() * out.float()).sum(-1)  # rowsum(dO * O): [B, Hq, Nq], or [total_q, Hq] packed
+    if varlen is None:
+        B, Hq, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        strides = [t.stride() for t in (q, k, v, do)]
+        rows_q, rows_k, cu, top_left = Nq, Nk, (None, None), False
+    else:
+        cu_q, cu_k, rows_q, rows_k, top_left = varlen
+        (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # totals: n_q is LSE's head stride
+        B = cu_q.numel() - 1
+        strides = [_rows_strides(t) for t in (q, k, v, do)]
+        cu = (cu_q, cu_k)
+        delta = delta.transpose(0, 1)  # [Hq, total_q], lse's layout
     if dlse is not None:
         delta = delta - dlse.float()
     delta = delta.contiguous()
     lse = lse.float().contiguous()
+    out_strides = [t.stride() if varlen is None else _rows_strides(t) for t in (dk, dv, dq)]
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                   HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
                   UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
-                  DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                  DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                  IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
     options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     scalars = (band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
+    names = ("q", "k", "v", "do", "lse", "delta")
     dkdv = KernelLaunch(
-        attention_bwd_dkdv_kernel, (-(-Nk // tiles.block_n), Hkv, B),
-        (q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
-         *dv.stride(), Hq, Nq, Nk, *scalars),
-        dict(common, GROUP=Hq // Hkv), options,
-        tuple(Slot(i, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "delta", "dk", "dv"))))
+        attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.block_n)), Hkv, B),
+        (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[0],
+         *out_strides[1], Hq, Nq, Nk, *scalars),
+        dict(common, GROUP=Hq // Hkv), options, tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
     dq_launch = KernelLaunch(
-        attention_bwd_dq_kernel, (-(-Nq // tiles.block_m), Hq, B),
-        (q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.block_m)), Hq, B),
+        (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
          Hq, Hq // Hkv, Nq, Nk, *scalars),
-        common, options, tuple(Slot(i, n) for i, n in enumerate(("q", "k", "v", "do", "lse", "delta", "dq"))))
+        common, options, tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
     launches.run(dkdv, q.device)
     launches.run(dq_launch, q.device)
     return dq, dk, dv
