@@ -171,3 +171,44 @@ def test_varlen_gradients_match_the_per_sequence_reference(causal, device):
     for name, a, b in zip(("dq", "dk", "dv"), got, ref):
         assert torch.isfinite(a).all(), name
         torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,n,hq,hkv", [(True, 8192, 4, 1), (False, 4097, 8, 2), (True, 16384, 2, 2)])
+def test_long_sequence_gradients_on_the_gpu(causal, n, hq, hkv):
+    _check(1, hq, hkv, n, n, 128, "bf16", torch.device("cuda"), causal=causal)
+
+
+@pytest.mark.gpu
+def test_backward_is_bitwise_repeatable_on_the_gpu():
+    dev = torch.device("cuda")
+    (q, k, v), do = _inputs(2, 16, 4, 2048, 2048, 128, torch.bfloat16, dev, seed=7)
+    first = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.bfloat16)
+    for _ in range(19):
+        again = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.gpu
+def test_a_training_step_captures_in_a_cuda_graph():
+    torch.manual_seed(0)
+    block = _Block(d=256, heads=4).cuda().to(torch.bfloat16)
+    x = torch.randn(2, 512, 256, device="cuda", dtype=torch.bfloat16)
+    opt = torch.optim.SGD(block.parameters(), lr=0.0)  # lr 0: replays see the same weights
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up (compiles, allocator) outside the capture
+            opt.zero_grad(set_to_none=False)
+            block(x).float().square().mean().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    want = [p.grad.clone() for p in block.parameters()]
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        loss = block(x).float().square().mean()
+        loss.backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    for p, w in zip(block.parameters(), want):  # the linear layers' cuBLAS kernels need not repeat bitwise
+        torch.testing.assert_close(p.grad, w)
