@@ -181,8 +181,8 @@ def test_large_pages(page, device):
            torch.tensor(lens, dtype=torch.int32, device=device), table)
 
 
-@pytest.mark.parametrize("hq,hkv", [(3, 1), (6, 2), (12, 4), (7, 7), (16, 16)], ids=["mqa3", "g3", "g3x4", "mha7",
-                                                                                    "mha16"])
+@pytest.mark.parametrize("hq,hkv", [(3, 1), (6, 2), (12, 4), (7, 7), (16, 16), (4, 2), (10, 2), (16, 2)],
+                         ids=["mqa3", "g3", "g3x4", "mha7", "mha16", "g2", "g5", "g8"])
 def test_gqa_packing_of_uneven_groups(hq, hkv, device):
     # groups that do not divide the tile's rows: the rows past the last whole query are never stored
     lens = [45, 17, 2]
