@@ -1,4 +1,4 @@
-"""vflash.attention's backward (vflash.autograd: custom ops over kernels/attention_bwd.py)
+"""vflash.attention's backward (vflash.library: custom ops over kernels/attention_bwd.py)
 against PyTorch autograd of the explicit reference, through the interpreter on the CPU (or
 the device VFLASH_TEST_DEVICE names): every forward option, the 3x rule of DESIGN.md
 (error at most 3x the same-dtype PyTorch error plus a floor); bitwise-repeatable
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vflash
-from vflash.autograd import attention_fwd
+from vflash.library import attention_fwd
 from vflash.harness.oracle import compare
 from vflash.reference import attention_explicit
 

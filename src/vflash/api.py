@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash import _validate, autograd, dispatch
+from vflash import _validate, dispatch, library
 from vflash.ops import (attention_forward, attention_kvcache_forward, attention_varlen_forward, mask_band, plans,
                         sequence_band)
 from vflash.ops.cache import write_kvcache_forward
@@ -57,7 +57,7 @@ def attention(
     Which kernel and tiles run: vflash.dispatch.
 
     Autograd: when q, k or v requires grad (or under torch.compile) the call goes
-    through the `vflash::attention_fwd` custom op (vflash.autograd), whose backward
+    through the `vflash::attention_fwd` custom op (vflash.library), whose backward
     is deterministic (bitwise the same gradients from run to run) and saves q, k, v,
     out and lse only. Portable Triton backward kernels; no sm_90 backward yet.
     """
@@ -65,7 +65,7 @@ def attention(
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
             getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
             or getattr(v, "requires_grad", False))):
-        return _attention_autograd(q, k, v, causal, scale, window, softcap, return_lse)
+        return _attention_library(q, k, v, causal, scale, window, softcap, return_lse)
     # Repeated calls with the same metadata and options skip straight to the launch
     # recorded by the first one (vflash.ops.plans); everything else is checked here.
     key = plans.plan_key(q, k, v, causal, scale, window, softcap, return_lse)
@@ -92,12 +92,12 @@ def _autocast(q, k, v):
     return q, k, v
 
 
-def _attention_autograd(q, k, v, causal, scale, window, softcap, return_lse):
+def _attention_library(q, k, v, causal, scale, window, softcap, return_lse):
     _validate.check_qkv(q, k, v)
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
     band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
-    out, lse = autograd.attention_fwd(q, k, v, band.off, band.left, band.right, scale_f, softcap_f)
+    out, lse = library.attention_fwd(q, k, v, band.off, band.left, band.right, scale_f, softcap_f)
     return (out, lse) if return_lse else out
 
 
@@ -152,7 +152,7 @@ def attention_varlen(
         causal, window, scale, softcap, return_lse, q.shape[-1])
     band = sequence_band(causal_mode, window_lr)
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        out, lse = autograd.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        out, lse = library.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  band.left, band.right, causal_mode == "top_left", scale_f, softcap_f)
         return (out, lse) if return_lse else out
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))

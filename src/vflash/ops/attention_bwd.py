@@ -1,5 +1,5 @@
 """Launcher of the attention backward (kernels/attention_bwd.py): delta, then the
-dK/dV and dQ kernels. Inputs come from vflash.autograd, whose forward saved q, k, v,
+dK/dV and dQ kernels. Inputs come from vflash.library, whose forward saved q, k, v,
 out and lse."""
 
 from typing import Optional, Tuple
