@@ -59,16 +59,21 @@ def _as_tensor_hint(x) -> str:
     return ""
 
 
+def _check_tensor(name: str, t, ndim: int, layout: str, hint: str = "") -> None:
+    # One attention input: a dense tensor of a supported dtype and the layout's rank.
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    if t.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def _check_tensors(q, k, v, ndim: int, layout: str, kv_layout: str, hint: str) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
-        if t.dim() != ndim:
-            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
-        if t.layout is not torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        _check_tensor(name, t, ndim, layout, hint)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
                         f"cast them with .to(dtype)")
@@ -211,15 +216,10 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     check_metadata (one host sync for CUDA tensors): every sequence fits its table's
     capacity and every page it uses is a page of the cache."""
     packed = cu_seqlens_q is not None
-    for name, t, nd in (("q", q, 3 if packed else 4), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}{_as_tensor_hint(t)}")
-        if t.dim() != nd:
-            what = ("[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed else
-                    "[batch, seq_len, heads, head_dim]") if name == "q" else "[pages or batch, rows, Hkv, D]"
-            raise ValueError(f"{name} must be {nd}-D {what}, got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    _check_tensor("q", q, 3 if packed else 4, "[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed
+                  else "[batch, seq_len, heads, head_dim]")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t, 4, "[pages or batch, rows, Hkv, D]")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q and the caches must share one dtype, got q {q.dtype}, k_cache {k_cache.dtype}, "
                         f"v_cache {v_cache.dtype}")

@@ -62,9 +62,7 @@ def attention(
     out and lse only. Portable Triton backward kernels; no sm_90 backward yet.
     """
     q, k, v = _autocast(q, k, v)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
-            getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-            or getattr(v, "requires_grad", False))):
+    if _through_library(q, k, v):
         return _attention_library(q, k, v, causal, scale, window, softcap, return_lse)
     # Repeated calls with the same metadata and options skip straight to the launch
     # recorded by the first one (vflash.ops.plans); everything else is checked here.
@@ -81,6 +79,12 @@ def attention(
     out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
                                  tiles=choice.tiles, plan_key=key)
     return (out, lse) if return_lse else out
+
+
+def _through_library(*inputs) -> bool:
+    # The custom ops (vflash.library) serve calls autograd records and calls torch.compile traces.
+    return torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs))
 
 
 def _autocast(q, k, v):
@@ -151,7 +155,7 @@ def attention_varlen(
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
     band = sequence_band(causal_mode, window_lr)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+    if _through_library(q, k, v):
         out, lse = library.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  band.left, band.right, causal_mode == "top_left", scale_f, softcap_f)
         return (out, lse) if return_lse else out

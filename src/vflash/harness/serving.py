@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 import vflash
+from vflash.harness.bench import _error_text, _stats, visible_pairs
 from vflash.harness.env import environment
 
 DECODE_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
@@ -78,9 +79,30 @@ def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, rep
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    times.sort()
-    pick = lambda f: times[min(len(times) - 1, int(round(f * (len(times) - 1))))]  # noqa: E731
-    return pick(0.5), pick(0.2), pick(0.8), len(times)
+    return _stats(times)
+
+
+def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], device: torch.device, field: str,
+               work_per_us: float) -> None:
+    """Time `calls` (_graph_time) into `row`: the microsecond statistics and `field`, the
+    rate work_per_us / median (bytes a us / 1e3 -> GB/s; FLOPs a us / 1e6 -> TFLOP/s)."""
+    med, p20, p80, reps = _graph_time(calls, device)
+    row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
+               **{field: round(work_per_us / med, 1)})
+
+
+def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
+                  device: torch.device) -> List[Dict[str, object]]:
+    """One row a method, TFLOP/s of `flops` a call; a method that fails gets its status."""
+    rows = []
+    for name, call in methods.items():
+        row = dict(base, method=name, status="ok")
+        try:
+            _time_into(row, [call], device, "tflops", flops / 1e6)
+        except Exception as exc:
+            row["status"] = _error_text(exc)
+        rows.append(row)
+    return rows
 
 
 def copy_gbps(device: torch.device) -> float:
@@ -155,9 +177,7 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                              for kc, vc in contig]
                 else:
                     calls = [_sdpa_call(method, q, kc, vc) for kc, vc in contig]
-            med, p20, p80, reps = _graph_time(calls, device)
-            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
-                       gbps=round(cache_bytes / med / 1e3, 1))
+            _time_into(row, calls, device, "gbps", cache_bytes / 1e3)
         except Exception as exc:  # a method that cannot run here gets its status
             row["status"] = _error_text(exc)
         finally:
@@ -177,17 +197,6 @@ def _sdpa_call(method: str, q, kc, vc):
     return call
 
 
-def _error_text(exc: Exception) -> str:
-    first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
-    return f"{type(exc).__name__}: {first}"
-
-
-def _causal_pairs(n_q: int, n_k: int) -> int:
-    # bottom-right causal: row i sees keys 0 .. i + n_k - n_q
-    full = max(0, n_k - n_q)
-    return n_q * full + n_q * (n_q + 1) // 2 if n_k >= n_q else n_k * (n_k + 1) // 2
-
-
 def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torch.dtype,
                 device: torch.device) -> List[Dict[str, object]]:
     """Causal prefill of packed sequences: vflash_varlen (one call) against vflash_dense and
@@ -198,7 +207,7 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
     k = torch.randn(total, Hkv, D, device=device, dtype=dtype)
     v = torch.randn(total, Hkv, D, device=device, dtype=dtype)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    flops = 4.0 * D * Hq * sum(_causal_pairs(n, n) for n in lengths)
+    flops = 4.0 * D * Hq * sum(visible_pairs(n, n, True) for n in lengths)
     parts = [(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None])
              for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -213,17 +222,8 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
         "vflash_dense": lambda: [vflash.attention(qs, ks, vs, causal=True) for qs, ks, vs in parts],
         "sdpa_cudnn": per_sequence_sdpa,
     }
-    rows = []
-    for name, call in methods.items():
-        row = dict(method=name, B=len(lengths), Hq=Hq, Hkv=Hkv, Nq=total, Nk=total, D=D, page="", status="ok")
-        try:
-            med, p20, p80, reps = _graph_time([call], device)
-            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
-                       tflops=round(flops / med / 1e6, 1))
-        except Exception as exc:
-            row["status"] = _error_text(exc)
-        rows.append(row)
-    return rows
+    return _prefill_rows(methods, dict(B=len(lengths), Hq=Hq, Hkv=Hkv, Nq=total, Nk=total, D=D, page=""), flops,
+                         device)
 
 
 def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], dtype: torch.dtype,
@@ -241,23 +241,16 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
     rows_k = kc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
     rows_v = vc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
     qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, rows_k, rows_v))
-    flops = 4.0 * D * Hq * B * _causal_pairs(n_new, n_k)
+    flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
     methods = {
         "vflash_paged16": lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,
                                                                 check_metadata=False),
         "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True),
     }
-    rows = []
-    for name, call in methods.items():
-        row = dict(method=name, B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=page if "paged" in name else "",
-                   status="ok")
-        try:
-            med, p20, p80, reps = _graph_time([call], device)
-            row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
-                       tflops=round(flops / med / 1e6, 1))
-        except Exception as exc:
-            row["status"] = _error_text(exc)
-        rows.append(row)
+    rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
+    for r in rows:
+        if "paged" in r["method"]:
+            r["page"] = page
     return rows
 
 

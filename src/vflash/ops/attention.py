@@ -182,7 +182,7 @@ def _dot_flags(q: torch.Tensor) -> dict:
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
+def packed_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     # A packed [total, H, D] tensor's strides as the kernel's (batch, head, row,
     # dim): batch 0, each sequence's first row comes from cu_seqlens.
     s_row, s_head, s_dim = t.stride()
@@ -205,7 +205,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         Nk, Hkv = k.shape[:2]
         B = cu_q.numel() - 1
         cu_seqlens = (cu_q, cu_k)
-        strides = (*_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out))
+        strides = (*packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(out))
     args = (
         q, k, v, out, lse if lse is not None else out, *cu_seqlens,
         *strides,

@@ -9,16 +9,11 @@ import torch
 from vflash import _backend
 from vflash.kernels.attention_bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
 from vflash.ops import launch as launches
+from vflash.ops.attention import packed_strides
 from vflash.ops.band import Band
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
-
-
-def _rows_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
-    # packed [total, H, D] as the kernels' (batch, head, row, dim) strides: batch 0
-    s_row, s_head, s_dim = t.stride()
-    return 0, s_head, s_row, s_dim
 
 
 def attention_backward(
@@ -47,14 +42,14 @@ def attention_backward(
         cu_q, cu_k, rows_q, rows_k, top_left = varlen
         (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # totals: n_q is LSE's head stride
         B = cu_q.numel() - 1
-        strides = [_rows_strides(t) for t in (q, k, v, do)]
+        strides = [packed_strides(t) for t in (q, k, v, do)]
         cu = (cu_q, cu_k)
         delta = delta.transpose(0, 1)  # [Hq, total_q], lse's layout
     if dlse is not None:
         delta = delta - dlse.float()
     delta = delta.contiguous()
     lse = lse.float().contiguous()
-    out_strides = [t.stride() if varlen is None else _rows_strides(t) for t in (dk, dv, dq)]
+    out_strides = [t.stride() if varlen is None else packed_strides(t) for t in (dk, dv, dq)]
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                   HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
