@@ -17,17 +17,9 @@ Rows that saw no key (LSE = -inf) get P = 0: zero gradients, never NaN.
 import triton
 import triton.language as tl
 
-from vflash.kernels.attention_fwd import _load_rows, _load_tile, _scores
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
-
-
-@triton.jit
-def _dot(a, b, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    if UPCAST_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
-    else:
-        return tl.dot(a, b, input_precision=DOT_PRECISION)
+from vflash.kernels.tile import dot, load_rows, load_tile, scores
 
 
 @triton.jit
@@ -38,14 +30,14 @@ def _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right,
     # units, +inf for rows that saw no key) and delta [rows]. Returns P [rows, BLOCK_N] and
     # dS' [rows, BLOCK_N] (the loss's gradient with respect to q.k), both fp32.
     LOG2E: tl.constexpr = 1.4426950408889634
-    qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)
+    qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)
     s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                       MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     if SOFTCAP:
         p = tl.exp2(s - lse2[:, None])
     else:
         p = tl.exp2(s * qk_scale - lse2[:, None])
-    dp = _dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)  # [rows, BLOCK_N]
+    dp = dot(do, tl.trans(v), None, UPCAST_DOT, DOT_PRECISION)  # [rows, BLOCK_N]
     ds = p * (dp - delta[:, None])
     if SOFTCAP:
         # tanh from the raw product (finite everywhere, unlike the masked scores)
@@ -102,8 +94,8 @@ def attention_bwd_dkdv_kernel(
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
-    k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, True, CHECK_D)
-    v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, True, CHECK_D)
+    k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, True, CHECK_D)
+    v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, True, CHECK_D)
     m_lo = 0
     m_hi = n_q
     if HAS_RIGHT:
@@ -120,15 +112,15 @@ def attention_bwd_dkdv_kernel(
         row_base = row0 + off_h * row_stride_h
         for start_m in range(m_lo, m_hi, BLOCK_M):
             offs_m = start_m + offs_m0
-            q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
-            do = _load_rows(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM)
+            q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
+            do = load_rows(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM)
             lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q)
             p, ds = _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right, qk_scale, sm_scale,
                                 softcap_in, softcap_out, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
                                 DOT_PRECISION)
             # P and dS' rounded to the inputs' dtype for the products, as in the forward's PV
-            dv += _dot(tl.trans(p.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION)
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION)
+            dv = dot(tl.trans(p.to(do.dtype)), do, dv, UPCAST_DOT, DOT_PRECISION)
+            dk = dot(tl.trans(ds.to(q.dtype)), q, dk, UPCAST_DOT, DOT_PRECISION)
     mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
              + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mask)
@@ -146,11 +138,11 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         p, ds = _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right, qk_scale, sm_scale,
                             softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-        dq += _dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION)
+        dq = dot(ds.to(k.dtype), k, dq, UPCAST_DOT, DOT_PRECISION)
     return dq
 
 
@@ -185,9 +177,9 @@ def attention_bwd_dq_kernel(
     n_k = n_k_seq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q = _load_rows(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
+    q = load_rows(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
                    stride_qd, n_q, HEAD_DIM)
-    do = _load_rows(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
+    do = load_rows(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
                     stride_dod, n_q, HEAD_DIM)
     lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn

@@ -17,39 +17,7 @@ import triton.language as tl
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
-
-
-@triton.jit
-def _load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constexpr,
-               CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
-    # [len(offs_n), HEAD_DIM_PAD] of rows base + offs_n * stride_n.
-    return _load_at(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, offs_n, offs_d, n, HEAD_DIM,
-                    CHECK_N, CHECK_D)
-
-
-@triton.jit
-def _load_at(ptrs, offs_n, offs_d, n, HEAD_DIM: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
-    # A tile at ptrs [len(offs_n), HEAD_DIM_PAD]; bounds checks only where it can run
-    # past the sequence end (CHECK_N) or the padded head dim (CHECK_D).
-    if CHECK_N:
-        if CHECK_D:
-            return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        else:
-            return tl.load(ptrs, mask=offs_n[:, None] < n, other=0.0)
-    else:
-        if CHECK_D:
-            return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        else:
-            return tl.load(ptrs)
-
-
-@triton.jit
-def _scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
-    if UPCAST_DOT:
-        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
-    else:
-        return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+from vflash.kernels.tile import dot, load_at, load_rows, load_tile, scores
 
 
 @triton.jit
@@ -66,10 +34,7 @@ def _online_update(
     p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, False)
     acc = acc * alpha[:, None]
     p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
-    if UPCAST_DOT:
-        acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=DOT_PRECISION)
-    else:
-        acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+    acc = dot(p, v, acc, UPCAST_DOT, DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -88,9 +53,9 @@ def _attend_tiles(
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -128,13 +93,13 @@ def _attend_cache_tiles(
         else:
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
-        k = _load_at(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
+        k = load_at(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
                      CHECK_D)
-        v = _load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
+        v = load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
                      CHECK_D)
         if IS_PAGED:
             page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
-        qk = _scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
                                        SOFTCAP, UPCAST_DOT, DOT_PRECISION)
@@ -159,10 +124,10 @@ def _attend_tiles_split(
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk0 = _scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
-        qk1 = _scores(q1, k, UPCAST_DOT, DOT_PRECISION)
-        v = _load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        qk0 = scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
+        qk1 = scores(q1, k, UPCAST_DOT, DOT_PRECISION)
+        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
@@ -172,13 +137,6 @@ def _attend_tiles_split(
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
                                       UPCAST_DOT, DOT_PRECISION)
     return acc0, l0, m0, acc1, l1, m1
-
-
-@triton.jit
-def _load_rows(base, offs_m, offs_d, stride_m, stride_d, n_q, HEAD_DIM: tl.constexpr):
-    # [rows, HEAD_DIM_PAD] tile of Q (zeros past n_q / HEAD_DIM).
-    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
-    return tl.load(base + offs_m[:, None] * stride_m + offs_d[None, :] * stride_d, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -256,8 +214,8 @@ def attention_fwd_kernel(
         HALF: tl.constexpr = BLOCK_M // 2
         offs_m0 = start_m + tl.arange(0, HALF)  # [HALF]
         offs_m1 = offs_m0 + HALF
-        q0 = _load_rows(q_base, offs_m0, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
-        q1 = _load_rows(q_base, offs_m1, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
+        q0 = load_rows(q_base, offs_m0, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
+        q1 = load_rows(q_base, offs_m1, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
         m0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
         m1 = tl.full([HALF], float("-inf"), dtype=tl.float32)
         l0 = tl.zeros([HALF], dtype=tl.float32)
@@ -282,7 +240,7 @@ def attention_fwd_kernel(
         _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-        q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
+        q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)

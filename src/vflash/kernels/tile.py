@@ -1,0 +1,53 @@
+"""Tile loads and products shared by the attention kernels (forward, KV-cache,
+backward): masked loads of [rows, HEAD_DIM_PAD] tiles, and tl.dot with the
+interpreter's bf16 upcast (numpy has no bf16: under the interpreter a bf16 product
+is wrong unless both tiles are fp32 first; the launchers set UPCAST_DOT there only)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_at(ptrs, offs_n, offs_d, n, HEAD_DIM: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
+    # A tile at ptrs [len(offs_n), HEAD_DIM_PAD]; bounds checks only where it can run
+    # past the sequence end (CHECK_N) or the padded head dim (CHECK_D).
+    if CHECK_N:
+        if CHECK_D:
+            return tl.load(ptrs, mask=(offs_n[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            return tl.load(ptrs, mask=offs_n[:, None] < n, other=0.0)
+    else:
+        if CHECK_D:
+            return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def load_tile(base, offs_n, offs_d, stride_n, stride_d, n, HEAD_DIM: tl.constexpr,
+              CHECK_N: tl.constexpr, CHECK_D: tl.constexpr):
+    # [len(offs_n), HEAD_DIM_PAD] of rows base + offs_n * stride_n.
+    return load_at(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, offs_n, offs_d, n, HEAD_DIM,
+                   CHECK_N, CHECK_D)
+
+
+@triton.jit
+def load_rows(base, offs_m, offs_d, stride_m, stride_d, n_q, HEAD_DIM: tl.constexpr):
+    # [rows, HEAD_DIM_PAD] tile of Q (or dO): zeros past n_q / HEAD_DIM.
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    return tl.load(base + offs_m[:, None] * stride_m + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+
+
+@triton.jit
+def dot(a, b, acc, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # a [M, K] @ b [K, N] (+ acc [M, N] fp32, or None) in fp32.
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=DOT_PRECISION)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
+    return dot(q, tl.trans(k), None, UPCAST_DOT, DOT_PRECISION)
