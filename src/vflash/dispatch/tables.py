@@ -160,8 +160,8 @@ KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_keys=256, max_splits=64)
 # batch_invariant=True: every split holds INVARIANT_SPLIT_KEYS keys (a sequence's splits depend only on its
 # own length) and every call runs KVCACHE_DECODE's tiles in INVARIANT_ROWS-row blocks (the group's power of
 # two if larger), whatever the call's row count, so no other sequence of the batch changes a sequence's
-# arithmetic. 1024 keys in 64-row blocks measured 0.39-0.90x the default mode's bandwidth (H200, s18 decode
-# sweep); 512 keys in 16-row blocks take the default's row block and double small caches' splits.
+# arithmetic. 16-row blocks are the default's for decode; 512 keys give small caches splits enough to fill
+# the GPU. Measured at 0.56-1.24x the default mode's decode bandwidth on the H200 (BENCHMARKS.md, Serving).
 INVARIANT_SPLIT_KEYS = 512
 INVARIANT_ROWS = 16
 

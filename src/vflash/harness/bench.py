@@ -229,7 +229,7 @@ def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], de
     turn, one repetition of each per round, so that all of them see the same clocks.
 
     Under sustained load the H200 holds its power cap and its SM clock moves within
-    the first second (docs/perf/log.md#session-15: a 5-12 % dip about 0.8 s in),
+    the first second (a 5-12 % dip about 0.8 s in: docs/performance.md, the power cap),
     so calls timed one after another can meet different clocks. CUDA: every call
     once, three rounds to estimate a round's time, rounds of all of them for
     warmup_ms (past that dip), then rounds with the L2 cache flushed before each
