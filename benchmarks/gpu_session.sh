@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked decode_tune hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
+#   steps: check tests tests_serving decode varlen chunked decode_tune bwd hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -69,6 +69,12 @@ for step in "$@"; do
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;
+    bwd) # the backward (BWD_MODE: bwd or fwd_bwd) over the fa and d256 sweeps, BWD_DTYPES (default bf16)
+         sampled bwd timeout ${BWD_TIMEOUT:-300} python3 -m vflash bench --mode ${BWD_MODE:-bwd} --sweep fa \
+           --dtype ${BWD_DTYPES:-bf16} --methods vflash,sdpa_flash,sdpa_cudnn --out "$R/${BWD_MODE:-bwd}.csv" | tail -4
+         [ -n "${BWD_D256:-}" ] && sampled bwd_d256 timeout 200 python3 -m vflash bench --mode ${BWD_MODE:-bwd} \
+           --sweep d256 --dtype ${BWD_DTYPES:-bf16} --methods vflash,sdpa_flash,sdpa_cudnn \
+           --out "$R/${BWD_MODE:-bwd}_d256.csv" | tail -3 ;;
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
