@@ -8,8 +8,8 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles,
-                              PortableTiles)
+from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles,
+                              KVCacheTiles, MergeTiles, PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -171,15 +171,19 @@ INVARIANT_ROWS = 16
 COMBINE = CombineTiles(split_chunk=16, num_warps=4)
 
 # --- backward (kernels/attention_bwd.py), by padded head dim: not tuned on the GPU yet -------------
+# dkdv: a program's block_n keys hold dK and dV [block_n, D] fp32 in registers while block_m-row
+# query tiles stream past; dq: a program's block_m rows hold dQ while block_n-key tiles stream.
+_B = BackwardLaunch
 BACKWARD: Dict[int, BackwardTiles] = {
-    16: BackwardTiles(64, 64, 4, 2),
-    32: BackwardTiles(64, 64, 4, 2),
-    64: BackwardTiles(64, 64, 4, 2),
-    128: BackwardTiles(64, 64, 8, 2),  # dK, dV [64, 128] fp32 accumulators: 8 warps keep them in registers
-    256: BackwardTiles(32, 32, 8, 1),  # four [32, 256] tiles a step
+    16: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
+    32: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
+    64: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
+    128: BackwardTiles(dkdv=_B(32, 128, 8, 2), dq=_B(128, 32, 8, 2)),
+    256: BackwardTiles(dkdv=_B(32, 64, 8, 1), dq=_B(64, 32, 8, 1)),
 }
-BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(32, 32, 4, 1) for d in (16, 32, 64, 128, 256)}
-BACKWARD_INTERPRETER = BackwardTiles(16, 16, 4, 1)  # small tiles: CPU tests cross many tile edges
+BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(_B(32, 32, 4, 1), _B(32, 32, 4, 1))
+                                           for d in (16, 32, 64, 128, 256)}
+BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # small tiles: CPU tests cross tile edges
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.

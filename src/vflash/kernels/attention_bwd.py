@@ -1,6 +1,8 @@
-"""Fused attention backward, deterministic: two Triton kernels that recompute the
+"""Fused attention backward, deterministic: three Triton kernels that recompute the
 probabilities from q, k and the forward's LSE, and never add into a shared output.
 
+- `attention_bwd_delta_kernel`: delta = rowsum(dO * O) (minus dLSE when the LSE has a
+  gradient), one fp32 per query row;
 - `attention_bwd_dkdv_kernel`: one program per (key tile, KV head, batch) owns its
   dK / dV tile and walks the query heads of its group, then their query tiles, in a
   fixed order (GQA/MQA sums without expanding K/V, and without atomics);
@@ -9,9 +11,15 @@ probabilities from q, k and the forward's LSE, and never add into a shared outpu
 
 With P = softmax(S), dP = dO V^T and delta = rowsum(dO * O), dS = P * (dP - delta);
 the score is scale * q.k (or cap * tanh(scale * q.k / cap) with softcap, whose
-derivative multiplies dS by 1 - tanh^2), so dQ = dS' K, dK = dS'^T Q, dV = P^T dO,
-dS' the gradient with respect to q.k. The band is the forward's (`kernels/mask.py`).
-Rows that saw no key (LSE = -inf) get P = 0: zero gradients, never NaN.
+derivative multiplies dS by 1 - tanh^2), so dQ = scale * dS K, dK = scale * dS^T Q,
+dV = P^T dO (the scale is applied once, to the finished tile). The band is the
+forward's (`kernels/mask.py`). Rows that saw no key (LSE = -inf) get P = 0: zero
+gradients, never NaN.
+
+The dK/dV kernel works on transposed tiles, keys in rows: S^T = K Q^T [BLOCK_N, BLOCK_M]
+comes out of the product in the layout the next products take as their left operand
+(P^T dO and dS^T Q), so no tile of P or dS is transposed in registers. Its band mask
+and query ranges are mask.py's with the roles of queries and keys exchanged.
 """
 
 import triton
@@ -19,40 +27,101 @@ import triton.language as tl
 
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
-from vflash.kernels.tile import dot, load_rows, load_tile, scores
+from vflash.kernels.tile import dot, load_tile
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right, qk_scale, sm_scale,
-                softcap_in, softcap_out, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One (query tile, key tile) pair: q / do [rows, D], k / v [BLOCK_N, D], lse2 (log2
-    # units, +inf for rows that saw no key) and delta [rows]. Returns P [rows, BLOCK_N] and
-    # dS' [rows, BLOCK_N] (the loss's gradient with respect to q.k), both fp32.
-    LOG2E: tl.constexpr = 1.4426950408889634
-    qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)
-    s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
-                      MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+def _softcap_grad(ds, qk, softcap_in, SOFTCAP: tl.constexpr):
+    # dS times the cap's derivative 1 - tanh^2, tanh from the raw product (finite
+    # everywhere, unlike the masked scores).
     if SOFTCAP:
-        p = tl.exp2(s - lse2[:, None])
-    else:
-        p = tl.exp2(s * qk_scale - lse2[:, None])
-    dp = dot(do, tl.trans(v), None, UPCAST_DOT, DOT_PRECISION)  # [rows, BLOCK_N]
-    ds = p * (dp - delta[:, None])
-    if SOFTCAP:
-        # tanh from the raw product (finite everywhere, unlike the masked scores)
         t = 1.0 - 2.0 / (tl.exp2(qk * softcap_in * (2.0 * LOG2E)) + 1.0)
         ds = ds * (1.0 - t * t)
-    return p, ds * sm_scale
+    return ds
 
 
 @triton.jit
-def _row_stats(LSE, DELTA, offs_m, n_q):
-    # lse in log2 units with -inf (no visible key) made +inf, so exp2(s - lse2) = 0; delta.
-    LOG2E: tl.constexpr = 1.4426950408889634
-    lse = tl.load(LSE + offs_m, mask=offs_m < n_q, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    return lse2, tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
+def _probs(s, lse2, qk_scale, ROWS_AXIS: tl.constexpr, SOFTCAP: tl.constexpr):
+    # P from masked_logits' scores and the rows' log2-unit LSE; ROWS_AXIS is the
+    # axis the query rows run along (0: [rows, keys], 1: transposed).
+    if ROWS_AXIS == 0:
+        lse2 = lse2[:, None]
+    else:
+        lse2 = lse2[None, :]
+    if SOFTCAP:
+        return tl.exp2(s - lse2)
+    else:
+        return tl.exp2(s * qk_scale - lse2)
+
+
+@triton.jit
+def _row_stats(lse_base, delta_base, offs_m, n_q, MASKED: tl.constexpr):
+    # lse in log2 units with -inf (no visible key) made +inf, so exp2(s - lse2) = 0;
+    # delta. Unmasked tiles: rows inside the sequence that see every key of the tile.
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        return lse2, tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
+    else:
+        return tl.load(lse_base + offs_m) * LOG2E, tl.load(delta_base + offs_m)
+
+
+@triton.jit
+def attention_bwd_delta_kernel(
+    O, DO, DLSE, DELTA,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    n_heads, n_rows,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    # grid = (cdiv(n_rows, BLOCK_M), H, B): DELTA[(b * H + h) * n_rows + m] = sum_d dO * O
+    # (- DLSE, the same layout), fp32: LSE's layout, [B, H, N] dense or [H, total] packed
+    # (B = 1, n_rows the total).
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_h = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    o = load_tile(O + off_b * stride_ob + off_h * stride_oh, offs_m, offs_d, stride_om, stride_od, n_rows, HEAD_DIM,
+                  True, HEAD_DIM != HEAD_DIM_PAD)
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_d, stride_dom, stride_dod, n_rows,
+                   HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    rows = (off_b * n_heads + off_h) * n_rows + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + rows, mask=offs_m < n_rows, other=0.0)
+    tl.store(DELTA + rows, delta, mask=offs_m < n_rows)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, start, stop, n_q, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    # Query tiles [start, stop) of one head folded into a key tile's dK, dV [BLOCK_N,
+    # HEAD_DIM_PAD] fp32 (k, v that tile). Keys past n_k need no mask: their rows of dK
+    # and dV are never stored, and nothing else reads them.
+    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    for start_m in range(start, stop, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, MASKED, CHECK_D)
+        do = load_tile(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM, MASKED, CHECK_D)
+        lse2, delta = _row_stats(lse_base, delta_base, offs_m, n_q, MASKED)
+        qk = dot(k, tl.trans(q), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        # Key j (row) sees query i (column) when i + off - left <= j <= i + off + right,
+        # i.e. j - off - right <= i <= j - off + left: masked_logits' band with the
+        # edges exchanged and the offset negated; its count bound (i < n_q) is harmless.
+        s = masked_logits(qk, offs_n, offs_m, n_q, -off, right, left, softcap_in, softcap_out,
+                          MASKED, HAS_RIGHT, HAS_LEFT, SOFTCAP)
+        p = _probs(s, lse2, qk_scale, 1, SOFTCAP)
+        dp = dot(v, tl.trans(do), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        ds = _softcap_grad(p * (dp - delta[None, :]), qk, softcap_in, SOFTCAP)
+        # P and dS rounded to the inputs' dtype for the products, as in the forward's PV
+        dv = dot(p.to(do.dtype), do, dv, UPCAST_DOT, DOT_PRECISION)
+        dk = dot(ds.to(q.dtype), q, dk, UPCAST_DOT, DOT_PRECISION)
+    return dk, dv
 
 
 @triton.jit
@@ -73,9 +142,9 @@ def attention_bwd_dkdv_kernel(
     # grid = (cdiv(n_k, BLOCK_N), Hkv, B). LSE / DELTA contiguous [B, Hq, n_q] fp32; IS_VARLEN
     # (the forward's layout): packed rows from CU_SEQLENS_Q / _K, n_q / n_k the totals and the
     # grid's first dimension the longest sequence's keys, LSE / DELTA [Hq, total_q].
-    # The query tiles that see keys [start_n, start_n + BLOCK_N): from the band's right
-    # edge (row i sees key j only if j <= i + off + right) and its left edge
-    # (j >= i + off - left); every tile is masked (the band and the ragged ends).
+    # The query rows that see keys [start_n, start_n + BLOCK_N) are key_range's with the
+    # roles exchanged (as the mask in _dkdv_tiles): masked tiles at the band's edges and
+    # the ragged n_q tail, unmasked ones between.
     start_n = tl.program_id(0) * BLOCK_N
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
@@ -92,45 +161,42 @@ def attention_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
-    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
-    k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, True, CHECK_D)
-    v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, True, CHECK_D)
-    m_lo = 0
-    m_hi = n_q
-    if HAS_RIGHT:
-        m_lo = (tl.maximum(start_n - off - right, 0) // BLOCK_M) * BLOCK_M
-    if HAS_LEFT:
-        m_hi = tl.minimum(m_hi, tl.maximum(start_n + BLOCK_N - 1 - off + left + 1, 0))
+    k = load_tile(K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn, offs_n, offs_d, stride_kn,
+                  stride_kd, n_k, HEAD_DIM, True, CHECK_D)
+    v = load_tile(V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn, offs_n, offs_d, stride_vn,
+                  stride_vd, n_k, HEAD_DIM, True, CHECK_D)
+    lo, full_lo, full_hi, hi = key_range(start_n, n_q, -off, right, left, BLOCK_N, BLOCK_M, HAS_RIGHT, HAS_LEFT)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    offs_m0 = tl.arange(0, BLOCK_M)
     for g in range(GROUP):  # the group's query heads, in order
         off_h = off_hk * GROUP + g
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
         do_base = DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom
-        row_base = row0 + off_h * row_stride_h
-        for start_m in range(m_lo, m_hi, BLOCK_M):
-            offs_m = start_m + offs_m0
-            q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)
-            do = load_rows(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM)
-            lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q)
-            p, ds = _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right, qk_scale, sm_scale,
-                                softcap_in, softcap_out, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
-                                DOT_PRECISION)
-            # P and dS' rounded to the inputs' dtype for the products, as in the forward's PV
-            dv = dot(tl.trans(p.to(do.dtype)), do, dv, UPCAST_DOT, DOT_PRECISION)
-            dk = dot(tl.trans(ds.to(q.dtype)), q, dk, UPCAST_DOT, DOT_PRECISION)
+        lse_base = LSE + row0 + off_h * row_stride_h
+        delta_base = DELTA + row0 + off_h * row_stride_h
+        if HAS_RIGHT:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                 stride_dom, stride_dod, offs_n, offs_d, lo, full_lo, n_q, off, left, right, qk_scale,
+                                 softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                                 SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                             stride_dom, stride_dod, offs_n, offs_d, full_lo, full_hi, n_q, off, left, right, qk_scale,
+                             softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
+                             SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                             stride_dom, stride_dod, offs_n, offs_d, full_hi, hi, n_q, off, left, right, qk_scale,
+                             softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                             SOFTCAP, UPCAST_DOT, DOT_PRECISION)
     mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
-             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=mask)
+             + offs_d[None, :] * stride_dkd, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
              + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-              start, stop, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+              start, stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
@@ -140,8 +206,12 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        p, ds = _tile_grads(q, k, v, do, lse2, delta, offs_m, offs_n, n_k, off, left, right, qk_scale, sm_scale,
-                            softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+        qk = dot(q, tl.trans(k), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
+                          MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+        p = _probs(s, lse2, qk_scale, 0, SOFTCAP)
+        dp = dot(do, tl.trans(v), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        ds = _softcap_grad(p * (dp - delta[:, None]), qk, softcap_in, SOFTCAP)
         dq = dot(ds.to(k.dtype), k, dq, UPCAST_DOT, DOT_PRECISION)
     return dq
 
@@ -177,26 +247,27 @@ def attention_bwd_dq_kernel(
     n_k = n_k_seq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q = load_rows(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
-                   stride_qd, n_q, HEAD_DIM)
-    do = load_rows(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
-                    stride_dod, n_q, HEAD_DIM)
-    lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q)
+    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
+                  stride_qd, n_q, HEAD_DIM, True, CHECK_D)
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
+                   stride_dod, n_q, HEAD_DIM, True, CHECK_D)
+    lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q, True)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if HAS_LEFT:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                       offs_d, lo, full_lo, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+                       offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
                        DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                   offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+                   offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                    BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                   offs_d, full_hi, hi, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+                   offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                    BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
-             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
+             + offs_d[None, :] * stride_dqd, (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

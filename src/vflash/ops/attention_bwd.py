@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from vflash import _backend
-from vflash.kernels.attention_bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
 from vflash.ops.band import Band
@@ -32,43 +32,50 @@ def attention_backward(
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = (do.float() * out.float()).sum(-1)  # rowsum(dO * O): [B, Hq, Nq], or [total_q, Hq] packed
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        strides = [t.stride() for t in (q, k, v, do)]
+        strides = [t.stride() for t in (q, k, v, do, out)]
         rows_q, rows_k, cu, top_left = Nq, Nk, (None, None), False
+        delta_grid = (-(-Nq // tiles.dq.block_m), Hq, B)
     else:
         cu_q, cu_k, rows_q, rows_k, top_left = varlen
         (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # totals: n_q is LSE's head stride
         B = cu_q.numel() - 1
-        strides = [packed_strides(t) for t in (q, k, v, do)]
+        strides = [packed_strides(t) for t in (q, k, v, do, out)]
         cu = (cu_q, cu_k)
-        delta = delta.transpose(0, 1)  # [Hq, total_q], lse's layout
-    if dlse is not None:
-        delta = delta - dlse.float()
-    delta = delta.contiguous()
+        delta_grid = (-(-Nq // tiles.dq.block_m), Hq, 1)  # packed_strides' batch stride is 0
+    # delta = rowsum(dO * O) - dlse: lse's layout, [B, Hq, Nq] or [Hq, total_q] packed
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     lse = lse.float().contiguous()
+    dlse = None if dlse is None else dlse.float().contiguous()
     out_strides = [t.stride() if varlen is None else packed_strides(t) for t in (dk, dv, dq)]
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
-    common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+    common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
                   HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
                   UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
-    options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     scalars = (band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     names = ("q", "k", "v", "do", "lse", "delta")
+    delta_launch = KernelLaunch(
+        attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
+        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.dq.block_m, HAS_DLSE=dlse is not None),
+        dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), Slot(2, "dlse"), Slot(3, "delta")))
     dkdv = KernelLaunch(
-        attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.block_n)), Hkv, B),
+        attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
         (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[0],
          *out_strides[1], Hq, Nq, Nk, *scalars),
-        dict(common, GROUP=Hq // Hkv), options, tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
+        dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
+        dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
+        tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
     dq_launch = KernelLaunch(
-        attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.block_m)), Hq, B),
+        attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
         (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
          Hq, Hq // Hkv, Nq, Nk, *scalars),
-        common, options, tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
-    launches.run(dkdv, q.device)
-    launches.run(dq_launch, q.device)
+        dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
+        dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
+        tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
+    for launch in (delta_launch, dkdv, dq_launch):
+        launches.run(launch, q.device)
     return dq, dk, dv

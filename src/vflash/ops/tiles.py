@@ -34,13 +34,19 @@ class HopperTiles(NamedTuple):
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
 
 
-class BackwardTiles(NamedTuple):
-    """`kernels/attention_bwd.py`'s launches: the dK/dV kernel's key tiles walk block_m-row
-    query tiles, the dQ kernel's query tiles walk block_n-key tiles."""
-    block_m: int
-    block_n: int
+class BackwardLaunch(NamedTuple):
+    """One of `kernels/attention_bwd.py`'s two main launches."""
+    block_m: int  # query rows: a step of the dK/dV kernel, a program of the dQ kernel
+    block_n: int  # keys: a program of the dK/dV kernel, a step of the dQ kernel
     num_warps: int
     num_stages: int
+
+
+class BackwardTiles(NamedTuple):
+    """`kernels/attention_bwd.py`'s launches: the dK/dV kernel's key tiles walk query tiles,
+    the dQ kernel's query tiles walk key tiles; the delta kernel takes dq.block_m rows."""
+    dkdv: BackwardLaunch
+    dq: BackwardLaunch
 
 
 class KVCacheTiles(NamedTuple):

@@ -1,0 +1,97 @@
+"""Tiles of the portable backward (kernels/attention_bwd.py), timed on the GPU.
+
+For a few rows of the fa / d256 sweeps (bf16), the whole backward (delta, dK/dV, dQ)
+timed with every dK/dV candidate at the table's dQ tiles, then every dQ candidate at the
+best dK/dV tiles. Each candidate's gradients are compared with the table's (a broken
+candidate prints "WRONG" and is not picked). Prints one line a candidate, the best pair
+a row, and writes a CSV.
+
+  PYTHONPATH=src python3 -m benchmarks.experiments.bwd_tune [--out bwd_tune.csv] [--rows D:N:causal ...]
+"""
+
+import argparse
+import csv
+import itertools
+
+import torch
+
+from vflash import dispatch
+from vflash.harness.bench import attention_flops, sweep_shapes, time_call
+from vflash.ops.attention import attention_forward
+from vflash.ops.attention_bwd import attention_backward
+from vflash.ops.band import mask_band
+from vflash.ops.tiles import BackwardLaunch, BackwardTiles
+
+ROWS = ["128:4096:1", "128:4096:0", "64:4096:1", "256:4096:1"]
+DKDV = [(m, n, w, s) for (m, n, w), s in itertools.product(
+    [(16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 64, 8), (16, 128, 4), (32, 128, 4), (32, 128, 8), (64, 128, 8)],
+    (2, 3))]
+DQ = [(m, n, w, s) for (m, n, w), s in itertools.product(
+    [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 32, 8), (128, 64, 8), (64, 16, 4), (128, 16, 4), (64, 64, 8)],
+    (2, 3))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bwd_tune.csv")
+    ap.add_argument("--rows", nargs="*", default=ROWS, help="D:N:causal (0/1), shapes of the fa / d256 sweeps")
+    ap.add_argument("--rep-ms", type=float, default=40.0)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    out_rows = []
+    for row in args.rows:
+        d, n, c = (int(x) for x in row.split(":"))
+        s = next(s for s in sweep_shapes("fa") + sweep_shapes("d256") if (s.D, s.Nq, s.causal) == (d, n, bool(c)))
+        torch.manual_seed(0)
+        q = torch.randn(s.B, s.Hq, s.Nq, d, device=dev, dtype=dt)
+        k = torch.randn(s.B, s.Hkv, s.Nk, d, device=dev, dtype=dt)
+        v = torch.randn_like(k)
+        do = torch.randn_like(q)
+        band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
+        scale = d ** -0.5
+        problem = dispatch.problem_of(q, k, v, None, band)
+        out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
+                                     tiles=dispatch.select(problem).tiles)
+        table = dispatch.backward_tiles(problem)
+        flops = attention_flops(s) * 2.5
+
+        def grads(t: BackwardTiles):
+            return attention_backward(do, q, k, v, out, lse, band=band, scale=scale, softcap=None, tiles=t)
+
+        want = grads(table)
+
+        def trial(kind: str, t: BackwardTiles) -> float:
+            try:
+                got = grads(t)
+                err = max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+                          for a, b in zip(got, want))
+                ms = time_call(lambda: grads(t), dev, rep_ms=args.rep_ms, warmup_ms=20)[0]
+            except Exception as e:  # noqa: BLE001 - out of resources and the like: report, go on
+                print(f"D{d} N{n} causal={c} {kind} {t}: {type(e).__name__}", flush=True)
+                return float("inf")
+            ok = err < 2e-2
+            tf = flops / ms / 1e9
+            print(f"D{d} N{n} causal={c} {kind} dkdv={tuple(t.dkdv)} dq={tuple(t.dq)}: {ms:.3f} ms "
+                  f"{tf:.1f} TFLOP/s rel_err {err:.1e}{'' if ok else ' WRONG'}", flush=True)
+            out_rows.append(dict(D=d, N=n, causal=c, kind=kind, dkdv=tuple(t.dkdv), dq=tuple(t.dq), ms=ms, tflops=tf,
+                                 rel_err=err, ok=ok))
+            return ms if ok else float("inf")
+
+        base = trial("table", table)
+        best_kv = min(DKDV, key=lambda x: trial("dkdv", table._replace(dkdv=BackwardLaunch(*x))))
+        kv = BackwardLaunch(*best_kv)
+        best_q = min(DQ, key=lambda x: trial("dq", BackwardTiles(kv, BackwardLaunch(*x))))
+        best = BackwardTiles(kv, BackwardLaunch(*best_q))
+        ms = trial("best", best)
+        print(f"BEST D{d} N{n} causal={c}: {best} {flops / ms / 1e9:.1f} TFLOP/s (table {flops / base / 1e9:.1f})",
+              flush=True)
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

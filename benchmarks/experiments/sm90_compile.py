@@ -1,0 +1,96 @@
+"""The backward's launches compiled for sm_90 on a machine without a GPU: catches what
+only the compiled path rejects (layouts, shared memory, Triton-version differences)
+before device time is spent. Every launch the launcher makes for a set of features is
+captured (ops.launch.run replaced), then compiled with triton.compile for sm_90 from its
+own arguments: tensors become pointers of their dtype, None a constexpr, ints i32,
+floats fp32.
+
+  PYTHONPATH=src python3 -m benchmarks.experiments.sm90_compile [--tiles all]
+"""
+
+import argparse
+import itertools
+import time
+
+import torch
+
+import vflash.ops.attention_bwd as bwd
+from vflash import _backend, dispatch
+from vflash.ops.band import mask_band
+from vflash.ops.tiles import BackwardLaunch, BackwardTiles
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
+
+
+def compile_launch(launch):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.kernel
+    constexprs = dict(launch.constexprs)
+    signature = {}
+    for name, arg in zip(fn.arg_names, launch.args):
+        if arg is None:
+            signature[name], constexprs[name] = "constexpr", None
+        elif isinstance(arg, torch.Tensor):
+            signature[name] = "*" + _DTYPES[arg.dtype]
+        elif isinstance(arg, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    for name in fn.arg_names[len(launch.args):]:
+        signature[name] = "constexpr"
+    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def backward_launches(d, causal, window, softcap, dtype, tiles, hq=4, hkv=2, n=300):
+    captured = []
+    real_run = bwd.launches.run
+    bwd.launches.run = lambda launch, device: captured.append(launch)
+    try:
+        q = torch.randn(1, hq, n, d, dtype=dtype)
+        k = torch.randn(1, hkv, n, d, dtype=dtype)
+        v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
+        lse = torch.randn(1, hq, n)
+        band = mask_band(n, n, causal, window)
+        bwd.attention_backward(do, q, k, v, out, lse, band=band, scale=d ** -0.5, softcap=softcap, tiles=tiles)
+    finally:
+        bwd.launches.run = real_run
+    return captured
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiles", default="table", help="table: the dispatch table's; all: bwd_tune's candidates too")
+    args = ap.parse_args()
+    _backend.interpreted = lambda device: False  # the compiled path's constexprs (no interpreter upcast)
+    features = [(None, (-1, -1), None), ("bottom_right", (-1, -1), None), (None, (64, 32), 20.0)]
+    failures = 0
+    for d, dtype in itertools.product((64, 128, 256), (torch.bfloat16, torch.float16)):
+        problem = dispatch.Problem(dtype, d, 1, 4, 300, 300, mask_band(300, 300, None, (-1, -1)),
+                                   torch.device("cuda"), False)
+        table = dispatch.backward_tiles(problem)
+        candidates = [table]
+        if args.tiles == "all":
+            from benchmarks.experiments.bwd_tune import DKDV, DQ
+            candidates += [BackwardTiles(BackwardLaunch(*a), BackwardLaunch(*b)) for a, b in zip(DKDV, DQ)]
+        for tiles, (causal, window, softcap) in itertools.product(candidates, features):
+            for launch in backward_launches(d, causal, window, softcap, dtype, tiles):
+                t0 = time.time()
+                try:
+                    compile_launch(launch)
+                    status = "ok"
+                except Exception as e:  # noqa: BLE001 - report every failure, go on
+                    status, failures = f"FAILED {type(e).__name__}: {str(e)[:300]}", failures + 1
+                print(f"D{d} {_DTYPES[dtype]} causal={causal} window={window} softcap={softcap} "
+                      f"{launch.kernel.__name__} {launch.constexprs.get('BLOCK_M')}x"
+                      f"{launch.constexprs.get('BLOCK_N')} {launch.options}: {status} ({time.time() - t0:.1f} s)",
+                      flush=True)
+    print(f"{failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
