@@ -170,16 +170,18 @@ INVARIANT_ROWS = 16
 # device: batch-invariant results depend on it.
 COMBINE = CombineTiles(split_chunk=16, num_warps=4)
 
-# --- backward (kernels/attention_bwd.py), by padded head dim: not tuned on the GPU yet -------------
+# --- backward (kernels/attention_bwd.py), by padded head dim -------------------------------------
 # dkdv: a program's block_n keys hold dK and dV [block_n, D] fp32 in registers while block_m-row
 # query tiles stream past; dq: a program's block_m rows hold dQ while block_n-key tiles stream.
+# Picked by benchmarks/experiments/bwd_tune.py on the H200 (bf16, N 4096, causal and not; the
+# candidates and their figures: docs/performance.md, "Backward"); D 16 / 32 take D 64's.
 _B = BackwardLaunch
 BACKWARD: Dict[int, BackwardTiles] = {
-    16: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
-    32: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
-    64: BackwardTiles(dkdv=_B(32, 128, 4, 3), dq=_B(128, 32, 4, 3)),
-    128: BackwardTiles(dkdv=_B(32, 128, 8, 2), dq=_B(128, 32, 8, 2)),
-    256: BackwardTiles(dkdv=_B(32, 64, 8, 1), dq=_B(64, 32, 8, 1)),
+    16: BackwardTiles(dkdv=_B(32, 64, 4, 3), dq=_B(64, 64, 4, 3)),
+    32: BackwardTiles(dkdv=_B(32, 64, 4, 3), dq=_B(64, 64, 4, 3)),
+    64: BackwardTiles(dkdv=_B(32, 64, 4, 3), dq=_B(64, 64, 4, 3)),
+    128: BackwardTiles(dkdv=_B(64, 64, 4, 2), dq=_B(128, 32, 4, 3)),
+    256: BackwardTiles(dkdv=_B(64, 64, 8, 2), dq=_B(128, 32, 8, 3)),
 }
 BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(_B(32, 32, 4, 1), _B(32, 32, 4, 1))
                                            for d in (16, 32, 64, 128, 256)}
