@@ -375,6 +375,9 @@ PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
 SERVING = "benchmarks/results/2026-12-02-h200-s18-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
+BACKWARD = "benchmarks/results/2026-12-02-h200-s19-backward"
+BACKWARD_CURRENT = ("bwd.csv", "bwd_d256.csv")  # BENCHMARKS.md shows these; the run's REPORT.md every one
+ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
 # Issue 22's decode bars: at or above cuDNN; 4.4 TB/s where cuDNN passes 4 TB/s; 1.2x cuDNN or 4.4 TB/s
 # (the lower) at B 1-8 from KV 8k; paged within 5 % of vflash's contiguous cache.
 DECODE_FAST = 4400.0
@@ -397,12 +400,16 @@ def _serving_csv(rows):
     return bool(rows) and rows[0].get("sweep") in SERVING_SWEEPS and "gbps" in rows[0]
 
 
+def _backward_csv(rows):
+    return bool(rows) and rows[0].get("mode", "fwd") != "fwd"
+
+
 def _bench_csvs(folder):
     bench, mem = [], []
     for p in sorted(glob.glob(os.path.join(folder, "*.csv"))):
         rows = _read(p)
-        if _serving_csv(rows):
-            continue  # serving_text renders them
+        if _serving_csv(rows) or _backward_csv(rows):
+            continue  # serving_text / backward_text render them
         if rows and "method" in rows[0] and "tflops" in rows[0]:
             bench.append((p, rows))
         elif rows and "S" in rows[0]:
@@ -521,8 +528,10 @@ def run_report(folder):
                 out.append("```\n" + f.read().strip() + "\n```\n")
     serving = serving_text(folder, base)
     out += serving
+    backward, backward_csvs = backward_text(folder, base)
+    out += backward
     out += _sweeps(bench, mem, base)
-    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"}
+    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs)
     if serving:
         shown |= {f"{s}.csv" for s in SERVING_SWEEPS}
     others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))
@@ -532,7 +541,7 @@ def run_report(folder):
     return "\n".join(out)
 
 
-def brief(folder, host_folders=(), serving=SERVING):
+def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD):
     """BENCHMARKS.md: the primary run only (environment, the bar row by row, one line per
     gap with its reason, the sweeps), with links to the run's full report and every run."""
     bench, mem = _bench_csvs(folder)
@@ -569,6 +578,7 @@ def brief(folder, host_folders=(), serving=SERVING):
         out.append("One line per group of rows, with the measured gap and its reason.\n")
         out.append("\n".join(_wrap(g, "  ") for g in gaps) + "\n")
     out += serving_text(serving, base) if serving else []
+    out += backward_text(backward, base, BACKWARD_CURRENT)[0] if backward else []
     out += _sweeps(bench, mem, base)
     return "\n".join(out)
 
@@ -641,6 +651,71 @@ def serving_text(folder, base=""):
                        f"{r['us_median']} | {r['vs_sdpa_cudnn'] or '-'} |")
         out.append("")
     return out
+
+
+def _bwd_anchors():
+    # FA4's backward figures (fp16, docs/ANCHORS.md "Backward"), by (D, causal, N).
+    return {(int(r["D"]), r["causal"], int(r["N"])): float(r["fa4_tflops"]) for r in _read(ANCHORS_BWD)}
+
+
+def _bwd_bar(d, causal, n, cudnn, anchors):
+    """Issue 23's bar for one row: (bar TFLOP/s, needed ratio): same-run cuDNN from N = 1024,
+    and FA4's anchor where higher at D 128 from N = 4096; 0.9x cuDNN at N = 512."""
+    if n < 1024:
+        return cudnn, 0.9
+    bar = cudnn
+    if d == 128 and n >= 4096:
+        bar = max(bar, anchors.get((d, causal, n), 0.0))
+    return bar, 1.0
+
+
+def backward_text(folder, base="", files=None):
+    """A run's backward CSVs (`vflash bench --mode bwd`), row by row against issue 23's bar and
+    SDPA flash's peak memory; returns (markdown lines, the CSV file names rendered)."""
+    csvs = [(p, _read(p)) for p in sorted(glob.glob(os.path.join(folder, "*.csv")))]
+    csvs = [(p, rows) for p, rows in csvs if _backward_csv(rows) and "tflops" in rows[0]
+            and (files is None or os.path.basename(p) in files)]
+    if not csvs:
+        return [], []
+    anchors = _bwd_anchors()
+    out = [f"## Backward (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`vflash bench --mode bwd` on the run in [{os.path.basename(folder)}]({_link(folder, base)}/"
+                 "REPORT.md): the backward of one recorded forward, TFLOP/s counting 2.5x the forward's FLOPs, "
+                 "SDPA flash and cuDNN backward in the same run. vflash's backward is deterministic (no atomics). "
+                 "The bar is issue 23's: at or above same-run cuDNN from N = 1024, also FA4's anchor (fp16, "
+                 "docs/ANCHORS.md) at D 128 from N = 4096, 0.9x cuDNN at N = 512; peak memory (one call's "
+                 "incremental peak) at most SDPA flash's.") + "\n"]
+    names = []
+    for p, rows in csvs:
+        names.append(os.path.basename(p))
+        by = defaultdict(dict)
+        for r in rows:
+            if r["status"] == "ok":
+                by[(r["dtype"], int(r["D"]), r["causal"], int(r["Nq"]))][r["method"]] = r
+        out.append(f"### `{os.path.basename(p)}` (sweep `{rows[0]['sweep']}`, mode `{rows[0]['mode']}`)\n")
+        out.append("| dtype | D | causal | N | vflash | SDPA flash | SDPA cuDNN | FA4 (anchor) | vflash / cuDNN | "
+                   "bar | met | peak MiB vflash / flash |")
+        out.append("|" + "---|" * 12)
+        met = mem_ok = total = 0
+        for (dtype, d, causal, n), m in sorted(by.items()):
+            if not {"vflash", "sdpa_cudnn", "sdpa_flash"} <= m.keys():
+                continue
+            vf, fl, cu = (float(m[x]["tflops"]) for x in ("vflash", "sdpa_flash", "sdpa_cudnn"))
+            bar, need = _bwd_bar(d, causal, n, cu, anchors)
+            ok = vf >= need * bar
+            mv, mf = float(m["vflash"]["peak_mib"]), float(m["sdpa_flash"]["peak_mib"])
+            total += 1
+            met += ok
+            mem_ok += mv <= mf
+            anchor = anchors.get((d, causal, n))
+            out.append(f"| {dtype} | {d} | {'yes' if causal == 'True' else 'no'} | {n} | {vf:.0f} | {fl:.0f} | "
+                       f"{cu:.0f} | {'-' if anchor is None else f'{anchor:.0f}'} | {vf / cu:.2f} | "
+                       f"{'' if need == 1.0 else f'{need:.1f} x '}{bar:.0f} | {'yes' if ok else '**no**'} | "
+                       f"{mv:.0f} / {mf:.0f} |")
+        out.append("")
+        out.append(_wrap(f"Bar met on **{met} of {total}** rows; peak memory at or below SDPA flash's on {mem_ok} "
+                         f"of {total}.") + "\n")
+    return out, names
 
 
 def _run_folders(results=RESULTS):
