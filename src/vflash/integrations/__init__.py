@@ -1,0 +1,1 @@
+"""Adapters that run vflash inside other frameworks (each imports its framework lazily)."""
