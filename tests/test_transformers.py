@@ -193,7 +193,11 @@ def test_torch_compile_fullgraph_of_the_model_forward_and_backward(device):
 
 def test_packed_rows_under_torch_compile_without_kwargs_stop_with_an_error(device):
     # transformers' mask function cannot be inspected in a traced forward: a device-side
-    # assert stops restarting position_ids instead of attending across sequences
+    # assert stops restarting position_ids instead of attending across sequences. On CUDA
+    # that assert ends the process's CUDA context (its message on stderr), so the test
+    # runs on the CPU only.
+    if device.type != "cpu":
+        pytest.skip("a CUDA device-side assert cannot be caught in-process")
     model, _ = _model("llama", device)
     model.set_attn_implementation(NAME)
     _, ids, pos, _ = _packed(device)
