@@ -376,6 +376,7 @@ PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 SERVING = "benchmarks/results/2026-12-02-h200-s18-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 BACKWARD = "benchmarks/results/2026-12-02-h200-s19-backward"
+TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 BACKWARD_CURRENT = ("bwd.csv", "bwd_d256.csv")  # BENCHMARKS.md shows these; the run's REPORT.md every one
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
 # Issue 22's decode bars: at or above cuDNN; 4.4 TB/s where cuDNN passes 4 TB/s; 1.2x cuDNN or 4.4 TB/s
@@ -530,6 +531,9 @@ def run_report(folder):
     out += serving
     backward, backward_csvs = backward_text(folder, base)
     out += backward
+    hf, hf_csvs = transformers_text(folder, base)
+    out += hf
+    backward_csvs = list(backward_csvs) + hf_csvs
     out += _sweeps(bench, mem, base)
     shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs)
     if serving:
@@ -541,7 +545,7 @@ def run_report(folder):
     return "\n".join(out)
 
 
-def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD):
+def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS):
     """BENCHMARKS.md: the primary run only (environment, the bar row by row, one line per
     gap with its reason, the sweeps), with links to the run's full report and every run."""
     bench, mem = _bench_csvs(folder)
@@ -579,6 +583,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD):
         out.append("\n".join(_wrap(g, "  ") for g in gaps) + "\n")
     out += serving_text(serving, base) if serving else []
     out += backward_text(backward, base, BACKWARD_CURRENT)[0] if backward else []
+    out += transformers_text(hf, base)[0] if hf else []
     out += _sweeps(bench, mem, base)
     return "\n".join(out)
 
@@ -651,6 +656,45 @@ def serving_text(folder, base=""):
                        f"{r['us_median']} | {r['vs_sdpa_cudnn'] or '-'} |")
         out.append("")
     return out
+
+
+def transformers_text(folder, base=""):
+    """A run's hf_llama*.csv (benchmarks/experiments/hf_llama.py): a Llama-shaped model in
+    transformers with vflash against SDPA in the same run; returns (lines, CSV names)."""
+    csvs = sorted(glob.glob(os.path.join(folder, "hf_llama*.csv")))
+    if not csvs:
+        return [], []
+    out = [f"## Hugging Face transformers (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/hf_llama.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): Llama-3.2-1B's shape with random weights, bf16, "
+                 "`attn_implementation` vflash (`vflash.integrations.transformers`) and `\"sdpa\"` alternated in "
+                 "one run, medians of three rounds. Decode is `generate` (64 greedy tokens after 512) less the "
+                 "prefill of its prompts: mostly transformers' own per-token host work.") + "\n"]
+    for p in csvs:
+        rows = _read(p)
+        by = defaultdict(dict)
+        for r in rows:
+            by[r["what"]][r["impl"]] = r
+        r0 = rows[0]
+        out.append(f"### `{os.path.basename(p)}` ({int(r0['params']) / 1e9:.2f}B parameters)\n")
+        out.append("| measurement | SDPA ms | vflash ms | SDPA tokens/s | vflash tokens/s | vflash / SDPA |")
+        out.append("|---|---|---|---|---|---|")
+        for what, m in by.items():
+            sd, vf = m.get("sdpa"), next((v for k, v in m.items() if k != "sdpa"), None)
+            if not sd or not vf:
+                continue
+            out.append(f"| {what} | {float(sd['ms']):.1f} | {float(vf['ms']):.1f} | "
+                       f"{float(sd['tokens_per_s']):.0f} | {float(vf['tokens_per_s']):.0f} | "
+                       f"{float(sd['ms']) / float(vf['ms']):.2f}x |")
+        out.append("")
+        errs = {r["impl"]: r.get("logits_err_vs_fp32") for r in rows}
+        err = (", ".join(f"{k} {float(v):.3f}" for k, v in errs.items() if v) + " against the same weights in fp32; "
+               if any(errs.values()) else "")
+        out.append(_wrap(f"Prefill logits: largest difference on real tokens {float(r0['logits_max_diff']):.3f} "
+                         f"({err or ''}bf16). Greedy decode: {r0['greedy_rows_identical']} rows identical over 64 "
+                         f"tokens (random bf16 weights leave near-ties between top logits; the first differing "
+                         f"position of each row, 0 where identical: {r0['first_divergence']}).") + "\n")
+    return out, [os.path.basename(p) for p in csvs]
 
 
 def _bwd_anchors():

@@ -223,3 +223,18 @@ def test_run_report_lists_the_files_it_does_not_render(tmp_path):
     out = report.run_report(str(tmp_path))
     assert "## Note\n\nA/B of two trees." in out
     assert "[ab.txt](ab.txt)" in out and "Environment: (no environment record)" in out
+
+
+def test_backward_table_holds_the_bar_row_by_row(tmp_path):
+    # one row above the bar (N 1024, D 64), one below (D 128 N 4096: FA4's anchor 570 is above cuDNN)
+    head = "date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,tflops,peak_mib,mode\n"
+    rows = [("vflash", 64, 1024, 400, 100), ("sdpa_flash", 64, 1024, 200, 300), ("sdpa_cudnn", 64, 1024, 380, 200),
+            ("vflash", 128, 4096, 550, 100), ("sdpa_flash", 128, 4096, 300, 90), ("sdpa_cudnn", 128, 4096, 500, 200)]
+    text = head + "".join(f"d,g,fa,{m},bf16,1,2,2,{n},{n},{d},False,ok,{t},{mem},bwd\n" for m, d, n, t, mem in rows)
+    (tmp_path / "bwd.csv").write_text(text)
+    lines, names = report.backward_text(str(tmp_path))
+    body = "\n".join(lines)
+    assert names == ["bwd.csv"]
+    assert "| bf16 | 64 | no | 1024 | 400 | 200 | 380 | 438 | 1.05 | 380 | yes | 100 / 300 |" in body
+    assert "| bf16 | 128 | no | 4096 | 550 | 300 | 500 | 570 | 1.10 | 570 | **no** | 100 / 90 |" in body
+    assert "Bar met on **1 of 2** rows; peak memory at or below SDPA flash's on 1 of 2." in body
