@@ -1,0 +1,107 @@
+"""Ring attention (vflash.distributed) in 2 and 4 gloo processes on the CPU, through the
+interpreter, against single-process vflash.attention on the full sequence: the forward
+shard by shard, and the gradients of q, k and v."""
+
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import vflash
+from vflash.distributed import ring_attention, shard_sequence, unshard_sequence
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shard_and_unshard_are_inverse(layout, world):
+    x = torch.arange(2 * 3 * 24 * 2).reshape(2, 3, 24, 2)
+    shards = [shard_sequence(x, r, world, layout=layout) for r in range(world)]
+    assert all(s.shape == (2, 3, 24 // world, 2) for s in shards)
+    assert torch.equal(unshard_sequence(shards, layout=layout), x)
+
+
+def test_zigzag_holds_chunks_r_and_2r_minus_1_minus_r():
+    x = torch.arange(8)[None, None, :, None]  # 8 chunks of 1 for R = 4
+    assert shard_sequence(x, 1, 4).flatten().tolist() == [1, 6]
+    assert shard_sequence(x, 3, 4).flatten().tolist() == [3, 4]
+    with pytest.raises(ValueError, match="multiple"):
+        shard_sequence(torch.zeros(1, 1, 12, 1), 0, 4)  # 12 rows, 8 chunks
+    with pytest.raises(ValueError, match="layout"):
+        shard_sequence(x, 0, 4, layout="striped")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CASES = {
+    "causal_zigzag": dict(causal=True, layout="zigzag"),
+    "noncausal_contiguous": dict(causal=False, layout="contiguous"),
+    "window_gqa": dict(causal=True, window=(5, 0), layout="zigzag", hkv=1),
+    "window_both_sides": dict(causal=False, window=(3, 4), layout="contiguous", softcap=3.0),
+    "longer_kv": dict(causal=True, layout="contiguous", nk_factor=2),
+}
+
+
+def _worker(rank, world, port, case, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        opts = dict(CASES[case])
+        layout, hkv, nk_factor = opts.pop("layout"), opts.pop("hkv", 2), opts.pop("nk_factor", 1)
+        g = torch.Generator().manual_seed(0)
+        n = 8 * world  # 8 rows a rank: zigzag chunks of 4
+        q = torch.randn(1, 2, n, 16, generator=g)
+        k = torch.randn(1, hkv, n * nk_factor, 16, generator=g)
+        v = torch.randn(1, hkv, n * nk_factor, 16, generator=g)
+        do = torch.randn(1, 2, n, 16, generator=g)
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = vflash.attention(*full, **opts)
+        want.backward(do)
+        shard = lambda t: shard_sequence(t, rank, world, layout=layout)  # noqa: E731
+        mine = [shard(t).requires_grad_() for t in (q, k, v)]
+        runs = []
+        for _ in range(2):  # twice: the same bits
+            for t in mine:
+                t.grad = None
+            out, lse = ring_attention(*mine, layout=layout, return_lse=True, **opts)
+            out.backward(shard(do))
+            runs.append([out.detach()] + [t.grad.clone() for t in mine])
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
+        _, want_lse = vflash.attention(q, k, v, return_lse=True, **opts)
+        torch.testing.assert_close(lse, shard(want_lse), atol=1e-5, rtol=1e-5)
+        got, gq, gk, gv = runs[0]
+        for name, a, b in (("out", got, shard(want.detach())), ("dq", gq, shard(full[0].grad)),
+                           ("dk", gk, shard(full[1].grad)), ("dv", gv, shard(full[2].grad))):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
+        open(os.path.join(out_dir, f"ok{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world, case):
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_worker, args=(world, _free_port(), case, d), nprocs=world, join=True)
+        assert sorted(os.listdir(d)) == [f"ok{r}" for r in range(world)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ring_attention_on_two_ranks_matches_one_process(case):
+    _run(2, case)
+
+
+@pytest.mark.parametrize("case", ["causal_zigzag", "window_gqa"])
+def test_ring_attention_on_four_ranks_matches_one_process(case):
+    _run(4, case)
+
+
+def test_ring_attention_needs_a_process_group():
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="process group"):
+        ring_attention(q, q, q)
