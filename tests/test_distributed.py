@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vflash
-from vflash.distributed import ring_attention, shard_sequence, unshard_sequence
+from vflash.distributed import (ring_attention, ring_attention_varlen, shard_sequence, shard_varlen,
+                                unshard_sequence, unshard_varlen)
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
@@ -32,6 +33,15 @@ def test_zigzag_holds_chunks_r_and_2r_minus_1_minus_r():
         shard_sequence(torch.zeros(1, 1, 12, 1), 0, 4)  # 12 rows, 8 chunks
     with pytest.raises(ValueError, match="layout"):
         shard_sequence(x, 0, 4, layout="striped")
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_shard_and_unshard_varlen_are_inverse(layout):
+    cu = torch.tensor([0, 8, 8, 24, 28], dtype=torch.int32)  # lengths 8, 0, 16, 4
+    x = torch.arange(28 * 3).reshape(28, 3)
+    shards = [shard_varlen(x, cu, r, 2, layout=layout) for r in range(2)]
+    assert all(s[1].tolist() == [0, 4, 4, 12, 14] and s[2] == 8 for s in shards)
+    assert torch.equal(unshard_varlen([s[0] for s in shards], cu, layout=layout), x)
 
 
 def _free_port():
@@ -85,9 +95,36 @@ def _worker(rank, world, port, case, out_dir):
         dist.destroy_process_group()
 
 
+def _varlen_worker(rank, world, port, case, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        causal, layout = {"varlen_causal": (True, "zigzag"), "varlen_full": (False, "contiguous")}[case]
+        n = 2 * world  # zigzag chunks per sequence
+        cu = torch.tensor([0, 4 * n, 4 * n, 7 * n, 8 * n], dtype=torch.int32)  # lengths 4n, 0, 3n, n
+        g = torch.Generator().manual_seed(0)
+        total = int(cu[-1])
+        q, do = torch.randn(total, 2, 16, generator=g), torch.randn(total, 2, 16, generator=g)
+        k, v = torch.randn(total, 1, 16, generator=g), torch.randn(total, 1, 16, generator=g)
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = vflash.attention_varlen(*full, cu, cu, 4 * n, 4 * n, causal=causal, softcap=4.0)
+        want.backward(do)
+        shard = lambda t: shard_varlen(t, cu, rank, world, layout=layout)[0]  # noqa: E731
+        _, cu_local, max_local = shard_varlen(q, cu, rank, world, layout=layout)
+        mine = [shard(t).requires_grad_() for t in (q, k, v)]
+        out = ring_attention_varlen(*mine, cu_local, max_local, causal=causal, softcap=4.0, layout=layout)
+        out.backward(shard(do))
+        for name, a, b in (("out", out, shard(want.detach())), ("dq", mine[0].grad, shard(full[0].grad)),
+                           ("dk", mine[1].grad, shard(full[1].grad)), ("dv", mine[2].grad, shard(full[2].grad))):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
+        open(os.path.join(out_dir, f"ok{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
 def _run(world, case):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(world, _free_port(), case, d), nprocs=world, join=True)
+        worker = _varlen_worker if case.startswith("varlen") else _worker
+        mp.spawn(worker, args=(world, _free_port(), case, d), nprocs=world, join=True)
         assert sorted(os.listdir(d)) == [f"ok{r}" for r in range(world)]
 
 
@@ -99,6 +136,11 @@ def test_ring_attention_on_two_ranks_matches_one_process(case):
 @pytest.mark.parametrize("case", ["causal_zigzag", "window_gqa"])
 def test_ring_attention_on_four_ranks_matches_one_process(case):
     _run(4, case)
+
+
+@pytest.mark.parametrize("case", ["varlen_causal", "varlen_full"])
+def test_ring_attention_varlen_on_two_ranks_matches_one_process(case):
+    _run(2, case)
 
 
 def test_ring_attention_needs_a_process_group():

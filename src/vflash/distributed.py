@@ -71,6 +71,31 @@ def unshard_sequence(shards: Sequence[torch.Tensor], *, layout: str = "zigzag", 
     return torch.cat(parts, dim=dim)
 
 
+def shard_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, rank: int, world_size: int, *,
+                 layout: str = "zigzag") -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """This rank's shard of packed sequences x [total, ...] (int32 cu_seqlens [B + 1]): each
+    sequence cut as shard_sequence cuts one (its length a multiple of the layout's chunks).
+    Returns (x_local [total / R, ...], cu_seqlens_local, max_seqlen_local)."""
+    lengths = torch.diff(cu_seqlens).tolist()
+    parts = [shard_sequence(x[int(s):int(s) + n], rank, world_size, layout=layout, dim=0)
+             for s, n in zip(cu_seqlens[:-1].tolist(), lengths)]
+    local = [n // world_size for n in lengths]
+    cu = torch.tensor([0] + local, dtype=torch.int32, device=cu_seqlens.device).cumsum(0, dtype=torch.int32)
+    return torch.cat(parts) if parts else x[:0], cu, max(local, default=0)
+
+
+def unshard_varlen(shards: Sequence[torch.Tensor], cu_seqlens: torch.Tensor, *, layout: str = "zigzag") -> torch.Tensor:
+    """The full packed tensor (the full sequences' cu_seqlens) from every rank's shard_varlen."""
+    world_size = len(shards)
+    lengths = [n // world_size for n in torch.diff(cu_seqlens).tolist()]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    seqs = [unshard_sequence([sh[starts[b]:starts[b + 1]] for sh in shards], layout=layout, dim=0)
+            for b in range(len(lengths))]
+    return torch.cat(seqs) if seqs else shards[0][:0]
+
+
 def _pair_band(q_start: int, n_q: int, k_start: int, n_k: int, off: int, left: int, right: int):
     # The band of a (query chunk, key chunk) pair from global positions: global query p
     # sees global key t when p + off - left <= t <= p + off + right, so local row i sees
@@ -101,13 +126,17 @@ def _ring_shift(tensors: Sequence[torch.Tensor], group, rank: int, world_size: i
 
 
 class _Ring:
-    """The schedule of one call: which chunk pairs meet at each step, with their bands."""
+    """The schedule of one call: which chunk pairs meet at each step, with their bands.
+    Dense shards: chunks of q_chunk / k_chunk rows, bands from global positions. Packed
+    (varlen) shards, q_chunk = k_chunk = None: each sequence cut alike, self-attention with
+    no window, so a pair is the diagonal (causal), entirely visible, or skipped."""
 
     def __init__(self, rank, world_size, layout, n_q, n_k, off, left, right):
         self.rank, self.world_size = rank, world_size
         ids = _chunk_ids(rank, world_size, layout)
-        self.q_chunk, self.k_chunk = n_q // len(ids), n_k // len(ids)
         self.q_ids, self.layout = ids, layout
+        self.q_chunk = None if n_q is None else n_q // len(ids)
+        self.k_chunk = None if n_k is None else n_k // len(ids)
         self.off, self.left, self.right = off, left, right
 
     def pairs(self, step):
@@ -117,29 +146,114 @@ class _Ring:
         k_ids = _chunk_ids(src, self.world_size, self.layout)
         for a, qc in enumerate(self.q_ids):
             for b, kc in enumerate(k_ids):
-                band = _pair_band(qc * self.q_chunk, self.q_chunk, kc * self.k_chunk, self.k_chunk, self.off,
-                                  self.left, self.right)
+                if self.q_chunk is None:
+                    causal = self.right >= 0
+                    band = None if causal and qc < kc else (0, -1, 0 if causal and qc == kc else -1)
+                else:
+                    band = _pair_band(qc * self.q_chunk, self.q_chunk, kc * self.k_chunk, self.k_chunk, self.off,
+                                      self.left, self.right)
                 if band is not None:
                     yield a, b, band
 
 
-def _split(x, n):
-    return x.chunk(n, dim=2)
+class _Dense:
+    """[B, H, N_local, D] shards: a chunk is a view along the sequence dim; LSE [B, H, n]."""
+
+    def __init__(self, n_chunks):
+        self.n = n_chunks
+
+    def split(self, x):
+        return [c.contiguous() for c in x.chunk(self.n, dim=2)]
+
+    def join(self, parts):
+        return torch.cat(parts, dim=2)
+
+    def empty_lse(self, q_part):
+        B, H, n, _ = q_part.shape
+        return q_part.new_full((B, H, n), float("-inf"), dtype=torch.float32)
+
+    def merge_lse(self, lse):  # merge_states' layout: out's leading dims
+        return lse
+
+    def split_lse(self, lse):
+        return [c.contiguous() for c in lse.chunk(self.n, dim=2)]
+
+    def join_lse(self, parts):
+        return torch.cat(parts, dim=2)
+
+    def forward(self, q, k, v, band, scale, softcap):
+        return library.attention_fwd(q, k, v, *band, scale, softcap)
+
+    def backward(self, do, dlse, q, k, v, out, lse, band, scale, softcap):
+        return library.attention_bwd(do, dlse, q, k, v, out, lse, *band, scale, softcap)
+
+
+class _Packed:
+    """[total_local, H, D] shards of packed sequences, each sequence's rows cut into the
+    layout's chunks: a chunk is the gathered rows of every sequence's chunk; LSE [H, total]."""
+
+    def __init__(self, n_chunks, cu_seqlens, max_seqlen):
+        self.n = n_chunks
+        lengths = torch.diff(cu_seqlens) // n_chunks
+        starts = cu_seqlens[:-1].long()
+        self.index = []  # rows of chunk c of every sequence, in sequence order
+        for c in range(n_chunks):
+            rows = [torch.arange(int(s) + c * int(n), int(s) + (c + 1) * int(n), device=cu_seqlens.device)
+                    for s, n in zip(starts.tolist(), lengths.tolist())]
+            self.index.append(torch.cat(rows) if rows else cu_seqlens.new_zeros(0, dtype=torch.long))
+        self.cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        self.max = max_seqlen // n_chunks
+        self.total = int(cu_seqlens[-1])
+
+    def split(self, x):
+        return [x.index_select(0, i) for i in self.index]
+
+    def join(self, parts):
+        out = parts[0].new_empty((self.total,) + tuple(parts[0].shape[1:]))
+        for i, p in zip(self.index, parts):
+            out.index_copy_(0, i, p)
+        return out
+
+    def empty_lse(self, q_part):
+        return q_part.new_full((q_part.shape[1], q_part.shape[0]), float("-inf"), dtype=torch.float32)
+
+    def merge_lse(self, lse):
+        return lse.transpose(0, 1).contiguous()
+
+    def split_lse(self, lse):
+        return [lse.index_select(1, i).contiguous() for i in self.index]
+
+    def join_lse(self, parts):
+        out = parts[0].new_empty((parts[0].shape[0], self.total))
+        for i, p in zip(self.index, parts):
+            out.index_copy_(1, i, p)
+        return out
+
+    def forward(self, q, k, v, band, scale, softcap):
+        _, left, right = band
+        return library.attention_varlen_fwd(q, k, v, self.cu, self.cu, self.max, self.max, left, right, False,
+                                            scale, softcap)
+
+    def backward(self, do, dlse, q, k, v, out, lse, band, scale, softcap):
+        _, left, right = band
+        return library.attention_varlen_bwd(do, dlse, q, k, v, out, lse, self.cu, self.cu, self.max, self.max,
+                                            left, right, False, scale, softcap)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, group, scale, softcap):
+    def forward(ctx, q, k, v, ring, group, scale, softcap, chunks):
         R = ring.world_size
         nq = len(ring.q_ids)
-        qs = _split(q, nq)
+        qs = chunks.split(q)
         acc: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * nq
         kv = (k.contiguous(), v.contiguous())
         for step in range(R):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
-            ks, vs = _split(kv[0], nq), _split(kv[1], nq)
-            for a, b, (off, left, right) in ring.pairs(step):
-                out, lse = library.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, softcap)
+            ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
+            for a, b, band in ring.pairs(step):
+                out, lse = chunks.forward(qs[a], ks[b], vs[b], band, scale, softcap)
+                lse = chunks.merge_lse(lse)
                 if acc[a] is None:
                     acc[a] = (out.float(), lse)
                 else:
@@ -149,44 +263,44 @@ class _RingAttention(torch.autograd.Function):
                 for r in reqs:
                     r.wait()
                 kv = tuple(recv)
-        B, H, _, D = q.shape
         outs, lses = [], []
         for a in range(nq):
             if acc[a] is None:  # no key visible to any of these rows
-                acc[a] = (q.new_zeros((B, H, qs[a].shape[2], D), dtype=torch.float32),
-                          q.new_full((B, H, qs[a].shape[2]), float("-inf"), dtype=torch.float32))
+                lse = chunks.empty_lse(qs[a])
+                acc[a] = (qs[a].new_zeros(qs[a].shape, dtype=torch.float32), chunks.merge_lse(lse))
             outs.append(acc[a][0])
-            lses.append(acc[a][1])
-        out = torch.cat(outs, dim=2).to(q.dtype)
-        lse = torch.cat(lses, dim=2)
+            lses.append(chunks.merge_lse(acc[a][1]))  # a transpose is its own inverse
+        out = chunks.join(outs).to(q.dtype)
+        lse = chunks.join_lse(lses)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.group, ctx.scale, ctx.softcap = ring, group, scale, softcap
+        ctx.ring, ctx.group, ctx.scale, ctx.softcap, ctx.chunks = ring, group, scale, softcap, chunks
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        ring, group = ctx.ring, ctx.group
-        R, nq = ring.world_size, len(ring.q_ids)
-        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        qs, outs, douts = _split(q, nq), _split(out, nq), _split(dout, nq)
-        lses = tuple(x.contiguous() for x in _split(lse, nq))
-        dlses = (None,) * nq if dlse is None else tuple(x.contiguous() for x in _split(dlse, nq))
+        ring, group, chunks = ctx.ring, ctx.group, ctx.chunks
+        R = ring.world_size
+        dout = torch.zeros_like(out) if dout is None else dout
+        qs, outs, douts = chunks.split(q), chunks.split(out), chunks.split(dout)
+        lses = chunks.split_lse(lse)
+        dlses = [None] * len(qs) if dlse is None else chunks.split_lse(dlse.float())
         dq = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in qs]
         kv = (k.contiguous(), v.contiguous())
         dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
         for step in range(R):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
-            ks, vs = _split(kv[0], nq), _split(kv[1], nq)
-            dks, dvs = _split(dkv[0], nq), _split(dkv[1], nq)
-            for a, b, (off, left, right) in ring.pairs(step):
-                gq, gk, gv = library.attention_bwd(douts[a].contiguous(), dlses[a], qs[a].contiguous(),
-                                                   ks[b].contiguous(), vs[b].contiguous(), outs[a].contiguous(),
-                                                   lses[a], off, left, right, ctx.scale, ctx.softcap)
+            ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
+            dks = [torch.zeros(x.shape, dtype=torch.float32, device=k.device) for x in ks]
+            dvs = [torch.zeros(x.shape, dtype=torch.float32, device=v.device) for x in vs]
+            for a, b, band in ring.pairs(step):
+                gq, gk, gv = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
+                                             ctx.scale, ctx.softcap)
                 dq[a] += gq
-                dks[b].add_(gk)
-                dvs[b].add_(gv)
+                dks[b] += gk
+                dvs[b] += gv
+            dkv = (dkv[0] + chunks.join(dks), dkv[1] + chunks.join(dvs))
             recv_dkv, reqs_dkv = _ring_shift(dkv, group, ring.rank, R)  # after the last step: home
             if pending is not None:
                 recv, reqs = pending
@@ -196,8 +310,13 @@ class _RingAttention(torch.autograd.Function):
             for r in reqs_dkv:
                 r.wait()
             dkv = tuple(recv_dkv)
-        grad_q = torch.cat(dq, dim=2).to(q.dtype)
-        return grad_q, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        return (chunks.join(dq).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 5
+
+
+def _group(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("ring attention needs an initialised torch.distributed process group")
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def ring_attention(
@@ -229,9 +348,7 @@ def ring_attention(
         out [B, Hq, Nq_local, D] in q's dtype (this rank's shard of the full output), or
         (out, lse). Differentiable: the backward passes dK / dV around the ring.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("ring_attention needs an initialised torch.distributed process group")
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rank, world = _group(group)
     _validate.check_qkv(q, k, v)
     causal_mode, (left, right), scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
@@ -244,5 +361,47 @@ def ring_attention(
     if causal_mode is not None:
         right = 0 if right < 0 else min(right, 0)
     ring = _Ring(rank, world, layout, n_q, n_k, off, left, right)
-    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f)
+    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, _Dense(n_ids))
+    return (out, lse) if return_lse else out
+
+
+def ring_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    group: Optional["dist.ProcessGroup"] = None,
+    causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    layout: str = "zigzag",
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Ring attention over packed sequences, each sharded by position across the ranks
+    (`shard_varlen`): self-attention, as `vflash.attention_varlen` on the full sequences.
+
+    Args:
+        q: [total_local, Hq, D], k / v: [total_local, Hkv, D], this rank's shard.
+        cu_seqlens: int32 [B + 1] of the local shard (shard_varlen's); every rank the same.
+        max_seqlen: the longest local sequence.
+        causal, scale, softcap: as in `attention_varlen` (no window: a window's band
+            differs per sequence chunk, which the varlen kernel does not take yet).
+        layout: "zigzag" or "contiguous"; each local sequence a multiple of its chunks.
+
+    Returns:
+        out [total_local, Hq, D], or (out, lse [Hq, total_local] fp32).
+    """
+    rank, world = _group(group)
+    _validate.check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, True)
+    causal_mode, _, scale_f, softcap_f, return_lse = _validate.check_options(
+        causal, None, scale, softcap, return_lse, q.shape[-1])
+    n_ids = len(_chunk_ids(rank, world, layout))
+    if bool((torch.diff(cu_seqlens) % n_ids).any()):
+        raise ValueError(f"the {layout} layout cuts each local sequence into {n_ids} chunks: every length in "
+                         f"cu_seqlens must be a multiple of {n_ids}")
+    ring = _Ring(rank, world, layout, None, None, 0, -1, -1 if causal_mode is None else 0)
+    chunks = _Packed(n_ids, cu_seqlens, max_seqlen)
+    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, chunks)
     return (out, lse) if return_lse else out
