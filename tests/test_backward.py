@@ -129,7 +129,8 @@ class _Block(torch.nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, N, d))
 
 
-def test_torch_compile_fullgraph_forward_and_backward(device):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_forward_and_backward(backend, device):
     torch.manual_seed(0)
     block = _Block().to(device)
     x = torch.randn(2, 24, 32, device=device)
@@ -137,7 +138,7 @@ def test_torch_compile_fullgraph_forward_and_backward(device):
     eager.sum().backward()
     want = [p.grad.clone() for p in block.parameters()]
     block.zero_grad()
-    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
     out = compiled(x)
     out.sum().backward()
     torch.testing.assert_close(out, eager)
