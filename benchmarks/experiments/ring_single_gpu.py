@@ -65,15 +65,27 @@ def main() -> int:
                     return acc
 
                 with_copy = [time_call(lambda s=s: overlapped(s), dev)[0] for s in range(world)]
+                # the merges alone: one fp32 merge_states of a query chunk's partials, times the
+                # merges the schedule makes (a chunk's pairs after its first)
+                part = torch.randn(qs[0].shape, device=dev, dtype=torch.float32)
+                part_lse = torch.randn(qs[0].shape[:3], device=dev, dtype=torch.float32)
+                one_merge = time_call(lambda: vflash.merge_states(part, part_lse, part, part_lse), dev)[0]
+                firsts = set()
+                merges = 0
+                for s in range(world):
+                    for a, _, _ in ring.pairs(s):
+                        merges += a in firsts
+                        firsts.add(a)
                 total, total_copy = sum(steps), sum(with_copy)
                 kept = single / world / total
                 row = dict(N=n, R=world, causal=causal, layout=layout, rank=rank, single_ms=single,
                            ideal_ms=single / world, steps_ms=total, steps_with_copy_ms=total_copy,
-                           kept=kept, per_step_ms=" ".join(f"{t:.3f}" for t in steps))
+                           kept=kept, merges=merges, merge_ms=merges * one_merge,
+                           per_step_ms=" ".join(f"{t:.3f}" for t in steps))
                 rows.append(row)
                 print(f"N {n} R {world} {'causal' if causal else 'full'} {layout} rank {rank}: single {single:.2f} ms, "
                       f"ideal {single / world:.2f}, ring steps {total:.2f} ({kept:.2f} of ideal), with copies "
-                      f"{total_copy:.2f}; steps {row['per_step_ms']}", flush=True)
+                      f"{total_copy:.2f}, merges {merges * one_merge:.2f}; steps {row['per_step_ms']}", flush=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
