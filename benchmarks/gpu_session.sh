@@ -65,7 +65,8 @@ for step in "$@"; do
             --out "$R/d256_fp16.csv" | tail -3 ;;
     tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                   tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py \
-                  tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py tests/test_backward.py ;;
+                  tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py tests/test_backward.py \
+                  tests/test_transformers.py tests/test_distributed.py ;;
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;

@@ -147,3 +147,23 @@ def test_ring_attention_needs_a_process_group():
     q = torch.randn(1, 1, 4, 16)
     with pytest.raises(RuntimeError, match="process group"):
         ring_attention(q, q, q)
+
+
+def test_ring_attention_on_one_rank_in_this_process(device):
+    # world 1 (gloo on the CPU, NCCL on a GPU): the schedule's bands and the kernels on the
+    # device at hand, without other processes
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        # on a GPU, bf16 at D 128 (the Hopper kernel's shapes); the partials are rounded once
+        cuda = device.type == "cuda"
+        dt, n, d, tol = (torch.bfloat16, 1024, 128, 2e-2) if cuda else (torch.float32, 64, 32, 1e-5)
+        g = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(1, 4, n, d, device=device, generator=g).to(dt)
+        k = torch.randn(1, 2, n, d, device=device, generator=g).to(dt)
+        v = torch.randn(1, 2, n, d, device=device, generator=g).to(dt)
+        for opts in (dict(causal=True), dict(window=(9, 3)), dict(causal=True, softcap=5.0)):
+            torch.testing.assert_close(ring_attention(q, k, v, **opts), vflash.attention(q, k, v, **opts),
+                                       atol=tol, rtol=tol)
+    finally:
+        dist.destroy_process_group()
