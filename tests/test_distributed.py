@@ -165,5 +165,11 @@ def test_ring_attention_on_one_rank_in_this_process(device):
         for opts in (dict(causal=True), dict(window=(9, 3)), dict(causal=True, softcap=5.0)):
             torch.testing.assert_close(ring_attention(q, k, v, **opts), vflash.attention(q, k, v, **opts),
                                        atol=tol, rtol=tol)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        ring_attention(*leaves, causal=True).float().square().sum().backward()
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        vflash.attention(*ref, causal=True).float().square().sum().backward()
+        for a, b in zip(leaves, ref):
+            torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)
     finally:
         dist.destroy_process_group()

@@ -301,6 +301,8 @@ class _RingAttention(torch.autograd.Function):
                 dks[b] += gk
                 dvs[b] += gv
             dkv = (dkv[0] + chunks.join(dks), dkv[1] + chunks.join(dvs))
+            if R == 1:  # nothing travels
+                break
             recv_dkv, reqs_dkv = _ring_shift(dkv, group, ring.rank, R)  # after the last step: home
             if pending is not None:
                 recv, reqs = pending
