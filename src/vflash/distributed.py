@@ -79,9 +79,8 @@ def shard_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, rank: int, world_siz
     lengths = torch.diff(cu_seqlens).tolist()
     parts = [shard_sequence(x[int(s):int(s) + n], rank, world_size, layout=layout, dim=0)
              for s, n in zip(cu_seqlens[:-1].tolist(), lengths)]
-    local = [n // world_size for n in lengths]
-    cu = torch.tensor([0] + local, dtype=torch.int32, device=cu_seqlens.device).cumsum(0, dtype=torch.int32)
-    return torch.cat(parts) if parts else x[:0], cu, max(local, default=0)
+    local = torch.diff(cu_seqlens) // world_size
+    return torch.cat(parts) if parts else x[:0], _cu_seqlens(local), int(local.max()) if len(lengths) else 0
 
 
 def unshard_varlen(shards: Sequence[torch.Tensor], cu_seqlens: torch.Tensor, *, layout: str = "zigzag") -> torch.Tensor:
@@ -94,6 +93,11 @@ def unshard_varlen(shards: Sequence[torch.Tensor], cu_seqlens: torch.Tensor, *, 
     seqs = [unshard_sequence([sh[starts[b]:starts[b + 1]] for sh in shards], layout=layout, dim=0)
             for b in range(len(lengths))]
     return torch.cat(seqs) if seqs else shards[0][:0]
+
+
+def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    # int32 [B + 1] offsets of sequences of these lengths
+    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
 
 
 def _pair_band(q_start: int, n_q: int, k_start: int, n_k: int, off: int, left: int, right: int):
@@ -163,10 +167,13 @@ class _Dense:
         self.n = n_chunks
 
     def split(self, x):
-        return [c.contiguous() for c in x.chunk(self.n, dim=2)]
+        return list(x.chunk(self.n, dim=2))  # views: the kernels take any strides
 
     def join(self, parts):
         return torch.cat(parts, dim=2)
+
+    def add_into(self, dst, b, src):  # dst's chunk b += src
+        dst.chunk(self.n, dim=2)[b].add_(src)
 
     def empty_lse(self, q_part):
         B, H, n, _ = q_part.shape
@@ -194,16 +201,16 @@ class _Packed:
 
     def __init__(self, n_chunks, cu_seqlens, max_seqlen):
         self.n = n_chunks
-        lengths = torch.diff(cu_seqlens) // n_chunks
-        starts = cu_seqlens[:-1].long()
-        self.index = []  # rows of chunk c of every sequence, in sequence order
-        for c in range(n_chunks):
-            rows = [torch.arange(int(s) + c * int(n), int(s) + (c + 1) * int(n), device=cu_seqlens.device)
-                    for s, n in zip(starts.tolist(), lengths.tolist())]
-            self.index.append(torch.cat(rows) if rows else cu_seqlens.new_zeros(0, dtype=torch.long))
-        self.cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-        self.max = max_seqlen // n_chunks
+        lengths = torch.diff(cu_seqlens).long()
         self.total = int(cu_seqlens[-1])
+        # each row's sequence and its chunk there; chunk c's rows of every sequence, in order
+        seq = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths,
+                                      output_size=self.total)
+        chunk = (torch.arange(self.total, device=cu_seqlens.device) - cu_seqlens[:-1].long()[seq]) \
+            // (lengths // n_chunks)[seq]
+        self.index = [torch.nonzero(chunk == c).flatten() for c in range(n_chunks)]
+        self.cu = _cu_seqlens(lengths // n_chunks)
+        self.max = max_seqlen // n_chunks
 
     def split(self, x):
         return [x.index_select(0, i) for i in self.index]
@@ -213,6 +220,9 @@ class _Packed:
         for i, p in zip(self.index, parts):
             out.index_copy_(0, i, p)
         return out
+
+    def add_into(self, dst, b, src):  # dst's chunk b += src (each row once: the same bits every run)
+        dst.index_add_(0, self.index[b], src.to(dst.dtype))
 
     def empty_lse(self, q_part):
         return q_part.new_full((q_part.shape[1], q_part.shape[0]), float("-inf"), dtype=torch.float32)
@@ -285,22 +295,19 @@ class _RingAttention(torch.autograd.Function):
         qs, outs, douts = chunks.split(q), chunks.split(out), chunks.split(dout)
         lses = chunks.split_lse(lse)
         dlses = [None] * len(qs) if dlse is None else chunks.split_lse(dlse.float())
-        dq = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in qs]
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = (k.contiguous(), v.contiguous())
         dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
         for step in range(R):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
-            dks = [torch.zeros(x.shape, dtype=torch.float32, device=k.device) for x in ks]
-            dvs = [torch.zeros(x.shape, dtype=torch.float32, device=v.device) for x in vs]
             for a, b, band in ring.pairs(step):
                 gq, gk, gv = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
                                              ctx.scale, ctx.softcap)
-                dq[a] += gq
-                dks[b] += gk
-                dvs[b] += gv
-            dkv = (dkv[0] + chunks.join(dks), dkv[1] + chunks.join(dvs))
+                chunks.add_into(dq, a, gq)
+                chunks.add_into(dkv[0], b, gk)
+                chunks.add_into(dkv[1], b, gv)
             if R == 1:  # nothing travels
                 break
             recv_dkv, reqs_dkv = _ring_shift(dkv, group, ring.rank, R)  # after the last step: home
@@ -312,7 +319,7 @@ class _RingAttention(torch.autograd.Function):
             for r in reqs_dkv:
                 r.wait()
             dkv = tuple(recv_dkv)
-        return (chunks.join(dq).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 5
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 5
 
 
 def _group(group):
