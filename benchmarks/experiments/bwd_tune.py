@@ -10,11 +10,11 @@ a row, and writes a CSV.
 """
 
 import argparse
-import csv
 import itertools
 
 import torch
 
+from benchmarks.experiments.common import write_rows
 from vflash import dispatch
 from vflash.harness.bench import attention_flops, sweep_shapes, time_call
 from vflash.ops.attention import attention_forward
@@ -86,10 +86,7 @@ def main() -> int:
         ms = trial("best", best)
         print(f"BEST D{d} N{n} causal={c}: {best} {flops / ms / 1e9:.1f} TFLOP/s (table {flops / base / 1e9:.1f})",
               flush=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
+    write_rows(args.out, out_rows)
     return 0
 
 

@@ -9,6 +9,7 @@ or `vflash.dispatch`: ab_trees.py and clock_ramp.py load this module against
 older source trees (an A/B), whose internals differ.
 """
 
+import csv
 import statistics
 import sys
 import time
@@ -148,3 +149,11 @@ def require_cuda(script: str) -> bool:
         return True
     print(f"{script}: needs a CUDA device (none here)", file=sys.stderr)
     return False
+
+
+def write_rows(path: str, rows: Sequence[dict]) -> None:
+    """A list of dicts as a CSV, the columns in the first row's order."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)

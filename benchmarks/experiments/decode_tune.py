@@ -9,10 +9,10 @@ rotating cache copies (vflash.harness.serving). Prints one line a candidate and 
 """
 
 import argparse
-import csv
 
 import torch
 
+from benchmarks.experiments.common import write_rows
 from vflash import dispatch
 from vflash.harness.serving import _copies, _graph_time, _shuffled_table
 from vflash.ops.attention import attention_kvcache_forward
@@ -79,10 +79,7 @@ def main() -> int:
             if s != best.num_splits:
                 record("splits", best._replace(num_splits=s), time_tiles(best._replace(num_splits=s)))
         caches = None
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, list(out_rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
+    write_rows(args.out, out_rows)
     print(f"wrote {args.out}")
     return 0
 

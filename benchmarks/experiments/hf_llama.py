@@ -13,13 +13,13 @@ top logits, so greedy runs part ways after a few tokens whichever two kernels ru
 
 import argparse
 import copy
-import csv
 import statistics
 import time
 
 import torch
 
 import vflash.integrations.transformers as vt
+from benchmarks.experiments.common import write_rows
 
 ROUNDS = 3
 
@@ -131,14 +131,9 @@ def main() -> int:
         decode = med[("generate", impl)] - med[("prefill_prompts", impl)]
         record(f"decode 8 x {new_tokens} after 512", impl, decode, prompts.shape[0] * new_tokens)
         record("train step 4 x 1024", impl, med[("train_step", impl)], train_ids.numel())
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["what", "impl", "ms", "tokens_per_s", "params", "logits_max_diff",
-                                          "logits_err_vs_fp32", "greedy_rows_identical", "first_divergence"])
-        w.writeheader()
-        for r in rows:
-            w.writerow(dict(r, params=params, logits_max_diff=diff, logits_err_vs_fp32=fp32_err[r["impl"]],
-                            greedy_rows_identical=f"{same}/{len(prompts)}",
-                            first_divergence=" ".join(map(str, first.tolist()))))
+    write_rows(args.out, [dict(r, params=params, logits_max_diff=diff, logits_err_vs_fp32=fp32_err[r["impl"]],
+                               greedy_rows_identical=f"{same}/{len(prompts)}",
+                               first_divergence=" ".join(map(str, first.tolist()))) for r in rows])
     return 0
 
 

@@ -9,11 +9,11 @@ take). bf16, Hq 32 / Hkv 8, D 128. Prints one line a (N, R, mask, layout, rank) 
 """
 
 import argparse
-import csv
 
 import torch
 
 import vflash
+from benchmarks.experiments.common import write_rows
 from vflash import library
 from vflash.distributed import _Ring, shard_sequence
 from vflash.harness.bench import time_call
@@ -86,10 +86,7 @@ def main() -> int:
                 print(f"N {n} R {world} {'causal' if causal else 'full'} {layout} rank {rank}: single {single:.2f} ms, "
                       f"ideal {single / world:.2f}, ring steps {total:.2f} ({kept:.2f} of ideal), with copies "
                       f"{total_copy:.2f}, merges {merges * one_merge:.2f}; steps {row['per_step_ms']}", flush=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, rows)
     return 0
 
 
