@@ -530,12 +530,10 @@ def run_report(folder):
     serving = serving_text(folder, base)
     out += serving
     backward, backward_csvs = backward_text(folder, base)
-    out += backward
     hf, hf_csvs = transformers_text(folder, base)
-    out += hf
-    backward_csvs = list(backward_csvs) + hf_csvs
+    out += backward + hf
     out += _sweeps(bench, mem, base)
-    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs)
+    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs + hf_csvs)
     if serving:
         shown |= {f"{s}.csv" for s in SERVING_SWEEPS}
     others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))

@@ -46,8 +46,9 @@ def _padded_batch(device, lengths=(12, 7, 10), pad_left=True):
     ids = torch.randint(0, VOCAB, (len(lengths), n), generator=g)
     mask = torch.zeros(len(lengths), n, dtype=torch.long)
     for b, length in enumerate(lengths):
-        mask[b, n - length:] = 1 if pad_left else 0
-        if not pad_left:
+        if pad_left:
+            mask[b, n - length:] = 1
+        else:
             mask[b, :length] = 1
     return ids.to(device), mask.to(device)
 
