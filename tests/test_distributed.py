@@ -173,3 +173,22 @@ def test_ring_attention_on_one_rank_in_this_process(device):
             torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)
     finally:
         dist.destroy_process_group()
+
+
+def test_ring_attention_rejects_bad_input_before_any_transfer():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        q = torch.randn(1, 2, 6, 16)
+        with pytest.raises(ValueError, match="layout"):
+            ring_attention(q, q, q, layout="striped")
+        with pytest.raises(ValueError, match="multiples of 2"):
+            ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5])  # zigzag: two chunks a shard
+        with pytest.raises(ValueError):
+            ring_attention(q, q[:, :, :, :8], q)  # head dims differ
+        packed = torch.randn(6, 2, 16)
+        with pytest.raises(ValueError, match="multiple of 2"):
+            ring_attention_varlen(packed, packed, packed, torch.tensor([0, 3, 6], dtype=torch.int32), 3)
+        with pytest.raises(ValueError):
+            ring_attention_varlen(packed, packed, packed, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 4)
+    finally:
+        dist.destroy_process_group()
