@@ -1,6 +1,6 @@
 """Ring attention (vflash.distributed) in 2 and 4 gloo processes on the CPU, through the
-interpreter, against single-process vflash.attention on the full sequence: the forward
-shard by shard, and the gradients of q, k and v."""
+interpreter, against the explicit reference (fp64 autograd) on the full sequence: the
+forward and LSE shard by shard, and the gradients of q, k and v."""
 
 import os
 import socket
@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vflash
+from vflash.reference import attention_explicit, attention_varlen_reference
 from vflash.distributed import (ring_attention, ring_attention_varlen, shard_sequence, shard_varlen,
                                 unshard_sequence, unshard_varlen)
 
@@ -71,8 +72,8 @@ def _worker(rank, world, port, case, out_dir):
         v = torch.randn(1, hkv, n * nk_factor, 16, generator=g)
         do = torch.randn(1, 2, n, 16, generator=g)
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        want = vflash.attention(*full, **opts)
-        want.backward(do)
+        want, want_lse = attention_explicit(*full, **opts, compute_dtype=torch.float64)
+        want.backward(do.double())
         shard = lambda t: shard_sequence(t, rank, world, layout=layout)  # noqa: E731
         mine = [shard(t).requires_grad_() for t in (q, k, v)]
         runs = []
@@ -84,10 +85,9 @@ def _worker(rank, world, port, case, out_dir):
             runs.append([out.detach()] + [t.grad.clone() for t in mine])
         for a, b in zip(*runs):
             assert torch.equal(a, b)
-        _, want_lse = vflash.attention(q, k, v, return_lse=True, **opts)
-        torch.testing.assert_close(lse, shard(want_lse), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, shard(want_lse.detach().float()), atol=1e-5, rtol=1e-5)
         got, gq, gk, gv = runs[0]
-        for name, a, b in (("out", got, shard(want.detach())), ("dq", gq, shard(full[0].grad)),
+        for name, a, b in (("out", got, shard(want.detach().float())), ("dq", gq, shard(full[0].grad)),
                            ("dk", gk, shard(full[1].grad)), ("dv", gv, shard(full[2].grad))):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
         open(os.path.join(out_dir, f"ok{rank}"), "w").close()
@@ -106,14 +106,14 @@ def _varlen_worker(rank, world, port, case, out_dir):
         q, do = torch.randn(total, 2, 16, generator=g), torch.randn(total, 2, 16, generator=g)
         k, v = torch.randn(total, 1, 16, generator=g), torch.randn(total, 1, 16, generator=g)
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        want = vflash.attention_varlen(*full, cu, cu, 4 * n, 4 * n, causal=causal, softcap=4.0)
-        want.backward(do)
+        want, _ = attention_varlen_reference(*full, cu, cu, causal=causal, softcap=4.0, compute_dtype=torch.float64)
+        want.backward(do.double())
         shard = lambda t: shard_varlen(t, cu, rank, world, layout=layout)[0]  # noqa: E731
         _, cu_local, max_local = shard_varlen(q, cu, rank, world, layout=layout)
         mine = [shard(t).requires_grad_() for t in (q, k, v)]
         out = ring_attention_varlen(*mine, cu_local, max_local, causal=causal, softcap=4.0, layout=layout)
         out.backward(shard(do))
-        for name, a, b in (("out", out, shard(want.detach())), ("dq", mine[0].grad, shard(full[0].grad)),
+        for name, a, b in (("out", out, shard(want.detach().float())), ("dq", mine[0].grad, shard(full[0].grad)),
                            ("dk", mine[1].grad, shard(full[1].grad)), ("dv", mine[2].grad, shard(full[2].grad))):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
         open(os.path.join(out_dir, f"ok{rank}"), "w").close()
