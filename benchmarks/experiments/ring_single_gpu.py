@@ -110,7 +110,7 @@ def _backward_rows(n, world, causal, layout, q, k, v, shards, side, scale, dev):
     dq = torch.zeros(q.shape[:2] + (n // world, q.shape[-1]), device=dev)
     dkv = [torch.zeros(shards[0][0].shape, device=dev) for _ in range(2)]
     steps = [_ms(lambda s=s: _step_bwd(ring, s, mine[0], mine[1], lses, mine[2], shards, dq, dkv, scale),
-                       dev)[0] for s in range(world)]
+                       dev) for s in range(world)]
     buf = [torch.empty_like(t) for t in shards[0]] + [torch.empty_like(t) for t in dkv]
 
     def overlapped(s):
