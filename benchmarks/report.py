@@ -377,6 +377,7 @@ SERVING = "benchmarks/results/2026-12-02-h200-s18-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 BACKWARD = "benchmarks/results/2026-12-02-h200-s19-backward"
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
+RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 BACKWARD_CURRENT = ("bwd.csv", "bwd_d256.csv")  # BENCHMARKS.md shows these; the run's REPORT.md every one
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
 # Issue 22's decode bars: at or above cuDNN; 4.4 TB/s where cuDNN passes 4 TB/s; 1.2x cuDNN or 4.4 TB/s
@@ -531,9 +532,10 @@ def run_report(folder):
     out += serving
     backward, backward_csvs = backward_text(folder, base)
     hf, hf_csvs = transformers_text(folder, base)
-    out += backward + hf
+    ring, ring_csvs = ring_text(folder, base)
+    out += backward + hf + ring
     out += _sweeps(bench, mem, base)
-    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs + hf_csvs)
+    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs + hf_csvs + ring_csvs)
     if serving:
         shown |= {f"{s}.csv" for s in SERVING_SWEEPS}
     others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))
@@ -543,7 +545,7 @@ def run_report(folder):
     return "\n".join(out)
 
 
-def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS):
+def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING):
     """BENCHMARKS.md: the primary run only (environment, the bar row by row, one line per
     gap with its reason, the sweeps), with links to the run's full report and every run."""
     bench, mem = _bench_csvs(folder)
@@ -582,6 +584,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += serving_text(serving, base) if serving else []
     out += backward_text(backward, base, BACKWARD_CURRENT)[0] if backward else []
     out += transformers_text(hf, base)[0] if hf else []
+    out += ring_text(ring, base)[0] if ring else []
     out += _sweeps(bench, mem, base)
     return "\n".join(out)
 
@@ -693,6 +696,44 @@ def transformers_text(folder, base=""):
                          f"tokens (random bf16 weights leave near-ties between top logits; the first differing "
                          f"position of each row, 0 where identical: {r0['first_divergence']}).") + "\n")
     return out, [os.path.basename(p) for p in csvs]
+
+
+def ring_text(folder, base=""):
+    """A run's ring_single_gpu.csv (benchmarks/experiments/ring_single_gpu.py): one rank's ring
+    steps on one GPU against the whole sequence's kernel over R; returns (lines, CSV names)."""
+    path = os.path.join(folder, "ring_single_gpu.csv")
+    if not os.path.exists(path):
+        return [], []
+    rows = _read(path)
+    out = [f"## Ring attention on one GPU (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/ring_single_gpu.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): a simulated world of R ranks, one rank's R steps of "
+                 "`vflash.distributed`'s schedule run in one process (each step's chunk pairs with their bands, "
+                 "the fp32 merges; the backward's pairs with their fp32 dK / dV adds), against `vflash.attention` "
+                 "on the whole sequence divided by R: what each of R GPUs should take. bf16, B 1, Hq 32 / Hkv 8, "
+                 "D 128. *kept* is that ideal over the rank's steps; *with copies* adds a copy of the next K/V "
+                 "shard (and, in the backward, of the fp32 dK / dV) on a second stream, the link's stand-in: "
+                 "the overlap, not NVLink's speed. The rank shown for the forward and backward is R-1, the last "
+                 "to finish under a contiguous causal split; the forward's rank 0 is in the CSV.") + "\n",
+           "| N | R | mask | layout | pass | ideal ms | ring steps ms | kept | with copies ms | merges ms |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if int(r["rank"]) != int(r["R"]) - 1:
+            continue
+        merge = f"{float(r['merge_ms']):.2f}" if r["merge_ms"] else ""
+        out.append(f"| {r['N']} | {r['R']} | {'causal' if r['causal'] == 'True' else 'full'} | {r['layout']} | "
+                   f"{r['mode'].replace('_', '+')} | {float(r['ideal_ms']):.2f} | {float(r['steps_ms']):.2f} | "
+                   f"{float(r['kept']):.2f} | {float(r['steps_with_copy_ms']):.2f} | {merge} |")
+    out.append("")
+    big = [r for r in rows if int(r["N"]) >= 131072 and r["layout"] == "zigzag" and int(r["rank"]) == int(r["R"]) - 1]
+    if big:
+        kept = [float(r["kept"]) for r in big]
+        out.append(_wrap(f"At 131k tokens the zigzag schedule keeps {min(kept):.2f}-{max(kept):.2f} of the "
+                         "single-GPU kernel's speed per rank, forward and forward+backward, causal and not; the "
+                         "contiguous causal split leaves the last rank with about twice the ideal work (its kept "
+                         "column), which is what zigzag is for. Multi-GPU runs, with the real link, are issue 26.")
+                   + "\n")
+    return out, ["ring_single_gpu.csv"]
 
 
 def _bwd_anchors():
