@@ -535,7 +535,8 @@ def run_report(folder):
     ring, ring_csvs = ring_text(folder, base)
     out += backward + hf + ring
     out += _sweeps(bench, mem, base)
-    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"} | set(backward_csvs + hf_csvs + ring_csvs)
+    shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"}
+    shown |= set(backward_csvs + hf_csvs + ring_csvs)
     if serving:
         shown |= {f"{s}.csv" for s in SERVING_SWEEPS}
     others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))

@@ -238,3 +238,17 @@ def test_backward_table_holds_the_bar_row_by_row(tmp_path):
     assert "| bf16 | 64 | no | 1024 | 400 | 200 | 380 | 438 | 1.05 | 380 | yes | 100 / 300 |" in body
     assert "| bf16 | 128 | no | 4096 | 550 | 300 | 500 | 570 | 1.10 | 570 | **no** | 100 / 90 |" in body
     assert "Bar met on **1 of 2** rows; peak memory at or below SDPA flash's on 1 of 2." in body
+
+
+def test_ring_table_shows_the_last_rank_and_the_kept_range_at_131k(tmp_path):
+    cols = "N,R,causal,layout,rank,mode,single_ms,ideal_ms,steps_ms,steps_with_copy_ms,kept,merges,merge_ms,per_step_ms"
+    rows = ["131072,4,True,zigzag,0,fwd,200,50,60,61,0.83,3,1.0,15 15 15 15",
+            "131072,4,True,zigzag,3,fwd,200,50,50,51,1.00,3,1.0,12 12 13 13",
+            "131072,4,True,zigzag,3,fwd_bwd,1000,250,312.5,313,0.80,,,70 80 80 80"]
+    (tmp_path / "ring_single_gpu.csv").write_text("\n".join([cols] + rows) + "\n")
+    lines, csvs = report.ring_text(str(tmp_path))
+    table = [line for line in lines if line.startswith("| 131072")]
+    assert csvs == ["ring_single_gpu.csv"]
+    assert len(table) == 2  # rank 0 is in the CSV, not the table
+    assert table[1].startswith("| 131072 | 4 | causal | zigzag | fwd+bwd | 250.00 | 312.50 | 0.80 |")
+    assert "keeps 0.80-1.00 of the" in " ".join(lines).replace("\n", " ")
