@@ -38,6 +38,11 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
              right_edge=True),
         # work tiles drawn from a counter: one atomic add a tile, in the producer only
         dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True),
+        # packed sequences (IS_VARLEN): cu_seqlens loads, and the masked store of a slab that
+        # crosses a sequence's end beside the TMA store
+        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True),
+        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
+             varlen=True, top_left=True, left_edge=True, softcap=True),
     ]
     for kw in variants:
         k = hopper.compile_sm90(**kw)
@@ -51,6 +56,11 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         if t.ctas_per_sm > 1:
             assert re.search(rf"\.maxnreg {hopper.launch_options(64, t.ctas_per_sm)['maxnreg']}\b", ptx), kw
         assert ("atom.global" in ptx) == t.dynamic, kw
+        # the output goes out by TMA; varlen adds the masked pointer store beside it
+        assert "cp.async.bulk.tensor.4d.global.shared" in ptx, kw
+        if kw.get("varlen"):
+            dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False)).asm["ptx"]
+            assert ptx.count("st.global") > dense.count("st.global"), kw
         assert len(k.asm["cubin"]) > 0, kw
 
 
@@ -130,6 +140,35 @@ def test_build_follows_the_signature_and_declares_its_slots(dynamic):
     assert slots == [(0, "q", True), (1, "k", True), (2, "v", True), (3, "out", True), (4, "out", False)] + \
         ([(5, "tile_counter", False)] if dynamic else [])
     assert launch.grid == hopper.grid(3, 8, 100, 128, 132, True, 1, dynamic)
+
+
+@needs_gluon
+def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
+    # packed [total, H, D] tensors: descriptors over [1, H, total, D] views of the same
+    # memory, the longest sequence's rows as n_q, the packed rows as LSE's head stride
+    q = torch.randn(700, 8, 128, dtype=torch.float16)
+    k = torch.randn(900, 2, 128, dtype=torch.float16)
+    out, lse = torch.empty_like(q), torch.empty(8, 700)
+    cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 500, 600, 900], dtype=torch.int32)
+    tiles = HopperTiles(128, 128, 2)
+    launch = hopper.build(q, k, k, out, lse, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+                          varlen=(cu_q, cu_k, 400, True))
+    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    by_name = dict(zip(names, launch.params()))
+    assert len(launch.params()) == len(names)
+    qd = by_name["q_desc"]
+    assert qd.shape == (1, 8, 700, 128) and qd.base.data_ptr() == q.data_ptr() and qd.strides[2] == 8 * 128
+    assert by_name["k_desc"].shape == (1, 2, 900, 128) and by_name["o_desc"].base.data_ptr() == out.data_ptr()
+    assert by_name["batch"] == 3 and by_name["n_q"] == 400 and by_name["total_q"] == 700
+    assert (by_name["o_stride_row"], by_name["o_stride_head"]) == (8 * 128, 128) and by_name["Out"] is out
+    assert by_name["cu_seqlens_q"] is cu_q and by_name["cu_seqlens_k"] is cu_k and by_name["LSE"] is lse
+    assert launch.constexprs["IS_VARLEN"] and launch.constexprs["TOP_LEFT"]
+    assert [(s.position, s.name) for s in launch.slots] == [(0, "q"), (1, "k"), (2, "v"), (3, "out"),
+                                                            (6, "cu_seqlens_q"), (7, "cu_seqlens_k"), (8, "out"),
+                                                            (4, "lse")]
+    assert launch.slots[0].describe(q).shape == (1, 8, 700, 128)
+    assert launch.grid == hopper.grid(3, 8, 400, 128, 132, True)
 
 
 def _on_hopper() -> bool:

@@ -150,10 +150,86 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
         vflash.attention_varlen(**args)
 
 
-def test_dispatch_takes_the_portable_kernel_and_refuses_a_forced_sm90(device):
+def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):
+    # on the CPU (the interpreter), and anywhere for short rows or tensors TMA cannot address
     q, k, v, cu = _bad(device)
     band = sequence_band(None, (-1, -1))
-    p = dispatch.varlen_problem_of(q, 2, 4, 4, band)
-    assert p.varlen and dispatch.select(p).kernel == "portable"
+    p = dispatch.varlen_problem_of(q, 2, 4, 4, band)  # no k, v: counted unfit for TMA
+    assert p.varlen and not p.tma_ok and dispatch.select(p).kernel == "portable"
     with pytest.raises(ValueError, match="sm90 kernel cannot take this call"):
         dispatch.select(p, kernel="sm90")
+    p = dispatch.varlen_problem_of(q, 2, 4, 4, band, kv=(k, v))
+    assert p.tma_ok and dispatch.select(p).kernel == "portable"  # the interpreter, or 4 rows: too short
+
+
+def _on_hopper() -> bool:
+    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
+    return torch.cuda.is_available() and HAVE_GLUON and torch.cuda.get_device_capability() == (9, 0)
+
+
+# The sm_90 kernel's varlen path: (query lengths, key lengths, options). Zero-length
+# sequences, lengths on and around the 64-row slabs and 128-key tiles (a slab that
+# crosses a sequence's end is stored by pointer, others by TMA), Nq != Nk both ways,
+# and the last sequence running to the end of the packed tensors.
+HOPPER_SELF = [1, 0, 200, 64, 129, 1000, 63, 128]
+HOPPER_CROSS = ([100, 0, 300, 7, 513], [900, 50, 300, 200, 513])
+HOPPER_CASES = {
+    "full": (HOPPER_SELF, HOPPER_SELF, dict()),
+    "causal": (HOPPER_SELF, HOPPER_SELF, dict(causal=True)),
+    "cross_causal": (*HOPPER_CROSS, dict(causal=True)),
+    "cross_top_left": (*HOPPER_CROSS, dict(causal="top_left")),
+    "cross_full_gqa": (*HOPPER_CROSS, dict(hkv=1)),
+    "window_causal": (HOPPER_SELF, HOPPER_SELF, dict(window=(128, 0), causal=True)),
+    "window_both": (*HOPPER_CROSS, dict(window=(64, 64))),
+    "softcap_causal": (HOPPER_SELF, HOPPER_SELF, dict(softcap=20.0, causal=True)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", list(HOPPER_CASES))
+def test_gpu_hopper_varlen_matches_the_oracle(case, d):
+    # The table's tiles for the head dim and mask, with DYNAMIC flipped and each Q-buffer
+    # count; the output poisoned with NaN, so every row must be written by its own tile.
+    from vflash.dispatch import tables
+    lens_q, lens_k, opts = HOPPER_CASES[case]
+    opts = dict(opts)
+    hkv = opts.pop("hkv", 2)
+    dev = torch.device("cuda")
+    q, k, v = _inputs(lens_q, lens_k, 8, hkv, d, torch.bfloat16, dev, seed=d)
+    cq, ck = _cu(lens_q, dev), _cu(lens_k, dev)
+    mode = {True: "bottom_right"}.get(opts.get("causal"), opts.get("causal") or None)
+    band = sequence_band(mode, opts.get("window", (-1, -1)))
+    base = tables.HOPPER[(d, band.has_right)]
+    ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
+    same_o, _ = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=None, **opts)
+    _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
+    for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
+                  for qb in range(1, base.q_buffers + 1)}:
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((8, q.shape[0]), float("nan"), device=dev)
+        attention_varlen_forward(q, k, v, cq, ck, max(lens_q), band=band, top_left=mode == "top_left",
+                                 scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True, tiles=tiles,
+                                 out=out, lse=lse)
+        assert not out.isnan().any() and not lse.isnan().any(), tiles
+        for verdict in (compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), torch.bfloat16),
+                        compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)):
+            assert verdict.passed, f"{tiles}: {verdict.what} max err {verdict.max_err:.3e} > {verdict.tol:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
+    # the public call, dispatched: mixed lengths up to 2k at D 128, and autograd through it
+    lens = [2048, 0, 700, 1500, 33]
+    dev = torch.device("cuda")
+    q, k, v = _inputs(lens, lens, 8, 2, 128, torch.bfloat16, dev, seed=1)
+    cu = _cu(lens, dev)
+    band = sequence_band("bottom_right" if causal else None, (-1, -1))
+    assert dispatch.select(dispatch.varlen_problem_of(q, len(lens), 2048, 2048, band, kv=(k, v))).kernel == "sm90"
+    _check(lens, lens, dev, hq=8, hkv=2, d=128, dtype="bf16", causal=causal)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    vflash.attention_varlen(*leaves, cu, cu, 2048, 2048, causal=causal).float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in leaves)

@@ -159,7 +159,7 @@ def attention_varlen(
         out, lse = library.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  band.left, band.right, causal_mode == "top_left", scale_f, softcap_f)
         return (out, lse) if return_lse else out
-    choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band))
+    choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band, kv=(k, v)))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
                                         top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
                                         return_lse=return_lse, tiles=choice.tiles)

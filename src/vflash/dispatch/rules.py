@@ -58,10 +58,14 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[
     return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
 
 
-def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int, band: Band) -> Problem:
+def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int, band: Band,
+                      kv: Optional[Tuple[torch.Tensor, ...]] = None) -> Problem:
     """The Problem of a call on packed queries q [total_q, Hq, D] (varlen, or against a
-    KV cache): batch sequences, the longest of max_seqlen_q queries and max_seqlen_k keys."""
-    return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, False,
+    KV cache): batch sequences, the longest of max_seqlen_q queries and max_seqlen_k keys.
+    kv: the packed k and v (and a preallocated out) of an attention_varlen call, for the
+    TMA check; None (a KV cache) counts as unfit for TMA."""
+    tma = kv is not None and all(map(hopper_launch.tma_ready, (q, *kv)))
+    return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, tma,
                    varlen=True)
 
 
@@ -81,8 +85,6 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
     if not hopper_launch.HAVE_GLUON:
         return "this Triton has no Gluon"
-    if p.varlen:
-        return "it has no packed-sequence (varlen) path yet"
     if not _sm90(p.device.index)[0]:
         return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
     if p.dtype not in (torch.float16, torch.bfloat16):

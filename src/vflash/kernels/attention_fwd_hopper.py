@@ -37,12 +37,22 @@ shape of FlashAttention-3:
   lazy reference max (softmax_step's LAZY), and each warp branches over O's
   rescale when all its rows have alpha == 1 (_rescale).
 
+- IS_VARLEN: packed sequences ([total, H, D] with cu_seqlens, as
+  attention_fwd_kernel takes them). The descriptors then cover [1, H, total, D]
+  views; a work tile is BLOCK_M rows of one (sequence, q head), its rows and
+  keys offset by the sequence's first rows (seqlen.sequence), its band from the
+  sequence's own lengths. Rows and keys past a sequence's end are loaded (they
+  belong to the next one) and masked as the ragged tail is; a slab of output
+  rows that crosses the end is stored with a masked pointer store instead of
+  TMA, which would write into the next sequence.
+
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. Which switches each head
 dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 """
 
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
+from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
 
 try:
@@ -105,18 +115,21 @@ if HAVE_GLUON:
         LATE_PV_WAIT: gl.constexpr
         LAZY_RESCALE: gl.constexpr
         DYNAMIC: gl.constexpr
+        IS_VARLEN: gl.constexpr
+        TOP_LEFT: gl.constexpr
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
         P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                     REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC):
+                     REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
-                                ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC)):
+                                ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
+                                ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT)):
                 setattr(self, name, gl.constexpr(value))
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
             self.S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -127,13 +140,19 @@ if HAVE_GLUON:
 
     @aggregate
     class Call:
-        """The call's runtime scalars: work-tile count, sizes, band and score scales."""
+        """The call's runtime scalars: work-tile count, sizes, band and score scales.
+        IS_VARLEN: n_q is the longest sequence's rows (the row blocks' count), n_k
+        unused, total_q the packed rows (LSE's head stride), o_stride_* out's
+        row and head strides (the masked store)."""
         n_work: gl.tensor
         n_m: gl.tensor  # row blocks per (batch, q head)
         n_heads_q: gl.tensor
         kv_group: gl.tensor  # q heads per kv head
         n_q: gl.tensor
         n_k: gl.tensor
+        total_q: gl.tensor
+        o_stride_row: gl.tensor
+        o_stride_head: gl.tensor
         off: gl.tensor  # the band (kernels/mask.py)
         left: gl.tensor
         right: gl.tensor
@@ -142,10 +161,11 @@ if HAVE_GLUON:
         softcap_out: gl.tensor
 
         @gluon.constexpr_function
-        def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, softcap_in,
-                     softcap_out):
+        def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head, off, left,
+                     right, qk_scale, softcap_in, softcap_out):
             self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
             self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
+            self.total_q, self.o_stride_row, self.o_stride_head = total_q, o_stride_row, o_stride_head
             self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
 
     @aggregate
@@ -173,11 +193,40 @@ if HAVE_GLUON:
             self.k_empty, self.v_empty, self.turns = k_empty, v_empty, turns
             self.tile_ids, self.anchor = tile_ids, anchor
 
+    @aggregate
+    class Tile:
+        """One work tile: where its rows and keys are, its sequence's lengths and
+        band offset, and its key range in key tiles counted from `lo` (key_tiles:
+        [0, n_left) masked, [n_left, n_mid) unmasked, [n_mid, n_tiles) masked)."""
+        off_b: gl.tensor  # batch (dense) or sequence (varlen)
+        off_h: gl.tensor
+        off_hk: gl.tensor
+        desc_b: gl.tensor  # the descriptors' batch coordinate: off_b, or 0 over varlen's [1, H, total, D]
+        q_row: gl.tensor  # the sequence's first query row and key row in the descriptors (0 dense)
+        k_row: gl.tensor
+        start_m: gl.tensor  # the tile's first row in its sequence
+        n_q: gl.tensor
+        n_k: gl.tensor
+        off: gl.tensor
+        lo: gl.tensor
+        n_left: gl.tensor
+        n_mid: gl.tensor
+        n_tiles: gl.tensor
+
+        @gluon.constexpr_function
+        def __init__(self, off_b, off_h, off_hk, desc_b, q_row, k_row, start_m, n_q, n_k, off, lo, n_left, n_mid,
+                     n_tiles):
+            self.off_b, self.off_h, self.off_hk, self.desc_b = off_b, off_h, off_hk, desc_b
+            self.q_row, self.k_row, self.start_m = q_row, k_row, start_m
+            self.n_q, self.n_k, self.off = n_q, n_k, off
+            self.lo, self.n_left, self.n_mid, self.n_tiles = lo, n_left, n_mid, n_tiles
+
     @gluon.jit
-    def _work_tile(t, call, cfg):
-        # Work tile t -> (batch, q head, kv head, first row) and its key range
-        # (key_range, shared with attention_fwd_kernel), counted in key tiles from
-        # `lo` (key_tiles: masked, unmasked, masked).
+    def _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg):
+        # Work tile t -> its Tile: (batch or sequence, q head, first row), the
+        # sequence's rows (seqlen.sequence, shared with attention_fwd_kernel) and
+        # its key range (key_range, likewise). A varlen tile past its sequence's
+        # rows has no key tiles.
         bh = t // call.n_m
         pid_m = t % call.n_m
         if cfg.REVERSE_M:
@@ -186,13 +235,28 @@ if HAVE_GLUON:
         off_h = bh % call.n_heads_q
         off_b = bh // call.n_heads_q
         start_m = pid_m * cfg.BLOCK_M
-        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, cfg.BLOCK_M,
+        q_row, k_row, n_q, n_k, off = sequence(off_b, cu_seqlens_q, cu_seqlens_k, None, call.n_q, call.n_k, call.off,
+                                               cfg.IS_VARLEN, False, cfg.TOP_LEFT)
+        lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, call.left, call.right, cfg.BLOCK_M,
                                              cfg.BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
         n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, cfg.BLOCK_N)
-        return off_b, off_h, off_h // call.kv_group, start_m, lo, n_left, n_mid, n_tiles
+        if cfg.IS_VARLEN:
+            if start_m >= n_q:
+                n_tiles = 0
+                n_mid = 0
+                n_left = 0
+            desc_b = gl.to_tensor(0)
+            q_row = q_row.to(gl.int32)
+            k_row = k_row.to(gl.int32)
+        else:
+            desc_b = off_b
+            q_row = gl.to_tensor(0)
+            k_row = gl.to_tensor(0)
+        return Tile(off_b, off_h, off_h // call.kv_group, desc_b, q_row, k_row, start_m, gl.to_tensor(n_q),
+                    gl.to_tensor(n_k), gl.to_tensor(off), lo, n_left, n_mid, n_tiles)
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cfg):
+    def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -211,7 +275,7 @@ if HAVE_GLUON:
         done = 0  # work tiles issued so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cfg)
+            kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cfg)
             done += 1
             if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
@@ -225,10 +289,11 @@ if HAVE_GLUON:
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
 
     @gluon.jit
-    def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cfg):
+    def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
-        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(t, call, cfg)
+        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg)
+        n_tiles = tile.n_tiles
         for c in gl.static_range(cfg.BLOCK_M // ROWS):
             qb = c * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
             mbarrier.wait(smem.q_empty.index(qb), ((done // cfg.Q_BUFFERS) & 1) ^ 1)
@@ -236,19 +301,20 @@ if HAVE_GLUON:
                 smem.tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
             if n_tiles > 0:
                 mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, 0], smem.q_ready.index(qb), smem.q_smem.index(qb))
+                _tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
+                          smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
         for i in range(n_tiles):
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
-            key = lo + i * cfg.BLOCK_N
+            key = tile.k_row + tile.lo + i * cfg.BLOCK_N
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_b, off_hk, key, 0], smem.k_ready.index(slot), smem.k_smem.index(slot))
+            _tma_load(k_desc, [tile.desc_b, tile.off_hk, key, 0], smem.k_ready.index(slot), smem.k_smem.index(slot))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [off_b, off_hk, key, 0], smem.v_ready.index(slot), smem.v_smem.index(slot))
+            _tma_load(v_desc, [tile.desc_b, tile.off_hk, key, 0], smem.v_ready.index(slot), smem.v_smem.index(slot))
             kv += 1
         return kv
 
@@ -330,7 +396,7 @@ if HAVE_GLUON:
             mbarrier.wait(turns.index(C), turn & 1)
 
     @gluon.jit
-    def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, call,
+    def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
                          MASKED: gl.constexpr, C: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -374,7 +440,7 @@ if HAVE_GLUON:
             # before the S wait and packing them into integer bitmasks (a masked
             # loop at D = 128 causal drops from 704 to 595 instructions).
             base = lo + j * cfg.BLOCK_N
-            s = masked_logits(s, offs_m, cols, call.n_k - base, call.off - base, call.left, call.right, call.softcap_in,
+            s = masked_logits(s, offs_m, cols, n_k - base, off - base, call.left, call.right, call.softcap_in,
                               call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
             p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, cfg.SOFTCAP,
                                                   cfg.LAZY_RESCALE)
@@ -421,7 +487,8 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_tile(o_desc, LSE, smem, t, kv, done, turn, call, C: gl.constexpr, cfg):
+    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, t, kv, done, turn, call, C: gl.constexpr,
+                       cfg):
         # Consumer warpgroup C's rows of work tile t; returns the ring tiles
         # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
@@ -432,8 +499,10 @@ if HAVE_GLUON:
         LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        off_b, off_h, off_hk, start_m, lo, n_left, n_mid, n_tiles = _work_tile(t, call, cfg)
-        row0 = start_m + C * ROWS
+        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg)
+        lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
+                                                     tile.off)
+        row0 = tile.start_m + C * ROWS
         c_left = n_left
         c_mid = n_mid
         c_end = n_tiles
@@ -444,7 +513,7 @@ if HAVE_GLUON:
             # its own go by in _skip_tiles. (Without a right edge this only spares
             # rows past n_q, and it measured 14 % slower at D = 64 N = 512, not
             # diagnosed.)
-            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_q, call.n_k, call.off, call.left, call.right,
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, n_q, n_k, off, call.left, call.right,
                                              ROWS, cfg.BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
         offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
@@ -464,7 +533,7 @@ if HAVE_GLUON:
             mbarrier.arrive(smem.k_empty.index(_ring(kv, cfg.STAGES)[0]), count=1)
             if cfg.Q_BUFFERS == 2:
                 _release_previous_q(smem.q_empty, C, done)
-            s = masked_logits(s, offs_m, cols, call.n_k - lo, call.off - lo, call.left, call.right, call.softcap_in,
+            s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, call.left, call.right, call.softcap_in,
                               call.softcap_out, True, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
             p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, True, cfg.SOFTCAP, False)
             p = _carried_p(p_f32, dtype, cfg.P_FP32)
@@ -482,7 +551,8 @@ if HAVE_GLUON:
                     first = gl.maximum(c_mid, 1)
                     last = c_end
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, call, segment != 1, C, cfg)
+                    o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
+                    segment != 1, C, cfg)
 
             # The last key tile's PV product.
             last = kv + c_end - 1
@@ -507,20 +577,38 @@ if HAVE_GLUON:
         # buffer returns to the producer once the store has read it: at once
         # with one Q buffer; with two, during the next tile (its Q is already
         # in the other buffer), so the store's latency is hidden too.
-        q_tile.store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [off_b, off_h, row0, 0], q_buf)
+        if cfg.IS_VARLEN:
+            if row0 + ROWS <= n_q:
+                _store_by_tma(o, q_tile, q_buf, o_desc, tile.desc_b, tile.off_h, tile.q_row + row0)
+            else:  # the slab crosses the sequence's end: only its own rows
+                o_cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                o_offs = row0 + gl.arange(0, ROWS, layout=o_rows)
+                o_ptrs = (Out + tile.off_h.to(gl.int64) * call.o_stride_head
+                          + (tile.q_row + o_offs).to(gl.int64)[:, None] * call.o_stride_row + o_cols[None, :])
+                gl.store(o_ptrs, o.to(dtype), mask=(o_offs < n_q)[:, None])
+        else:
+            _store_by_tma(o, q_tile, q_buf, o_desc, tile.desc_b, tile.off_h, row0)
         if cfg.STORE_LSE:
             lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-            lse_base = LSE + (off_b.to(gl.int64) * call.n_heads_q + off_h) * call.n_q
-            gl.store(lse_base + offs_m, lse, mask=offs_m < call.n_q)
+            if cfg.IS_VARLEN:  # LSE [Hq, total_q]
+                lse_base = LSE + tile.off_h.to(gl.int64) * call.total_q + tile.q_row
+            else:  # LSE [B, Hq, n_q]
+                lse_base = LSE + (tile.off_b.to(gl.int64) * call.n_heads_q + tile.off_h) * call.n_q
+            gl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
         if cfg.Q_BUFFERS == 1:
             tma.store_wait(0)
             mbarrier.arrive(smem.q_empty.index(qb), count=1)
         return kv, turn
 
     @gluon.jit
-    def _consumer_partition(o_desc, LSE, smem, call, C: gl.constexpr, cfg):
+    def _store_by_tma(o, q_tile, q_buf, o_desc, desc_b, off_h, row):
+        # O's rows to the output from this tile's Q buffer (no MMA reads it any more)
+        q_tile.store(o.to(o_desc.dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
+
+    @gluon.jit
+    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, C: gl.constexpr, cfg):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
@@ -529,7 +617,8 @@ if HAVE_GLUON:
         turn = 0  # PINGPONG turns taken so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv, turn = _consumer_tile(o_desc, LSE, smem, t, kv, done, turn, call, C, cfg)
+            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, t, kv, done, turn, call, C,
+                                      cfg)
             done += 1
             if cfg.DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
                 qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
@@ -541,20 +630,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def attention_fwd_hopper_kernel(
-        q_desc, k_desc, v_desc, o_desc, LSE, tile_counter,
-        batch, n_heads_q, kv_group, n_q, n_k,
+        q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
+        batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
         off, left, right,
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        DYNAMIC: gl.constexpr,
+        DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
         # Descriptors are 4-D over [B, H, N, D] with blocks [1, 1, 64 or BLOCK_N,
-        # HEAD_DIM]; LSE is [B, Hq, n_q] fp32.
+        # HEAD_DIM]; LSE is [B, Hq, n_q] fp32. IS_VARLEN: batch sequences, the
+        # descriptors over [1, H, total, D] views, n_q the longest sequence's rows,
+        # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -595,30 +686,31 @@ if HAVE_GLUON:
         # Partition arguments must be IR values: Triton makes an integer argument
         # equal to 1 a constant, so scalars are wrapped.
         call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
-                    gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
+                    gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(total_q), gl.to_tensor(o_stride_row),
+                    gl.to_tensor(o_stride_head), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
                     gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC)
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(1), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(1), cfg)),
-                (_consumer_partition, (o_desc, LSE, smem, call, gl.constexpr(2), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(1), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

@@ -75,12 +75,13 @@ def attention_forward(
 def attention_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, *, band: Band, top_left: bool, scale: float, softcap: Optional[float], return_lse: bool,
-    tiles: PortableTiles, out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+    tiles: Union[PortableTiles, HopperTiles], out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
     (or None). `band` is `ops.band.sequence_band`'s; each sequence's offset comes
-    from its own lengths (Nk - Nq, or 0 with `top_left`). `out` (any strides) and
-    `lse` (contiguous) may be passed preallocated."""
+    from its own lengths (Nk - Nq, or 0 with `top_left`). `tiles` picks the kernel
+    as in attention_forward. `out` (any strides; unit last stride with HopperTiles)
+    and `lse` (contiguous) may be passed preallocated."""
     total_q, Hq, D = q.shape
     if out is None:
         out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
@@ -93,8 +94,13 @@ def attention_varlen_forward(
         if lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
-    launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles,
-                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left))
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left)
+    if isinstance(tiles, HopperTiles):
+        counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
+        launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
+                                     _backend.device_properties(q.device.index).multi_processor_count, varlen=varlen)
+    else:
+        launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
     launches.run(launch, q.device)
     return out, lse
 

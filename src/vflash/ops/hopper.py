@@ -111,31 +111,58 @@ def describers(block_n: int, head_dim: int, dtype: torch.dtype):
     return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
 
 
+def heads_first(t: torch.Tensor) -> torch.Tensor:
+    """A packed [total, H, D] tensor as the [1, H, total, D] view the descriptors
+    of a varlen launch cover (no copy)."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
 def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, scale: float,
-          softcap: Optional[float], tiles: HopperTiles, sms: int) -> KernelLaunch:
+          softcap: Optional[float], tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_hopper_kernel. `counter` (tiles.dynamic): the
     work-tile counter, one int32 zero, fresh each launch (a shared one would race
-    between streams and across CUDA graph replays)."""
-    B, Hq, Nq, D = q.shape
+    between streams and across CUDA graph replays). `varlen` (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D] tensors, out
+    [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones."""
+    D = q.shape[-1]
     rows, keys = describers(tiles.block_n, D, q.dtype)
+    if varlen is None:
+        B, Hq, Nq, _ = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        cu_q = cu_k = packed_out = None
+        total_q, o_strides, top_left = Nq, (0, 0), False
+        descs = (rows(q), keys(k), keys(v), rows(out))
+    else:
+        cu_q, cu_k, Nq, top_left = varlen
+        total_q, Hq, _ = q.shape
+        Nk, Hkv = k.shape[:2]
+        B = cu_q.numel() - 1
+        packed_out, o_strides = out, (out.stride(0), out.stride(1))
+        descs = (rows(heads_first(q)), keys(heads_first(k)), keys(heads_first(v)), rows(heads_first(out)))
     args = (
-        rows(q), keys(k), keys(v), rows(out), lse if lse is not None else out, counter,
-        B, Hq, Hq // k.shape[1], Nq, k.shape[2],
+        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out,
+        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
     )
-    slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "out", rows),
-             Slot(4, "out" if lse is None else "lse"))
+    if varlen is None:
+        slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "out", rows))
+    else:
+        slots = tuple(Slot(i, name, lambda t, d=d: d(heads_first(t)))
+                      for i, name, d in ((0, "q", rows), (1, "k", keys), (2, "v", keys), (3, "out", rows)))
+        slots += (Slot(6, "cu_seqlens_q"), Slot(7, "cu_seqlens_k"), Slot(8, "out"))
+    slots += (Slot(4, "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot(5, "tile_counter"),)
-    constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None)
+    constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None,
+                             varlen is not None, top_left)
     return KernelLaunch(hopper.attention_fwd_hopper_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
 
 
 def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, softcap: bool,
-                store_lse: bool) -> dict:
+                store_lse: bool, varlen: bool = False, top_left: bool = False) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -143,13 +170,14 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
-                LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic)
+                LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
-                 right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True):
+                 right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
+                 varlen: bool = False, top_left: bool = False):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
-    (its .asm holds the TTGIR, PTX and cubin)."""
+    (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -161,13 +189,17 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
         return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr", "batch": "i32",
-                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32", "left": "i32",
-                 "right": "i32",
+                 "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr",
+                 "cu_seqlens_q": "*i32" if varlen else "constexpr", "cu_seqlens_k": "*i32" if varlen else "constexpr",
+                 "Out": f"*{name}" if varlen else "constexpr", "batch": "i32",
+                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
+                 "o_stride_row": "i32", "o_stride_head": "i32", "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
-    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse)
+    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left)
     signature.update({k: "constexpr" for k in constexprs})
     if not tiles.dynamic:
         constexprs = dict(constexprs, tile_counter=None)
+    if not varlen:
+        constexprs = dict(constexprs, cu_seqlens_q=None, cu_seqlens_k=None, Out=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(tiles.block_m, tiles.ctas_per_sm))
