@@ -146,8 +146,9 @@ def attention_varlen(
         out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see
         no key (a sequence with no keys, say) get 0 and lse = -inf.
 
-    Runs the portable Triton kernel (no sm_90 varlen path yet); CPU tensors run
-    it through Triton's interpreter. Autograd as `vflash.attention`'s (custom ops,
+    On sm_90 the Hopper kernel takes it where the longest sequence is long enough
+    (vflash.dispatch), else the portable Triton kernel; CPU tensors run that one
+    through Triton's interpreter. Autograd as `vflash.attention`'s (custom ops,
     deterministic backward).
     """
     batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
