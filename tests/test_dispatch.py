@@ -1,6 +1,7 @@
 """vflash.dispatch: the kernel and tiles a call gets, pinned on representative
 shapes (an H200: sm_90, 132 SMs), the override, and the refusals."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -151,3 +152,19 @@ def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, 
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)
     choice = dispatch.select_kvcache(kv_problem(batch, hq, n_q, capacity), hkv, **kw)
     assert choice.tiles == tiles, choice.why
+
+
+@pytest.mark.parametrize("page,kw,kernel", [
+    (16, {}, "sm90"), (0, {}, "sm90"), (256, {}, "sm90"),  # chunked prefill: the sm90 kernel's KV_CACHE build
+    (17, {}, "portable"), (8, {}, "portable"),  # pages its copies cannot take
+    (16, dict(num_splits=2), "portable"), (16, dict(batch_invariant=True), "portable"),
+])
+def test_select_kvcache_takes_sm90_for_chunked_prefill_where_it_fits(h200, monkeypatch, page, kw, kernel):
+    monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)
+    p = dataclasses.replace(kv_problem(4, 32, 512, 8192), tma_ok=True)
+    choice = dispatch.select_kvcache(p, 8, page_size=page, **kw)
+    assert choice.kernel == kernel, choice.why
+    if kernel == "sm90":  # the dense rule's tiles for the same rows
+        assert choice.tiles == dispatch.select(p).tiles and "KV cache" in choice.why
+    # decode (4 packed rows) stays on attention_kvcache_kernel
+    assert dispatch.select_kvcache(dataclasses.replace(p, n_q=1), 8, page_size=page).kernel == "portable"

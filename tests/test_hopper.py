@@ -43,6 +43,10 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True),
         dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
              varlen=True, top_left=True, left_edge=True, softcap=True),
+        # keys from a KV cache: paged (16-row copies, the table read per copy) and contiguous
+        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
+             kv_cache=True, page_size=16),
+        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2), varlen=True, kv_cache=True),
     ]
     for kw in variants:
         k = hopper.compile_sm90(**kw)
@@ -58,8 +62,11 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         assert ("atom.global" in ptx) == t.dynamic, kw
         # the output goes out by TMA; varlen adds the masked pointer store beside it
         assert "cp.async.bulk.tensor.4d.global.shared" in ptx, kw
+        if kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, K and V
+            assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 16, kw
         if kw.get("varlen"):
-            dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False)).asm["ptx"]
+            dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
+                                               page_size=0)).asm["ptx"]
             assert ptx.count("st.global") > dense.count("st.global"), kw
         assert len(k.asm["cubin"]) > 0, kw
 

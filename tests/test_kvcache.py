@@ -290,3 +290,97 @@ def test_planned_repeats_follow_growing_lengths_and_capture_in_a_graph(splits):
     graph.replay()
     want = call(check=True)
     assert all(torch.equal(a, b) for a, b in zip(captured, want))
+
+
+def _on_hopper() -> bool:
+    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
+    return torch.cuda.is_available() and HAVE_GLUON and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _poisoned_cache(lens, page, hkv, d, dtype, seed=0):
+    """A cache whose rows past each sequence's length (and spare pages) hold NaN: paged
+    (page > 0, shuffled pages) or contiguous [B, max_len] (page 0)."""
+    if page == 0:
+        g = torch.Generator().manual_seed(seed)
+        k_cache, v_cache = (torch.randn(len(lens), max(lens) + 37, hkv, d, generator=g).to(dtype).cuda()
+                            for _ in range(2))
+        for b, n in enumerate(lens):
+            k_cache[b, n:] = float("nan")
+            v_cache[b, n:] = float("nan")
+        return k_cache, v_cache, None
+    k_cache, v_cache, table = _paged(lens, page, hkv, d, dtype, "cuda", seed=seed)
+    used = set()
+    for b, n in enumerate(lens):
+        need = max(1, -(-n // page))
+        used |= {int(p) for p in table[b, :need]}
+        last = int(table[b, need - 1])
+        k_cache[last, n - (need - 1) * page:] = float("nan")
+        v_cache[last, n - (need - 1) * page:] = float("nan")
+    spare = [p for p in range(k_cache.shape[0]) if p not in used]
+    k_cache[spare] = float("nan")
+    v_cache[spare] = float("nan")
+    return k_cache, v_cache, table
+
+
+# Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options)
+HOPPER_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
+                (16, dict(window=(100, 0))), (64, dict(softcap=20.0))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("page,opts", HOPPER_CACHE, ids=[f"page{p}-{'-'.join(o) or 'causal'}" for p, o in HOPPER_CACHE])
+def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
+    # The table's tiles (with DYNAMIC flipped and each Q-buffer count) straight through the
+    # launcher; cache rows past every sequence's length hold NaN, which must not reach the
+    # output (K there is masked, V's tail tile read as zeros). Lengths: tails that fill no
+    # tile, more new queries than keys, a sequence with one key.
+    from vflash.dispatch import tables
+    from vflash.ops import attention_kvcache_forward, sequence_band
+    from vflash.reference import attention_with_kvcache_reference as reference
+    lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
+    k_cache, v_cache, table = _poisoned_cache(lens_k, page, 2, d, torch.bfloat16, seed=d + page)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(sum(lens_q), 8, d, generator=g).to(torch.bfloat16).cuda()
+    cu = torch.tensor([0, 300, 301, 430, 435], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    causal = opts.get("causal", True)
+    band = sequence_band("bottom_right" if causal else None, opts.get("window", (-1, -1)))
+    base = tables.HOPPER[(d, band.has_right)]
+    ref_table = table if table is not None else torch.arange(4, dtype=torch.int32, device="cuda")[:, None]
+    ref_opts = dict(causal=causal, window=opts.get("window"), softcap=opts.get("softcap"))
+    ref = {c: reference(q, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=c, **ref_opts)
+           for c in (torch.float64, None, torch.float32)}
+    for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
+                  for qb in range(1, base.q_buffers + 1)}:
+        out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, 300, band=band,
+                                             scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
+                                             tiles=tiles, combine=None)
+        assert not out.isnan().any() and not lse.isnan().any(), tiles
+        for verdict in (compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), torch.bfloat16),
+                        compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(),
+                                torch.float32)):
+            assert verdict.passed, f"{tiles}: {verdict.what} max err {verdict.max_err:.3e} > {verdict.tol:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("page", [0, 16, 17])
+def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
+    # the public call with [B, Nq] queries: the sm90 kernel for a contiguous cache and
+    # page 16, the portable kernel for page 17; both right against the reference
+    from vflash import dispatch
+    from vflash.ops import sequence_band
+    lens = [2048, 1500]
+    if page == 17:
+        k_cache, v_cache, table = _paged(lens, page, 8, 128, torch.bfloat16, "cuda", seed=2)
+    else:
+        k_cache, v_cache, table = _poisoned_cache(lens, page, 8, 128, torch.bfloat16, seed=2)
+    q = _q(2, 512, 32, 128, torch.bfloat16, "cuda")
+    problem = dispatch.kvcache_problem_of(q.reshape(-1, 32, 128), k_cache, v_cache, 2, 512,
+                                          k_cache.shape[1] * (1 if table is None else table.shape[1]),
+                                          sequence_band("bottom_right", (-1, -1)))
+    choice = dispatch.select_kvcache(problem, 8, page_size=page if table is not None else 0)
+    assert choice.kernel == ("portable" if page == 17 else "sm90"), choice.why
+    _check(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device="cuda"), table)

@@ -294,8 +294,9 @@ def attention_with_kvcache(
         q = q.reshape(-1, q.shape[2], q.shape[3])
     band = sequence_band(causal_mode, window_lr)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-    problem = dispatch.varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
-    choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant)
+    problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band)
+    choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant,
+                                     k_cache.shape[1] if block_table is not None else 0)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
                                          return_lse=return_lse, tiles=choice.tiles,

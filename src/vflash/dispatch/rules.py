@@ -1,5 +1,6 @@
 """Which kernel and tiles one call gets, and why: `select(problem)`, once per call."""
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
@@ -67,6 +68,16 @@ def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen
     tma = kv is not None and all(map(hopper_launch.tma_ready, (q, *kv)))
     return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, tma,
                    varlen=True)
+
+
+def kvcache_problem_of(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int,
+                       max_seqlen_q: int, capacity: int, band: Band) -> Problem:
+    """The Problem of an attention_with_kvcache call: packed queries q [total_q, Hq, D]
+    against caches of `capacity` keys a sequence; TMA-fit when q suits TMA and both caches
+    merge into rows TMA can address (ops.hopper.cache_ready)."""
+    p = varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
+    tma = hopper_launch.tma_ready(q) and all(map(hopper_launch.cache_ready, (k_cache, v_cache)))
+    return dataclasses.replace(p, tma_ok=tma)
 
 
 def _sm90(device_index: int) -> Tuple[bool, int]:
@@ -163,14 +174,25 @@ def _pow2(n: int) -> int:
 
 
 def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, batch_invariant: bool = False,
-                   ) -> Choice:
-    """The tiles and split count of `attention_with_kvcache` (attention_kvcache_kernel;
-    no sm_90 path yet): `p` from varlen_problem_of, n_k the cache's capacity a sequence
-    (the longest a sequence can be without a host sync). num_splits forces the split
-    count; batch_invariant fixes the tiles and a split's keys (tables.INVARIANT_SPLIT_KEYS)."""
+                   page_size: int = 0) -> Choice:
+    """The kernel, tiles and split count of `attention_with_kvcache`: `p` from
+    kvcache_problem_of (its TMA check covers the caches), n_k the cache's
+    capacity a sequence (the longest a sequence can be without a host sync);
+    page_size 0 for a contiguous cache. num_splits forces the split count;
+    batch_invariant fixes the tiles and a split's keys (tables.INVARIANT_SPLIT_KEYS).
+
+    Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
+    takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
+    for the same rows dense and the page size suits its copies (ops.hopper.pages_fit);
+    decode and everything else attention_kvcache_kernel (portable)."""
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     rows = group * max(1, p.n_q)
+    if rows > tables.DECODE_ROWS and not batch_invariant and num_splits in (None, 1) and sm90_refusal(p) is None:
+        dense = select(p)
+        if dense.kernel == "sm90" and (page_size == 0 or hopper_launch.pages_fit(page_size, dense.tiles.block_n)):
+            cache = f"pages of {page_size}" if page_size else "contiguous"
+            return Choice("sm90", dense.tiles, f"{dense.why}, KV cache ({cache})")
     if _backend.interpreted(p.device):
         base, why = tables.KVCACHE_INTERPRETER, "KVCACHE_INTERPRETER"
     elif p.dtype == torch.float32:

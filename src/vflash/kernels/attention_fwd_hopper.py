@@ -45,6 +45,16 @@ shape of FlashAttention-3:
   belong to the next one) and masked as the ragged tail is; a slab of output
   rows that crosses the end is stored with a masked pointer store instead of
   TMA, which would write into the next sequence.
+- KV_CACHE: keys from a KV cache (attention_with_kvcache's chunked prefill):
+  cache_seqlens[b] of them, the queries packed as varlen's, bottom-right. The
+  cache is viewed as rows [1, Hkv, pages * page_size, D]. Contiguous
+  (PAGE_SIZE 0): sequence b's keys start at row b * max_len. Paged: each K/V
+  tile is BLOCK_N / PAGE_ROWS TMA copies of PAGE_ROWS = min(PAGE_SIZE, BLOCK_N)
+  rows, each from the page the block table names (a power-of-two page size, so
+  no copy straddles a page). Cache rows past a sequence's length may hold
+  anything (NaN included): K there is masked, and the V tile that holds the
+  sequence's end is loaded by pointer with zeros past it, since a masked
+  score's zero P times a NaN would still be NaN.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. Which switches each head
@@ -71,6 +81,8 @@ try:
     # releases renamed them async_load / async_store. Either serves.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    # A barrier of the calling partition's threads: thread_barrier in Triton 3.6, barrier later.
+    _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     HAVE_GLUON = True
 except (ImportError, AttributeError):  # a Triton without Gluon: the portable kernel serves everything
     HAVE_GLUON = False
@@ -117,20 +129,27 @@ if HAVE_GLUON:
         DYNAMIC: gl.constexpr
         IS_VARLEN: gl.constexpr
         TOP_LEFT: gl.constexpr
+        KV_CACHE: gl.constexpr
+        PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
+        PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
         P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
-                     REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT):
+                     REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
+                     PAGE_SIZE):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
-                                ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT)):
+                                ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
+                                ("PAGE_SIZE", PAGE_SIZE)):
                 setattr(self, name, gl.constexpr(value))
+            rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
+            self.PAGE_ROWS = gl.constexpr(rows)
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
             self.S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                    instr_shape=[16, self.BLOCK_N.value, 16]))
@@ -153,6 +172,10 @@ if HAVE_GLUON:
         total_q: gl.tensor
         o_stride_row: gl.tensor
         o_stride_head: gl.tensor
+        kv_seq_rows: gl.tensor  # KV_CACHE, contiguous: rows a sequence in the cache
+        table_stride: gl.tensor  # KV_CACHE, paged: block_table's row stride
+        v_stride_row: gl.tensor  # KV_CACHE: the cache's row and head strides (V's tail by pointer)
+        v_stride_head: gl.tensor
         off: gl.tensor  # the band (kernels/mask.py)
         left: gl.tensor
         right: gl.tensor
@@ -161,11 +184,14 @@ if HAVE_GLUON:
         softcap_out: gl.tensor
 
         @gluon.constexpr_function
-        def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head, off, left,
-                     right, qk_scale, softcap_in, softcap_out):
+        def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
+                     kv_seq_rows, table_stride, v_stride_row, v_stride_head, off, left, right, qk_scale, softcap_in,
+                     softcap_out):
             self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
             self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
             self.total_q, self.o_stride_row, self.o_stride_head = total_q, o_stride_row, o_stride_head
+            self.kv_seq_rows, self.table_stride = kv_seq_rows, table_stride
+            self.v_stride_row, self.v_stride_head = v_stride_row, v_stride_head
             self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
 
     @aggregate
@@ -222,7 +248,7 @@ if HAVE_GLUON:
             self.lo, self.n_left, self.n_mid, self.n_tiles = lo, n_left, n_mid, n_tiles
 
     @gluon.jit
-    def _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg):
+    def _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg):
         # Work tile t -> its Tile: (batch or sequence, q head, first row), the
         # sequence's rows (seqlen.sequence, shared with attention_fwd_kernel) and
         # its key range (key_range, likewise). A varlen tile past its sequence's
@@ -235,8 +261,8 @@ if HAVE_GLUON:
         off_h = bh % call.n_heads_q
         off_b = bh // call.n_heads_q
         start_m = pid_m * cfg.BLOCK_M
-        q_row, k_row, n_q, n_k, off = sequence(off_b, cu_seqlens_q, cu_seqlens_k, None, call.n_q, call.n_k, call.off,
-                                               cfg.IS_VARLEN, False, cfg.TOP_LEFT)
+        q_row, k_row, n_q, n_k, off = sequence(off_b, cu_seqlens_q, cu_seqlens_k, cache_seqlens, call.n_q, call.n_k,
+                                               call.off, cfg.IS_VARLEN, cfg.KV_CACHE, cfg.TOP_LEFT)
         lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, call.left, call.right, cfg.BLOCK_M,
                                              cfg.BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
         n_left, n_mid, n_tiles = key_tiles(lo, full_lo, full_hi, hi, cfg.BLOCK_N)
@@ -247,7 +273,10 @@ if HAVE_GLUON:
                 n_left = 0
             desc_b = gl.to_tensor(0)
             q_row = q_row.to(gl.int32)
-            k_row = k_row.to(gl.int32)
+            if cfg.KV_CACHE:  # a contiguous cache's sequence starts kv_seq_rows rows on; a paged one's by page
+                k_row = off_b * call.kv_seq_rows
+            else:
+                k_row = k_row.to(gl.int32)
         else:
             desc_b = off_b
             q_row = gl.to_tensor(0)
@@ -256,7 +285,8 @@ if HAVE_GLUON:
                     gl.to_tensor(n_k), gl.to_tensor(off), lo, n_left, n_mid, n_tiles)
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg):
+    def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
+                        block_table, V, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -275,7 +305,8 @@ if HAVE_GLUON:
         done = 0  # work tiles issued so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cfg)
+            kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k,
+                                 cache_seqlens, block_table, V, cfg)
             done += 1
             if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
@@ -289,10 +320,11 @@ if HAVE_GLUON:
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
 
     @gluon.jit
-    def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cfg):
+    def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
+                        block_table, V, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
-        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg)
+        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
         n_tiles = tile.n_tiles
         for c in gl.static_range(cfg.BLOCK_M // ROWS):
             qb = c * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
@@ -305,18 +337,76 @@ if HAVE_GLUON:
                           smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
+        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS  # TMA copies a K or V tile
         for i in range(n_tiles):
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
-            key = tile.k_row + tile.lo + i * cfg.BLOCK_N
+            key = tile.lo + i * cfg.BLOCK_N  # in the sequence
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
-            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [tile.desc_b, tile.off_hk, key, 0], smem.k_ready.index(slot), smem.k_smem.index(slot))
+            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
+            for c in gl.static_range(COPIES):
+                _tma_load(k_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile, block_table,
+                                                                          call, cfg), 0],
+                          smem.k_ready.index(slot), smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
-            mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [tile.desc_b, tile.off_hk, key, 0], smem.v_ready.index(slot), smem.v_smem.index(slot))
+            if cfg.KV_CACHE and key + cfg.BLOCK_N > tile.n_k:  # the tile holding the sequence's end
+                _load_v_tail(V, smem.v_smem.index(slot), smem.v_ready.index(slot), key, tile, block_table, call, cfg)
+            else:
+                mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
+                for c in gl.static_range(COPIES):
+                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile,
+                                                                              block_table, call, cfg), 0],
+                              smem.v_ready.index(slot),
+                              smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             kv += 1
         return kv
+
+    @gluon.jit
+    def _cache_row(key, tile, block_table, call, cfg):
+        # The descriptors' row of the sequence's key `key` (its first of PAGE_ROWS
+        # in a copy). Paged: row key % PAGE_SIZE of the page the table names for
+        # it, the table read no further than the sequence's last key (rows past
+        # that come from its last page and are masked).
+        if cfg.PAGE_SIZE > 0:
+            j = gl.minimum(key, tile.n_k - 1) // cfg.PAGE_SIZE
+            page = gl.load(block_table + tile.off_b.to(gl.int64) * call.table_stride + j)
+            return page * cfg.PAGE_SIZE + key % cfg.PAGE_SIZE
+        else:
+            return tile.k_row + key
+
+    @gluon.constexpr_function
+    def _tail_layout(head_dim):
+        # [rows, head_dim] over the producer's 4 warps, 8 values (16 bytes) a thread
+        cols = min(32, head_dim // 8)
+        return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
+
+    @gluon.jit
+    def _load_v_tail(V, v_buf, v_ready, key, tile, block_table, call, cfg):
+        # V tile [key, key + BLOCK_N) of a cache, which holds the sequence's last
+        # key: its rows past n_k read as zeros (they may hold NaN), by pointer, in
+        # 16-row pieces (the producer's registers are few), then published as a
+        # TMA copy would be: stores fenced for the async proxy (wgmma), every
+        # producer thread past the barrier, one arrival.
+        PIECE: gl.constexpr = 16
+        layout: gl.constexpr = _tail_layout(cfg.HEAD_DIM)
+        cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        v_rows = v_buf.reshape([cfg.BLOCK_N, cfg.HEAD_DIM])
+        head = V + tile.off_hk.to(gl.int64) * call.v_stride_head
+        for c in gl.static_range(cfg.BLOCK_N // PIECE):
+            keys = key + c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, layout))
+            if cfg.PAGE_SIZE > 0:
+                j = gl.minimum(keys, tile.n_k - 1) // cfg.PAGE_SIZE
+                pages = gl.load(block_table + tile.off_b.to(gl.int64) * call.table_stride + j)
+                rows = pages * cfg.PAGE_SIZE + keys % cfg.PAGE_SIZE
+            else:
+                rows = tile.k_row + keys
+            live = keys < tile.n_k
+            vals = gl.load(head + rows.to(gl.int64)[:, None] * call.v_stride_row + cols[None, :],
+                           mask=live[:, None], other=0.0)
+            v_rows.slice(c * PIECE, PIECE).store(vals)
+        fence_async_shared()
+        _thread_barrier()
+        mbarrier.arrive(v_ready, count=1)
 
     @gluon.jit
     def _ring(tile, STAGES: gl.constexpr):
@@ -487,8 +577,8 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, t, kv, done, turn, call, C: gl.constexpr,
-                       cfg):
+    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, t, kv, done, turn, call,
+                       C: gl.constexpr, cfg):
         # Consumer warpgroup C's rows of work tile t; returns the ring tiles
         # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
@@ -499,7 +589,7 @@ if HAVE_GLUON:
         LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cfg)
+        tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
         lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
                                                      tile.off)
         row0 = tile.start_m + C * ROWS
@@ -608,7 +698,8 @@ if HAVE_GLUON:
         _tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
 
     @gluon.jit
-    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, C: gl.constexpr, cfg):
+    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call, C: gl.constexpr,
+                            cfg):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
@@ -617,8 +708,8 @@ if HAVE_GLUON:
         turn = 0  # PINGPONG turns taken so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, t, kv, done, turn, call, C,
-                                      cfg)
+            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, t, kv, done,
+                                      turn, call, C, cfg)
             done += 1
             if cfg.DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
                 qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
@@ -631,14 +722,17 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
+        cache_seqlens, block_table, V,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
+        kv_seq_rows, table_stride, v_stride_row, v_stride_head,
         off, left, right,
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-        DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr,
+        DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
+        PAGE_SIZE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -646,6 +740,9 @@ if HAVE_GLUON:
         # HEAD_DIM]; LSE is [B, Hq, n_q] fp32. IS_VARLEN: batch sequences, the
         # descriptors over [1, H, total, D] views, n_q the longest sequence's rows,
         # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
+        # KV_CACHE (with IS_VARLEN): k / v descriptors over the cache's rows
+        # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
+        # block_table [B, max_pages] int32 (PAGE_SIZE > 0), V the value cache.
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -687,30 +784,41 @@ if HAVE_GLUON:
         # equal to 1 a constant, so scalars are wrapped.
         call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
                     gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(total_q), gl.to_tensor(o_stride_row),
-                    gl.to_tensor(o_stride_head), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
+                    gl.to_tensor(o_stride_head), gl.to_tensor(kv_seq_rows), gl.to_tensor(table_stride),
+                    gl.to_tensor(v_stride_row), gl.to_tensor(v_stride_head), gl.to_tensor(off), gl.to_tensor(left),
+                    gl.to_tensor(right),
                     gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT)
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
+                                     cache_seqlens, block_table, V, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(1), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
+                                     cache_seqlens, block_table, V, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
-                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(1), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, smem, call, gl.constexpr(2), cfg)),
+                (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
+                                     cache_seqlens, block_table, V, cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(0), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(1), cfg)),
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                                         gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

@@ -108,8 +108,8 @@ def attention_varlen_forward(
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
-    scale: float, softcap: Optional[float], return_lse: bool, tiles: KVCacheTiles, combine: CombineTiles,
-    plan_key: Optional[Hashable] = None,
+    scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
+    combine: CombineTiles, plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -118,14 +118,27 @@ def attention_kvcache_forward(
     cu_seqlens_q, or with cu_seqlens_q None max_seqlen_q rows a sequence, in order.
     out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
     writes fp32 partials of each split and combine_splits_kernel folds them. With a
-    `plan_key` both launches are recorded as one plan (vflash.ops.plans)."""
+    `plan_key` both launches are recorded as one plan (vflash.ops.plans). HopperTiles
+    (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    group, batch, splits = Hq // Hkv, cache_seqlens.numel(), tiles.num_splits
+    batch = cache_seqlens.numel()
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
+    if isinstance(tiles, HopperTiles):
+        if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
+            cu_seqlens_q = torch.arange(0, (batch + 1) * max_seqlen_q, max_seqlen_q, dtype=torch.int32,
+                                        device=q.device)
+        counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
+        launch = hopper_launch.build(q, k_cache, v_cache, out, lse, counter, band, scale, softcap, tiles,
+                                     _backend.device_properties(q.device.index).multi_processor_count,
+                                     varlen=(cu_seqlens_q, None, max_seqlen_q, False),
+                                     cache=(cache_seqlens, block_table))
+        launches.run(launch, q.device)
+        return out, lse
+    group, splits = Hq // Hkv, tiles.num_splits
     if splits == 1:
         o_part, lse_part = out, lse
     else:

@@ -81,8 +81,33 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 
 def _block_shapes(block_n: int, head_dim: int):
-    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys.
+    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys (a
+    # paged cache's in page_rows(...) keys).
     return [1, 1, CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
+
+
+def page_rows(page_size: int, block_n: int) -> int:
+    """Rows of one K/V copy from a paged cache: the tile's, or a page's when pages are
+    shorter (the kernel's PAGE_ROWS)."""
+    return min(page_size, block_n)
+
+
+def pages_fit(page_size: int, block_n: int) -> bool:
+    """The kernel's copies of a paged cache's tiles never straddle a page and keep the
+    shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows."""
+    return page_size >= 16 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
+
+
+def cache_ready(cache: torch.Tensor) -> bool:
+    """A KV cache the kernel's descriptors can cover: its first two dims merge into rows
+    (pages laid end to end) and TMA can address it."""
+    return cache.stride(0) == cache.shape[1] * cache.stride(1) and tma_ready(cache)
+
+
+def cache_rows(cache: torch.Tensor) -> torch.Tensor:
+    """A cache [pages or B, page_size or max_len, Hkv, D] as the [1, Hkv, rows, D] view
+    its descriptors cover (no copy; the first two dims must merge)."""
+    return heads_first(cache.flatten(0, 1))
 
 
 @lru_cache(maxsize=None)
@@ -118,14 +143,26 @@ def heads_first(t: torch.Tensor) -> torch.Tensor:
 
 
 def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, scale: float,
-          softcap: Optional[float], tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None) -> KernelLaunch:
+          softcap: Optional[float], tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None,
+          cache: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_hopper_kernel. `counter` (tiles.dynamic): the
     work-tile counter, one int32 zero, fresh each launch (a shared one would race
     between streams and across CUDA graph replays). `varlen` (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D] tensors, out
-    [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones."""
+    [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones.
+    `cache` (cache_seqlens, block_table or None) with varlen (cu_seqlens_k None):
+    k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]."""
     D = q.shape[-1]
     rows, keys = describers(tiles.block_n, D, q.dtype)
+    seqlens = table = v_ptr = None
+    cache_strides, page_size = (0, 0, 0, 0), 0
+    if cache is not None:
+        seqlens, table = cache
+        paged = table is not None
+        page_size = k.shape[1] if paged else 0
+        _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
+        v_ptr = v
+        cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0, v.stride(1), v.stride(2))
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -135,34 +172,45 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     else:
         cu_q, cu_k, Nq, top_left = varlen
         total_q, Hq, _ = q.shape
-        Nk, Hkv = k.shape[:2]
         B = cu_q.numel() - 1
         packed_out, o_strides = out, (out.stride(0), out.stride(1))
-        descs = (rows(heads_first(q)), keys(heads_first(k)), keys(heads_first(v)), rows(heads_first(out)))
+        if cache is None:
+            Nk, Hkv = k.shape[:2]
+            descs = (rows(heads_first(q)), keys(heads_first(k)), keys(heads_first(v)), rows(heads_first(out)))
+        else:
+            Nk, Hkv = 0, k.shape[2]
+            descs = (rows(heads_first(q)), cache_keys(cache_rows(k)), cache_keys(cache_rows(v)),
+                     rows(heads_first(out)))
     args = (
-        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out,
-        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides,
+        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, v_ptr,
+        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
     )
     if varlen is None:
         slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "out", rows))
-    else:
+    elif cache is None:
         slots = tuple(Slot(i, name, lambda t, d=d: d(heads_first(t)))
                       for i, name, d in ((0, "q", rows), (1, "k", keys), (2, "v", keys), (3, "out", rows)))
         slots += (Slot(6, "cu_seqlens_q"), Slot(7, "cu_seqlens_k"), Slot(8, "out"))
+    else:
+        packed, cached = (lambda t: rows(heads_first(t))), (lambda t: cache_keys(cache_rows(t)))
+        slots = (Slot(0, "q", packed), Slot(1, "k_cache", cached), Slot(2, "v_cache", cached), Slot(3, "out", packed),
+                 Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"), Slot(11, "v_cache"))
+        slots += (Slot(10, "block_table"),) if table is not None else ()
     slots += (Slot(4, "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot(5, "tile_counter"),)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None,
-                             varlen is not None, top_left)
+                             varlen is not None, top_left, cache is not None, page_size)
     return KernelLaunch(hopper.attention_fwd_hopper_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
 
 
 def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, softcap: bool,
-                store_lse: bool, varlen: bool = False, top_left: bool = False) -> dict:
+                store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
+                page_size: int = 0) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -170,19 +218,21 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse, REVERSE_M=has_right,
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
-                LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left)
+                LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
-                 varlen: bool = False, top_left: bool = False):
+                 varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
-    (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build."""
+    (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build;
+    kv_cache (with varlen): keys from a cache, paged when page_size > 0."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    rows, keys = _block_shapes(tiles.block_n, head_dim)
+    rows, keys = _block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
     name = _GL_DTYPES[dtype]
 
     def desc(block):
@@ -191,15 +241,25 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
                  "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr",
                  "cu_seqlens_q": "*i32" if varlen else "constexpr", "cu_seqlens_k": "*i32" if varlen else "constexpr",
-                 "Out": f"*{name}" if varlen else "constexpr", "batch": "i32",
-                 "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
-                 "o_stride_row": "i32", "o_stride_head": "i32", "off": "i32", "left": "i32", "right": "i32",
+                 "Out": f"*{name}" if varlen else "constexpr",
+                 "cache_seqlens": "*i32" if kv_cache else "constexpr",
+                 "block_table": "*i32" if page_size else "constexpr", "V": f"*{name}" if kv_cache else "constexpr",
+                 "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
+                 "o_stride_row": "i32", "o_stride_head": "i32", "kv_seq_rows": "i32", "table_stride": "i32",
+                 "v_stride_row": "i32", "v_stride_head": "i32", "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
-    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left)
+    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left, kv_cache,
+                             page_size)
     signature.update({k: "constexpr" for k in constexprs})
     if not tiles.dynamic:
         constexprs = dict(constexprs, tile_counter=None)
     if not varlen:
-        constexprs = dict(constexprs, cu_seqlens_q=None, cu_seqlens_k=None, Out=None)
+        constexprs = dict(constexprs, cu_seqlens_q=None, Out=None)
+    if not varlen or kv_cache:
+        constexprs = dict(constexprs, cu_seqlens_k=None)
+    if not kv_cache:
+        constexprs = dict(constexprs, cache_seqlens=None, V=None)
+    if not page_size:
+        constexprs = dict(constexprs, block_table=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(tiles.block_m, tiles.ctas_per_sm))
