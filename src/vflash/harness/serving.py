@@ -37,7 +37,8 @@ VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 toke
 CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
-           "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "vs_sdpa_cudnn"]
+           "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "vs_sdpa_cudnn",
+           "vs_vflash_dense"]
 SMOKE_DECODE = [(2, 40)]
 SMOKE_HEADS = (4, 2, 16)
 
@@ -228,29 +229,43 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
 
 def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], dtype: torch.dtype,
                  device: torch.device, page: int = 16) -> List[Dict[str, object]]:
-    """A chunk of n_new queries per sequence against prefix cached keys plus their own (paged
-    cache, page size 16), against vflash.attention on dense [B, H, N, D] copies."""
+    """A chunk of n_new queries per sequence against prefix cached keys plus their own, on
+    a shuffled paged cache of page sizes 16 and 64 and on a contiguous [B, max_len] cache
+    holding the same keys, against vflash.attention on dense [B, H, N, D] copies (and
+    attention_varlen on the same tokens packed)."""
     Hq, Hkv, D = heads
     n_k = prefix + n_new
-    pages = -(-n_k // page)
-    kc = torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)
-    vc = torch.randn_like(kc)
-    table = _shuffled_table(B, pages, device)
-    seqlens = torch.full((B,), n_k, dtype=torch.int32, device=device)
     q = torch.randn(B, n_new, Hq, D, device=device, dtype=dtype)
-    rows_k = kc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
-    rows_v = vc[table.long()].reshape(B, pages * page, Hkv, D)[:, :n_k]
-    qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, rows_k, rows_v))
+    k = torch.randn(B, n_k, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    seqlens = torch.full((B,), n_k, dtype=torch.int32, device=device)
+    qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    qp, kp, vp = (t.reshape(-1, t.shape[2], D) for t in (q, k, v))
+    cu_q, cu_k = (torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device) for n in (n_new, n_k))
     flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
-    methods = {
-        "vflash_paged16": lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,
+
+    def paged(size):  # the same keys in shuffled pages of `size`
+        pages = -(-n_k // size)
+        table = _shuffled_table(B, pages, device)
+        kc, vc = (torch.zeros(B * pages, size, Hkv, D, device=device, dtype=dtype) for _ in range(2))
+        for c, t in ((kc, k), (vc, v)):  # sequence b's page j (keys j * size on) is page table[b, j]
+            rows = torch.zeros(B, pages * size, Hkv, D, device=device, dtype=dtype)
+            rows[:, :n_k] = t
+            c[table.reshape(-1).long()] = rows.view(B * pages, size, Hkv, D)
+        return lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
+    methods = {f"vflash_paged{page}": paged(page), "vflash_paged64": paged(64),
+               "vflash_contig": lambda: vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False),
+               # the same tokens packed, keys as packed sequences: the varlen build without the cache's reads
+               "vflash_varlen": lambda: vflash.attention_varlen(qp, kp, vp, cu_q, cu_k, n_new, n_k, causal=True,
                                                                 check_metadata=False),
-        "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True),
-    }
+               "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
     rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
+    dense = next(r for r in rows if r["method"] == "vflash_dense")
     for r in rows:
         if "paged" in r["method"]:
-            r["page"] = page
+            r["page"] = int(r["method"][len("vflash_paged"):])
+        if r.get("us_median") and dense.get("us_median"):  # the bar: within 10 % of the same work dense
+            r["vs_vflash_dense"] = round(dense["us_median"] / r["us_median"], 3)
     return rows
 
 
