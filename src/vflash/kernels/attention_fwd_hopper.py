@@ -342,39 +342,22 @@ if HAVE_GLUON:
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
             key = tile.lo + i * cfg.BLOCK_N  # in the sequence
-            tail = False  # the tile holds a cache sequence's end (a compile-time False without a cache)
-            if cfg.KV_CACHE:
-                tail = key + cfg.BLOCK_N > tile.n_k
-            if COPIES > 1:
-                # Pages shorter than the tile: each page id read once for both K's and
-                # V's copy of its rows, so both slots are waited for first.
-                mbarrier.wait(smem.k_empty.index(slot), empty_phase)
-                mbarrier.wait(smem.v_empty.index(slot), empty_phase)
-                mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
-                if not tail:
-                    mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
-                for c in gl.static_range(COPIES):
-                    row = _cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg)
-                    _tma_load(k_desc, [tile.desc_b, tile.off_hk, row, 0], smem.k_ready.index(slot),
-                              smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
-                    if not tail:
-                        _tma_load(v_desc, [tile.desc_b, tile.off_hk, row, 0], smem.v_ready.index(slot),
-                                  smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+            mbarrier.wait(smem.k_empty.index(slot), empty_phase)
+            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
+            for c in gl.static_range(COPIES):
+                _tma_load(k_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile, block_table,
+                                                                          call, cfg), 0],
+                          smem.k_ready.index(slot), smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+            mbarrier.wait(smem.v_empty.index(slot), empty_phase)
+            if cfg.KV_CACHE and key + cfg.BLOCK_N > tile.n_k:  # the tile holding the sequence's end
+                _load_v_tail(V, smem.v_smem.index(slot), smem.v_ready.index(slot), key, tile, block_table, call, cfg)
             else:
-                row = _cache_row(key, tile, block_table, call, cfg)
-                mbarrier.wait(smem.k_empty.index(slot), empty_phase)
-                mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [tile.desc_b, tile.off_hk, row, 0], smem.k_ready.index(slot),
-                          smem.k_smem.index(slot))
-                mbarrier.wait(smem.v_empty.index(slot), empty_phase)
-                if not tail:
-                    mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes)
-                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, row, 0], smem.v_ready.index(slot),
-                              smem.v_smem.index(slot))
-            if cfg.KV_CACHE:
-                if tail:
-                    _load_v_tail(V, smem.v_smem.index(slot), smem.v_ready.index(slot), key, tile, block_table, call,
-                                 cfg)
+                mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
+                for c in gl.static_range(COPIES):
+                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile,
+                                                                              block_table, call, cfg), 0],
+                              smem.v_ready.index(slot),
+                              smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             kv += 1
         return kv
 
