@@ -342,31 +342,24 @@ if HAVE_GLUON:
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
             key = tile.lo + i * cfg.BLOCK_N  # in the sequence
-            # the copies' rows (a paged cache: their page ids) read before the waits, once for K and V
-            rows = _copy_rows(key, tile, block_table, call, cfg)
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
             for c in gl.static_range(COPIES):
-                _tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.k_ready.index(slot),
-                          smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+                _tma_load(k_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile, block_table,
+                                                                          call, cfg), 0],
+                          smem.k_ready.index(slot), smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             if cfg.KV_CACHE and key + cfg.BLOCK_N > tile.n_k:  # the tile holding the sequence's end
                 _load_v_tail(V, smem.v_smem.index(slot), smem.v_ready.index(slot), key, tile, block_table, call, cfg)
             else:
                 mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
                 for c in gl.static_range(COPIES):
-                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
+                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile,
+                                                                              block_table, call, cfg), 0],
+                              smem.v_ready.index(slot),
                               smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             kv += 1
         return kv
-
-    @gluon.jit
-    def _copy_rows(key, tile, block_table, call, cfg):
-        # The descriptors' first row of each of a K/V tile's BLOCK_N / PAGE_ROWS copies, a tuple.
-        rows = ()
-        for c in gl.static_range(cfg.BLOCK_N // cfg.PAGE_ROWS):
-            rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
-        return rows
 
     @gluon.jit
     def _cache_row(key, tile, block_table, call, cfg):
