@@ -264,10 +264,11 @@ def attention_with_kvcache(
         out in q's layout and dtype; or (out, lse). A query row that sees no key
         (more new queries than keys, say) gets 0 and lse = -inf.
 
-    The query heads of a KV head are packed into one program's rows (GQA packing),
-    so each cache tile is read once per KV head. Runs the portable Triton kernel (no
-    sm_90 decode path yet); CPU tensors run it through Triton's interpreter. No
-    backward pass.
+    Decode packs the query heads of a KV head into one program's rows (GQA packing),
+    so each cache tile is read once per KV head, on the portable Triton kernel (CPU
+    tensors through Triton's interpreter). Chunked prefill on sm_90 runs the Hopper
+    kernel where the cache suits it (contiguous, or power-of-two pages of 16 rows or
+    more; vflash.dispatch). No backward pass.
     """
     # With check_metadata=False, repeats of a call's metadata and options skip to the recorded
     # launches (vflash.ops.plans); cache_seqlens' values are not part of the key.
