@@ -178,6 +178,40 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
     assert launch.grid == hopper.grid(3, 8, 400, 128, 132, True)
 
 
+@needs_gluon
+@pytest.mark.parametrize("page", [0, 16, 256])
+def test_kv_cache_build_covers_the_cache_as_rows(page):
+    # chunked prefill: packed queries with cu_seqlens_q, keys from the cache viewed as
+    # [1, Hkv, rows, D] in copies of min(page, block_n) rows (paged) or block_n (contiguous)
+    q = torch.randn(600, 8, 128, dtype=torch.bfloat16)
+    if page:
+        k = torch.randn(40, page, 2, 128, dtype=torch.bfloat16)
+        table = torch.randint(0, 40, (3, 20), dtype=torch.int32)
+    else:
+        k, table = torch.randn(3, 1000, 2, 128, dtype=torch.bfloat16), None
+    out, seqlens = torch.empty_like(q), torch.tensor([900, 10, 300], dtype=torch.int32)
+    cu_q = torch.tensor([0, 500, 510, 600], dtype=torch.int32)
+    tiles = HopperTiles(128, 128, 2)
+    launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
+    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    by_name = dict(zip(names, launch.params()))
+    rows = k.shape[0] * k.shape[1]
+    assert by_name["k_desc"].shape == (1, 2, rows, 128) and by_name["k_desc"].base.data_ptr() == k.data_ptr()
+    assert by_name["k_desc"].block_shape == [1, 1, min(page, 128) if page else 128, 128]
+    assert by_name["cache_seqlens"] is seqlens and by_name["block_table"] is table and by_name["V"] is k
+    assert by_name["cu_seqlens_k"] is None and by_name["batch"] == 3 and by_name["kv_group"] == 4
+    assert by_name["kv_seq_rows"] == (0 if page else 1000) and by_name["table_stride"] == (20 if page else 0)
+    assert (by_name["v_stride_row"], by_name["v_stride_head"]) == (256, 128)
+    assert launch.constexprs["KV_CACHE"] and launch.constexprs["PAGE_SIZE"] == page
+    names_by_slot = {s.position: s.name for s in launch.slots}
+    assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[11] == "v_cache"
+    assert (names_by_slot.get(10) == "block_table") == bool(page)
+    assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
+    assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])
+    assert not hopper.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge
+
+
 def _on_hopper() -> bool:
     return (torch.cuda.is_available() and hopper_kernels.HAVE_GLUON
             and torch.cuda.get_device_capability() == (9, 0))
