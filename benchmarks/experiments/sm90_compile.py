@@ -5,11 +5,18 @@ captured (ops.launch.run replaced), then compiled with triton.compile for sm_90 
 own arguments: tensors become pointers of their dtype, None a constexpr, ints i32,
 floats fp32.
 
-  PYTHONPATH=src python3 -m benchmarks.experiments.sm90_compile [--tiles all]
+  PYTHONPATH=src python3 -m benchmarks.experiments.sm90_compile [--tiles all] [--spills]
+
+--spills: each compiled launch's registers and spill bytes from ptxas -v (sm_90a): a tile
+that spills is a lead to time, before device time is spent.
 """
 
 import argparse
 import itertools
+import os
+import re
+import subprocess
+import tempfile
 import time
 
 import torch
@@ -45,6 +52,23 @@ def compile_launch(launch):
     return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=opts)
 
 
+def spills(compiled) -> str:
+    """'R regs, S/L B spilled' from ptxas -v on the compiled launch's PTX (the ptxas Triton ships)."""
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(compiled.asm["ptx"])
+        err = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", err)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", err)
+    if not regs or not spill:
+        return "ptxas: " + err.strip()[-200:]
+    return f"{regs.group(1)} regs, {spill.group(1)}/{spill.group(2)} B spilled (stores/loads)"
+
+
 def backward_launches(d, causal, window, softcap, dtype, tiles, hq=4, hkv=2, n=300):
     captured = []
     real_run = bwd.launches.run
@@ -64,6 +88,7 @@ def backward_launches(d, causal, window, softcap, dtype, tiles, hq=4, hkv=2, n=3
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", default="table", help="table: the dispatch table's; all: bwd_tune's candidates too")
+    ap.add_argument("--spills", action="store_true", help="registers and spills of each launch (ptxas -v)")
     args = ap.parse_args()
     _backend.interpreted = lambda device: False  # the compiled path's constexprs (no interpreter upcast)
     features = [(None, (-1, -1), None), ("bottom_right", (-1, -1), None), (None, (64, 32), 20.0)]
@@ -80,8 +105,8 @@ def main() -> int:
             for launch in backward_launches(d, causal, window, softcap, dtype, tiles):
                 t0 = time.time()
                 try:
-                    compile_launch(launch)
-                    status = "ok"
+                    compiled = compile_launch(launch)
+                    status = "ok" + (f", {spills(compiled)}" if args.spills else "")
                 except Exception as e:  # noqa: BLE001 - report every failure, go on
                     status, failures = f"FAILED {type(e).__name__}: {str(e)[:300]}", failures + 1
                 print(f"D{d} {_DTYPES[dtype]} causal={causal} window={window} softcap={softcap} "
