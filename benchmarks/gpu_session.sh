@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -82,6 +82,10 @@ for step in "$@"; do
         grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
     ring) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu --out "$R/ring_single_gpu.csv" \
             > "$R/ring_single_gpu.txt" 2>&1; tail -30 "$R/ring_single_gpu.txt" ;;
+    sanitize) # issue 22: every serving kernel on edge-case metadata under compute-sanitizer's memcheck
+              timeout ${SANITIZE_TIMEOUT:-400} compute-sanitizer --tool memcheck --error-exitcode 1 \
+                python3 -m benchmarks.experiments.sanitize_serving > "$R/sanitize.txt" 2>&1
+              echo "sanitize rc $?" >> "$R/sanitize.txt"; tail -25 "$R/sanitize.txt" ;;
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
