@@ -384,3 +384,31 @@ def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
     choice = dispatch.select_kvcache(problem, 8, page_size=page if table is not None else 0)
     assert choice.kernel == ("portable" if page == 17 else "sm90"), choice.why
     _check(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device="cuda"), table)
+
+
+@pytest.mark.parametrize("page", [0, 1, 16, 17])
+def test_cache_rows_past_each_length_may_hold_nan(page, device):
+    # a cache's rows past cache_seqlens (and spare pages) are not the sequence's: NaN there
+    # must not reach the output, on decode and on a chunk of new queries
+    lens = [40, 7, 17, 3]
+    if page:
+        k_cache, v_cache, table = _paged(lens, page, 2, 16, torch.float32, device, seed=page)
+        used = set()
+        for b, n in enumerate(lens):
+            need = max(1, -(-n // page))
+            used |= {int(p) for p in table[b, :need]}
+            last = int(table[b, need - 1])
+            k_cache[last, n - (need - 1) * page:] = float("nan")
+            v_cache[last, n - (need - 1) * page:] = float("nan")
+        spare = [p for p in range(k_cache.shape[0]) if p not in used]
+        k_cache[spare] = float("nan")
+        v_cache[spare] = float("nan")
+    else:
+        k_cache, v_cache = (torch.randn(4, 45, 2, 16, device=device) for _ in range(2))
+        for b, n in enumerate(lens):
+            k_cache[b, n:] = float("nan")
+            v_cache[b, n:] = float("nan")
+        table = None
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    for n_q in (1, 5):
+        _check(_q(4, n_q, 4, 16, torch.float32, device), k_cache, v_cache, seqlens, table)
