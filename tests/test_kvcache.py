@@ -324,13 +324,19 @@ def _poisoned_cache(lens, page, hkv, d, dtype, seed=0):
 
 # Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options)
 HOPPER_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
-                (16, dict(window=(100, 0))), (64, dict(softcap=20.0))]
+                (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True))]
+
+
+def _cu_of(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("page,opts", HOPPER_CACHE, ids=[f"page{p}-{'-'.join(o) or 'causal'}" for p, o in HOPPER_CACHE])
+@pytest.mark.parametrize("page,opts", HOPPER_CACHE,
+                         ids=[f"page{p}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "causal")
+                              for p, o in HOPPER_CACHE])
 def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     # The table's tiles (with DYNAMIC flipped and each Q-buffer count) straight through the
     # launcher; cache rows past every sequence's length hold NaN, which must not reach the
@@ -340,10 +346,12 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     from vflash.ops import attention_kvcache_forward, sequence_band
     from vflash.reference import attention_with_kvcache_reference as reference
     lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
+    if opts.get("empty"):  # sequences whose cache is empty (zeros, -inf), one with no new queries
+        lens_q, lens_k = [300, 1, 0, 134], [0, 77, 50, 0]
     k_cache, v_cache, table = _poisoned_cache(lens_k, page, 2, d, torch.bfloat16, seed=d + page)
     g = torch.Generator().manual_seed(3)
     q = torch.randn(sum(lens_q), 8, d, generator=g).to(torch.bfloat16).cuda()
-    cu = torch.tensor([0, 300, 301, 430, 435], dtype=torch.int32, device="cuda")
+    cu = _cu_of(lens_q)
     seqlens = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
     causal = opts.get("causal", True)
     band = sequence_band("bottom_right" if causal else None, opts.get("window", (-1, -1)))
@@ -354,7 +362,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
            for c in (torch.float64, None, torch.float32)}
     for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
                   for qb in range(1, base.q_buffers + 1)}:
-        out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, 300, band=band,
+        out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, max(lens_q), band=band,
                                              scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
                                              tiles=tiles, combine=None)
         assert not out.isnan().any() and not lse.isnan().any(), tiles

@@ -182,6 +182,8 @@ HOPPER_CASES = {
     "window_causal": (HOPPER_SELF, HOPPER_SELF, dict(window=(128, 0), causal=True)),
     "window_both": (*HOPPER_CROSS, dict(window=(64, 64))),
     "softcap_causal": (HOPPER_SELF, HOPPER_SELF, dict(softcap=20.0, causal=True)),
+    # sequences with no keys (zeros, -inf) beside ones whose keys start at row 0 of k
+    "no_keys_causal": ([64, 130, 5, 200], [0, 0, 300, 200], dict(causal=True)),
 }
 
 
