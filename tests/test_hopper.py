@@ -210,6 +210,15 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
     assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])
     assert not hopper.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge
+    if page:  # the launcher refuses what dispatch would not hand it
+        odd = torch.randn(40, 17, 2, 128, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="power-of-two pages"):
+            hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+                         varlen=(cu_q, None, 500, False), cache=(seqlens, table))
+        short = k[:, : page // 2]
+        with pytest.raises(ValueError, match="merge into rows"):
+            hopper.build(q, short, short, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+                         varlen=(cu_q, None, 500, False), cache=(seqlens, table))
 
 
 def _on_hopper() -> bool:

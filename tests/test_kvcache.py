@@ -139,6 +139,8 @@ def _args(device):
     (lambda a: dict(cache_seqlens=a["cache_seqlens"].long()), TypeError, "cache_seqlens must be an int32"),
     (lambda a: dict(cache_seqlens=torch.tensor([25, 5], dtype=torch.int32, device=a["q"].device)), ValueError,
      r"cache_seqlens\[0\] = 25 is outside 0..24"),
+    (lambda a: dict(cache_seqlens=torch.stack([a["cache_seqlens"]] * 2, 1)[:, 0]), ValueError,
+     "cache_seqlens must be contiguous"),
     (lambda a: dict(block_table=a["block_table"].long()), TypeError, "block_table must be an int32"),
     (lambda a: dict(block_table=a["block_table"] + 100), ValueError,
      r"block_table\[0, 0\] = \d+ is not a page of the cache"),

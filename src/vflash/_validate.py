@@ -234,6 +234,8 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     batch = cache_seqlens.numel()
     if batch < 1 or batch > MAX_GRID_YZ:
         raise ValueError(f"cache_seqlens must hold 1 to {MAX_GRID_YZ} sequences, got {batch}")
+    if cache_seqlens.stride(0) != 1 and batch > 1:  # the kernels read sequence b's length at offset b
+        raise ValueError("cache_seqlens must be contiguous; pass cache_seqlens.contiguous()")
     tensors = [("cache_seqlens", cache_seqlens)]
     if block_table is None:
         if k_cache.shape[0] != batch:

@@ -160,6 +160,11 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         seqlens, table = cache
         paged = table is not None
         page_size = k.shape[1] if paged else 0
+        # what dispatch checked (select_kvcache): a copy never straddles a page, the rows merge in place
+        if paged and not pages_fit(page_size, tiles.block_n):
+            raise ValueError(f"the sm90 kernel takes power-of-two pages of 16 rows or more, not {page_size}")
+        if not (cache_ready(k) and cache_ready(v)):
+            raise ValueError("the sm90 kernel needs caches whose pages merge into rows TMA can address")
         _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
         v_ptr = v
         cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0, v.stride(1), v.stride(2))
