@@ -215,7 +215,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
         with pytest.raises(ValueError, match="power-of-two pages"):
             hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
-        short = k[:, : page // 2]
+        short = torch.randn(40, 2 * page, 2, 128, dtype=torch.bfloat16)[:, :page]  # pages spaced apart
         with pytest.raises(ValueError, match="merge into rows"):
             hopper.build(q, short, short, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
