@@ -235,3 +235,46 @@ def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     vflash.attention_varlen(*leaves, cu, cu, 2048, 2048, causal=causal).float().square().sum().backward()
     assert all(t.grad is not None and t.grad.isfinite().all() for t in leaves)
+
+
+def _neighbour_inf_case(lens, d, dtype, device):
+    # sequence 1's first K and V rows hold inf (and its second row NaN): rows of sequence 0
+    # never see those keys, so its output must stay finite and right
+    q, k, v = _inputs(lens, lens, 4, 2, d, dtype, device, seed=5)
+    n0 = lens[0]
+    k[n0], v[n0] = float("inf"), float("inf")
+    k[n0 + 1], v[n0 + 1] = float("nan"), float("nan")
+    cu = _cu(lens, device)
+    ref, _ = attention_varlen_reference(q[:n0], k[:n0], v[:n0], cu[:2], cu[:2], causal=True,
+                                        compute_dtype=torch.float64)
+    same, _ = attention_varlen_reference(q[:n0], k[:n0], v[:n0], cu[:2], cu[:2], causal=True, compute_dtype=None)
+    return q, k, v, cu, ref, same
+
+
+def test_a_sequence_never_sees_the_next_ones_values(device):
+    lens = [37, 20]
+    q, k, v, cu, ref, same = _neighbour_inf_case(lens, 16, torch.float16, device)
+    out = vflash.attention_varlen(q, k, v, cu, cu, 37, 37, causal=True)
+    assert out[:37].isfinite().all()
+    verdict = compare("out", out[:37].cpu(), ref.cpu(), same.cpu(), torch.float16)
+    assert verdict.passed, f"max err {verdict.max_err:.3e} > tol {verdict.tol:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
+    # the sm_90 kernel loads keys past a sequence's end from the next sequence (TMA): its
+    # consumers zero those V rows before the last PV product
+    from vflash.dispatch import tables
+    lens = [100, 70]
+    dev = torch.device("cuda")
+    q, k, v, cu, ref, same = _neighbour_inf_case(lens, d, torch.bfloat16, dev)
+    band = sequence_band("bottom_right", (-1, -1))
+    for causal_tiles in (False, True):
+        tiles = tables.HOPPER[(d, causal_tiles)]
+        out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, scale=d ** -0.5,
+                                          softcap=None, return_lse=True, tiles=tiles)
+        assert out[:100].isfinite().all(), tiles
+        verdict = compare("out", out[:100].cpu(), ref.cpu(), same.cpu(), torch.bfloat16)
+        assert verdict.passed, f"{tiles}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e}"

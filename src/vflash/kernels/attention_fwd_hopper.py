@@ -42,9 +42,11 @@ shape of FlashAttention-3:
   views; a work tile is BLOCK_M rows of one (sequence, q head), its rows and
   keys offset by the sequence's first rows (seqlen.sequence), its band from the
   sequence's own lengths. Rows and keys past a sequence's end are loaded (they
-  belong to the next one) and masked as the ragged tail is; a slab of output
-  rows that crosses the end is stored with a masked pointer store instead of
-  TMA, which would write into the next sequence.
+  belong to the next one) and masked as the ragged tail is; each consumer zeroes
+  the V rows past the end in shared memory before its last PV product (a zero P
+  times the next sequence's inf would be NaN); a slab of output rows that
+  crosses the end is stored with a masked pointer store instead of TMA, which
+  would write into the next sequence.
 - KV_CACHE: keys from a KV cache (attention_with_kvcache's chunked prefill):
   cache_seqlens[b] of them, the queries packed as varlen's, bottom-right. The
   cache is viewed as rows [1, Hkv, pages * page_size, D]. Contiguous
@@ -647,6 +649,13 @@ if HAVE_GLUON:
             # The last key tile's PV product.
             last = kv + c_end - 1
             v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            if cfg.IS_VARLEN and not cfg.KV_CACHE:
+                # Only the work tile's last key tile can reach past the sequence's end (key_range):
+                # its rows there are the next sequence's V, which P's zeros would not cancel if
+                # they held inf or NaN.
+                base = lo + (c_end - 1) * cfg.BLOCK_N
+                if base + cfg.BLOCK_N > n_k:
+                    _zero_rows_from(v_tile, n_k - base, cfg)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
             p_op = _p_operand(p, cfg.P_LAYOUT, dtype, cfg.P_FP32)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
@@ -689,6 +698,22 @@ if HAVE_GLUON:
             tma.store_wait(0)
             mbarrier.arrive(smem.q_empty.index(qb), count=1)
         return kv, turn
+
+    @gluon.jit
+    def _zero_rows_from(tile, first, cfg):
+        # Rows [first, BLOCK_N) of a landed [BLOCK_N, HEAD_DIM] K/V tile set to zero in shared
+        # memory, in 16-row pieces, then fenced for the wgmma that reads it. Every consumer
+        # of the tile does it before its own read: they all write the same zeros, so one's
+        # write never changes what another reads.
+        PIECE: gl.constexpr = 16
+        layout: gl.constexpr = _tail_layout(cfg.HEAD_DIM)
+        for c in gl.static_range(cfg.BLOCK_N // PIECE):
+            if (c + 1) * PIECE > first:
+                piece = tile.slice(c * PIECE, PIECE)
+                vals = piece.load(layout)
+                rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, layout))
+                piece.store(gl.where((rows < first)[:, None], vals, gl.zeros_like(vals)))
+        fence_async_shared()
 
     @gluon.jit
     def _store_by_tma(o, q_tile, q_buf, o_desc, desc_b, off_h, row):
