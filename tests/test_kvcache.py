@@ -362,8 +362,11 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     ref_opts = dict(causal=causal, window=opts.get("window"), softcap=opts.get("softcap"))
     ref = {c: reference(q, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=c, **ref_opts)
            for c in (torch.float64, None, torch.float32)}
+    # and the short-row bands' and few-tile tables' tiles (one consumer, two or three CTAs an SM)
+    extra = {b.tiles for b in tables.HOPPER_SHORT_CAUSAL.get(d, ())} | {
+        t for (dim, _), t in tables.HOPPER_FEW_TILES.items() if dim == d}
     for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
-                  for qb in range(1, base.q_buffers + 1)}:
+                  for qb in range(1, base.q_buffers + 1)} | extra:
         out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, max(lens_q), band=band,
                                              scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
                                              tiles=tiles, combine=None)

@@ -207,8 +207,11 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
     ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
     same_o, _ = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=None, **opts)
     _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
+    # and the short-row bands' and few-tile tables' tiles (one consumer, two or three CTAs an SM)
+    extra = {b.tiles for b in tables.HOPPER_SHORT_CAUSAL.get(d, ())} | {
+        t for (dim, _), t in tables.HOPPER_FEW_TILES.items() if dim == d}
     for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
-                  for qb in range(1, base.q_buffers + 1)}:
+                  for qb in range(1, base.q_buffers + 1)} | extra:
         out = torch.full_like(q, float("nan"))
         lse = torch.full((8, q.shape[0]), float("nan"), device=dev)
         attention_varlen_forward(q, k, v, cq, ck, max(lens_q), band=band, top_left=mode == "top_left",
