@@ -299,18 +299,18 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and HAVE_GLUON and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _poisoned_cache(lens, page, hkv, d, dtype, seed=0):
+def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
     """A cache whose rows past each sequence's length (and spare pages) hold NaN: paged
     (page > 0, shuffled pages) or contiguous [B, max_len] (page 0)."""
     if page == 0:
         g = torch.Generator().manual_seed(seed)
-        k_cache, v_cache = (torch.randn(len(lens), max(lens) + 37, hkv, d, generator=g).to(dtype).cuda()
+        k_cache, v_cache = (torch.randn(len(lens), max(lens) + 37, hkv, d, generator=g).to(dtype).to(device)
                             for _ in range(2))
         for b, n in enumerate(lens):
             k_cache[b, n:] = float("nan")
             v_cache[b, n:] = float("nan")
         return k_cache, v_cache, None
-    k_cache, v_cache, table = _paged(lens, page, hkv, d, dtype, "cuda", seed=seed)
+    k_cache, v_cache, table = _paged(lens, page, hkv, d, dtype, device, seed=seed)
     used = set()
     for b, n in enumerate(lens):
         need = max(1, -(-n // page))
@@ -404,24 +404,7 @@ def test_cache_rows_past_each_length_may_hold_nan(page, device):
     # a cache's rows past cache_seqlens (and spare pages) are not the sequence's: NaN there
     # must not reach the output, on decode and on a chunk of new queries
     lens = [40, 7, 17, 3]
-    if page:
-        k_cache, v_cache, table = _paged(lens, page, 2, 16, torch.float32, device, seed=page)
-        used = set()
-        for b, n in enumerate(lens):
-            need = max(1, -(-n // page))
-            used |= {int(p) for p in table[b, :need]}
-            last = int(table[b, need - 1])
-            k_cache[last, n - (need - 1) * page:] = float("nan")
-            v_cache[last, n - (need - 1) * page:] = float("nan")
-        spare = [p for p in range(k_cache.shape[0]) if p not in used]
-        k_cache[spare] = float("nan")
-        v_cache[spare] = float("nan")
-    else:
-        k_cache, v_cache = (torch.randn(4, 45, 2, 16, device=device) for _ in range(2))
-        for b, n in enumerate(lens):
-            k_cache[b, n:] = float("nan")
-            v_cache[b, n:] = float("nan")
-        table = None
+    k_cache, v_cache, table = _poisoned_cache(lens, page, 2, 16, torch.float32, seed=page, device=device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     for n_q in (1, 5):
         _check(_q(4, n_q, 4, 16, torch.float32, device), k_cache, v_cache, seqlens, table)
