@@ -5,7 +5,12 @@ cache of page size 16), every candidate tile (block_m, block_n, warps, stages) a
 dispatch's split count, then the best tile at other split counts. CUDA-graph replays over
 rotating cache copies (vflash.harness.serving). Prints one line a candidate and writes a CSV.
 
-  PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick]
+--grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
+count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
+pages of 64 and a contiguous cache, and split-KV's combine kernel timed alone at the row's best split
+count (what fusing it into the split kernel could save at most).
+
+  PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
 """
 
 import argparse
@@ -15,7 +20,8 @@ import torch
 from benchmarks.experiments.common import write_rows
 from vflash import dispatch
 from vflash.harness.serving import _copies, _graph_time, _shuffled_table
-from vflash.ops.attention import attention_kvcache_forward
+from vflash.ops import launch as launches
+from vflash.ops.attention import _combine_launch, attention_kvcache_forward
 from vflash.ops.band import sequence_band
 from vflash.ops.tiles import KVCacheTiles
 
@@ -25,13 +31,21 @@ TILES = [
     (16, 64, 4, 3),
 ]
 SPLITS = [1, 2, 4, 8, 16, 32]
+GRID_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
+GRID_TILES = [(16, 32, 4, 3), (16, 32, 4, 4), (16, 32, 8, 4), (16, 64, 4, 2), (16, 64, 4, 3), (16, 64, 8, 2),
+              (16, 64, 8, 3), (16, 128, 8, 2)]
+GRID_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="decode_tune.csv")
     ap.add_argument("--quick", action="store_true", help="three rows only")
+    ap.add_argument("--grid", action="store_true", help="every decode row, tile and split count")
+    ap.add_argument("--smoke", action="store_true", help="--grid on the CPU, one tiny row (a test of this script)")
     args = ap.parse_args()
+    if args.grid or args.smoke:
+        return grid(args.out, args.smoke)
     dev = torch.device("cuda")
     Hq, Hkv, D, page = 32, 8, 128, 16
     dt = torch.bfloat16
@@ -81,6 +95,78 @@ def main() -> int:
         caches = None
     write_rows(args.out, out_rows)
     print(f"wrote {args.out}")
+    return 0
+
+
+def grid(out_path: str, smoke: bool = False) -> int:
+    dev = torch.device("cpu" if smoke else "cuda")
+    Hq, Hkv, D = (4, 2, 16) if smoke else (32, 8, 128)
+    dt = torch.bfloat16
+    row_list, tile_list = ([(2, 512)], GRID_TILES[:1]) if smoke else (GRID_ROWS, GRID_TILES)
+    band = sequence_band("bottom_right", (-1, -1))
+    scale = D ** -0.5
+    rows = []
+    for B, KV in row_list:
+        cache_bytes = 2 * B * KV * Hkv * D * 2
+        n = _copies(cache_bytes)
+        q = torch.randn(B, Hq, D, device=dev, dtype=dt)
+        cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
+
+        def layout(page):
+            if page == 0:
+                return [(torch.randn(B, KV, Hkv, D, device=dev, dtype=dt),
+                         torch.randn(B, KV, Hkv, D, device=dev, dtype=dt)) for _ in range(n)], None
+            pages = -(-KV // page)
+            return [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt),
+                     torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)) for _ in range(n)], \
+                _shuffled_table(B, pages, dev)
+
+        def time_tiles(caches, table, t):
+            calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
+                q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
+                tiles=t, combine=dispatch.combine_tiles()) for kc, vc in caches]
+            return _graph_time(calls, dev)[0]
+
+        def record(kind, page, t, us):
+            gbps = cache_bytes / us / 1e3
+            rows.append(dict(B=B, KV=KV, kind=kind, page=page, block_m=t.block_m, block_n=t.block_n,
+                             warps=t.num_warps, stages=t.num_stages, splits=t.num_splits, us=round(us, 2),
+                             gbps=round(gbps, 1)))
+            print(f"B {B:4d} KV {KV:6d} {kind:8s} page {page:3d} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s",
+                  flush=True)
+            return us
+
+        caches, table = layout(16)
+        chosen = dispatch.select_kvcache(dispatch.varlen_problem_of(q, B, 1, table.shape[1] * 16, band), Hkv).tiles
+        record("dispatch", 16, chosen, time_tiles(caches, table, chosen))
+        best, best_us = chosen, float("inf")
+        for tl_ in tile_list:
+            for s in GRID_SPLITS:
+                if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
+                    continue
+                t = KVCacheTiles(*tl_, num_splits=s)
+                try:
+                    us = record("grid", 16, t, time_tiles(caches, table, t))
+                except Exception as exc:  # out of shared memory, say
+                    print(f"B {B} KV {KV} {tuple(t)}: {type(exc).__name__} {str(exc)[:80]}")
+                    continue
+                if us < best_us:
+                    best, best_us = t, us
+        print(f"B {B:4d} KV {KV:6d} best {tuple(best)} {best_us:.2f} us", flush=True)
+        caches = None
+        for page in (64, 0):
+            caches, table = layout(page)
+            record("best", page, best, time_tiles(caches, table, best))
+            caches = None
+        if best.num_splits > 1:
+            o_part = torch.randn(best.num_splits, B, Hq, D, device=dev, dtype=torch.float32)
+            lse_part = torch.randn(best.num_splits, Hq, B, device=dev, dtype=torch.float32)
+            out = torch.empty(B, Hq, D, device=dev, dtype=dt)
+            launch = _combine_launch(o_part, lse_part, out, None, dispatch.combine_tiles())
+            record("combine", 0, best, _graph_time([lambda: launches.run(launch, dev)], dev)[0])
+    write_rows(out_path, rows)
+    print(f"wrote {out_path}")
     return 0
 
 
