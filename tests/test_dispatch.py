@@ -135,20 +135,22 @@ def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
 
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
-    # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until ~2 programs an SM
-    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 8, 3, num_splits=32)),
-    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4)),  # no split under 256 keys
-    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=5)),
-    (32, 32, 8, 1, 8192, {}, KVCacheTiles(16, 32, 4, 4, num_splits=2)),
-    (128, 32, 8, 1, 8192, {}, KVCacheTiles(16, 32, 4, 4, num_splits=1)),
-    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 32, 4, 4, num_splits=3)),
+    # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until one wave of the places the SMs' shared
+    # memory holds (two 64-key three-stage programs an SM: 264 on 132 SMs)
+    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=32)),
+    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=8)),  # no split under 128 keys
+    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4)),  # 5 would make a second wave of 56
+    (32, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1)),
+    (128, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1)),
+    (2, 32, 8, 1, 32868, {}, KVCacheTiles(16, 64, 4, 3, num_splits=16)),  # 16 splits of 33 key tiles, none empty
+    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 64, 4, 3, num_splits=3)),
     (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5)),  # a key tile a split at most
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
-    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=5)),
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1)),
     # batch-invariant: the decode tiles in 16-row blocks whatever the rows, 512 keys a split
-    (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 32, 4, 4, num_splits=16, split_keys=512)),
+    (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 64, 4, 3, num_splits=16, split_keys=512)),
 ])
 def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)

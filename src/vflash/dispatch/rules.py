@@ -211,19 +211,21 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         splits = max(1, -(-p.n_k // keys))
         return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys),
                       f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
-    rule = tables.KVCACHE_SPLIT
     if num_splits is not None:
         splits, how = max(1, min(num_splits, -(-p.n_k // tiles.block_n))), "num_splits given"
     else:
+        rule = tables.KVCACHE_SPLIT
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        sms = 1 if _backend.interpreted(p.device) else _sm_count(p)
-        want = -(-rule.programs_per_sm * sms // programs)
-        splits = max(1, min(want, p.n_k // rule.min_split_keys, rule.max_splits))
-        how = f"KVCACHE_SPLIT: {programs} programs unsplit"
-    entry = next((e for e in tables.KVCACHE_DECODE_SPLIT[d] if splits >= e[0]), None)
-    if entry is not None and why == "KVCACHE_DECODE":
-        tiles, why = rows_of(entry[1]), f"KVCACHE_DECODE_SPLIT (>= {entry[0]} splits)"
-        splits = min(splits, -(-p.n_k // tiles.block_n))
+        itemsize = torch.empty((), dtype=p.dtype).element_size()
+        buffers = tiles.num_stages * tiles.block_n * d * 2 * itemsize  # K and V pipelines
+        resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
+        # the interpreter runs programs one at a time: a split there buys nothing
+        places = 1 if _backend.interpreted(p.device) else resident * _sm_count(p)
+        splits = max(1, min(places // programs, p.n_k // rule.min_split_keys, rule.max_splits))
+        # each split's keys are the length over the count, rounded up to the key tile: no empty split
+        part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
+        splits = -(-p.n_k // part)
+        how = f"KVCACHE_SPLIT: {programs} programs unsplit, {places} places"
     return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
 
 

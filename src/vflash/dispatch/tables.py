@@ -117,28 +117,19 @@ HOPPER_USE: Dict[int, HopperUse] = {
 # (group x the longest sequence's new queries) get the power of two that holds them, at least 16
 # (the smallest tensor-core tile). Decode reads each cache byte once: the tile is sized for the loads.
 
-# Up to 64 packed rows (decode, short chunks), unsplit: memory-bound, and more CTAs an SM beat deeper
-# K/V pipelines. D 128 measured (decode_tune, bf16, Hq 32 / Hkv 8, page 16, H200): 32 x 128 tiles in
-# four stages 3.58 / 3.10 TB/s at B 128, KV 8k / 1k against 3.31 / 2.74 for 64-key tiles in three;
-# the other head dims follow it, unmeasured.
+# Up to 64 packed rows (decode, short chunks): memory-bound. D 128 measured (decode_tune --grid, bf16,
+# Hq 32 / Hkv 8, page 16, H200, B 1-128 x KV 1k-32k at split counts 1-64): 64-key tiles in three stages
+# with 4 warps were within 3.3 % of each row's best tile but at B 1 / KV 1k (11 %, where 128-key tiles with
+# 8 warps led), split or not; the other head dims follow it (D 256 with 32-key tiles, for the same shared
+# memory a program), unmeasured.
 KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
-    16: KVCacheTiles(64, 32, 4, 4),
-    32: KVCacheTiles(64, 32, 4, 4),
-    64: KVCacheTiles(64, 32, 4, 4),
-    128: KVCacheTiles(64, 32, 4, 4),
+    16: KVCacheTiles(64, 64, 4, 3),
+    32: KVCacheTiles(64, 64, 4, 3),
+    64: KVCacheTiles(64, 64, 4, 3),
+    128: KVCacheTiles(64, 64, 4, 3),
     256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
-
-# Split decode, by the fewest splits each entry serves (the first that holds the call's; fewer splits than
-# the last entry's keep KVCACHE_DECODE's tiles). D 128 (decode_tune): 64-key tiles in three stages with 8
-# warps 2.34 / 1.43 TB/s at B 1, KV 32k / 8k (33 / 32 splits) against 1.99 / 1.20 with 4 warps, which lead
-# at B 8, KV 8k (5 splits: 2.48 against 1.92, and 2.23 for 32-key tiles); at B 32, KV 8k (2 splits) the
-# 32-key tiles lead (3.33 against 2.43).
-KVCACHE_DECODE_SPLIT: Dict[int, Tuple[Tuple[int, KVCacheTiles], ...]] = {
-    d: ((16, KVCacheTiles(64, 64 if d <= 128 else 32, 8, 3)), (4, KVCacheTiles(64, 64 if d <= 128 else 32, 4, 3)))
-    for d in (16, 32, 64, 128, 256)
-}
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}
@@ -147,15 +138,20 @@ KVCACHE_INTERPRETER = KVCacheTiles(32, 16, 4, 1)  # small key tiles: CPU tests c
 
 
 class SplitRule(NamedTuple):
-    programs_per_sm: int  # split until the grid has about this many programs an SM
+    smem_per_sm: int  # shared memory an SM shares among resident programs (sm_90: 228 KiB), bytes
+    smem_reserved: int  # what each resident program holds beyond its K/V buffers (the CUDA-reserved KiB)
     min_split_keys: int  # no split of fewer keys than this
     max_splits: int
 
 
-# Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU. Measured at D 128 (decode_tune):
-# the best counts were 16-32 at B 1 (KV 8k-32k), 4-16 at B 8, 2-4 at B 32 and 1-2 at B 128, where this
-# rule gives 32-33, 5, 2 and 1.
-KVCACHE_SPLIT = SplitRule(programs_per_sm=2, min_split_keys=256, max_splits=64)
+# Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU: split until the grid is one
+# wave of the programs the SMs hold at once, each SM as many as its shared memory holds K/V pipelines
+# (stages x block_n x D x 2 of the cache dtype), never more, so no second wave of a few programs doubles the
+# call's time. Measured at D 128 (decode_tune --grid, page 16, H200; two programs of 64-key three-stage tiles
+# an SM, four of 32-key ones): at B 8 / KV 8k four splits of 64-key tiles ran 73.6 us where five (a grid of
+# 320 programs for 264 places) took 98.8; the best counts were 8 at B 1 / KV 1k (128-key splits: 0.90x the
+# time of 4), 32 at B 1 / KV 8k-32k, 4-8 at B 8 and 1 at B 32 and B 128, which this rule gives.
+KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_keys=128, max_splits=64)
 
 # batch_invariant=True: every split holds INVARIANT_SPLIT_KEYS keys (a sequence's splits depend only on its
 # own length) and every call runs KVCACHE_DECODE's tiles in INVARIANT_ROWS-row blocks (the group's power of
