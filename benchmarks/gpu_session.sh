@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -116,6 +116,13 @@ for step in "$@"; do
                python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
+             done ;;
+    profile_decode) # Nsight Compute per launch of decode's split kernel and combine (PROFILE_DECODE rows "B:KV")
+             for row in ${PROFILE_DECODE:-1:1024 1:8192 8:8192 128:1024}; do
+               IFS=: read -r b kv <<< "$row"
+               timeout 120 ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/prof_decode_b${b}_kv${kv}.csv" 2>&1
+               grep -v "^==" "$R/prof_decode_b${b}_kv${kv}.csv" | tail -6 | cut -c1-220
              done ;;
     ab) # ab_trees (this checkout's) on the library of each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"),
         # alternating, two rounds

@@ -1,0 +1,43 @@
+"""Decode's kernels one launch at a time, for Nsight Compute: where a split decode call's time goes.
+
+Runs attention_with_kvcache on one decode row (bf16, Hq 32 / Hkv 8, D 128, one query a sequence, a
+shuffled paged cache) a few times; under `ncu` each launch of the split kernel and of split-KV's combine is
+measured on its own (duration, DRAM bytes and throughput), which the CUDA-graph timing of
+`vflash bench --sweep decode` cannot separate.
+
+  ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
+      python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16]
+"""
+
+import argparse
+
+import torch
+
+import vflash
+from vflash.harness.serving import _shuffled_table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--b", type=int, default=1)
+    ap.add_argument("--kv", type=int, default=8192)
+    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--calls", type=int, default=3)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    Hq, Hkv, D = 32, 8, 128
+    pages = -(-args.kv // args.page)
+    k = torch.randn(args.b * pages, args.page, Hkv, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    table = _shuffled_table(args.b, pages, dev)
+    seqlens = torch.full((args.b,), args.kv, dtype=torch.int32, device=dev)
+    q = torch.randn(args.b, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+    for _ in range(args.calls):
+        vflash.attention_with_kvcache(q, k, v, seqlens, block_table=table, check_metadata=False)
+    torch.cuda.synchronize()
+    print(f"B {args.b} KV {args.kv} page {args.page}: {args.calls} calls")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
