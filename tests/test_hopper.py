@@ -4,6 +4,7 @@ matches the fp64 oracle on every head dim and feature it serves."""
 
 import pytest
 import torch
+from _hopper import needs_hopper
 
 from vflash.harness.cases import Case
 from vflash.dispatch import tables
@@ -221,11 +222,6 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
 
 
-def _on_hopper() -> bool:
-    return (torch.cuda.is_available() and hopper_kernels.HAVE_GLUON
-            and torch.cuda.get_device_capability() == (9, 0))
-
-
 def _hopper_cases():
     cases = []
     for d in sorted({d for d, _ in tables.HOPPER}):
@@ -275,7 +271,7 @@ def _assert_case_with(case, tiles):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait,lazy_rescale", [
     pytest.param(c, qb, pp, p32, late, lazy, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
                                                 f"{'-p32' if p32 else ''}{'-late' if late else ''}"
@@ -292,7 +288,7 @@ def _band_tiles(d):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
                                   if _band_tiles(c.D)])
 def test_gpu_hopper_band_tiles_match_the_oracle(case):
@@ -306,7 +302,7 @@ def test_gpu_hopper_band_tiles_match_the_oracle(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()])
 def test_gpu_hopper_dynamic_tiles_match_the_oracle(case):
     # DYNAMIC (work tiles drawn from a counter) on every case, whatever its mask, with

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vflash
+from _hopper import needs_hopper, tile_variants
 from vflash.harness.oracle import compare
 from vflash.reference import attention_with_kvcache_reference
 
@@ -294,11 +295,6 @@ def test_planned_repeats_follow_growing_lengths_and_capture_in_a_graph(splits):
     assert all(torch.equal(a, b) for a, b in zip(captured, want))
 
 
-def _on_hopper() -> bool:
-    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
-    return torch.cuda.is_available() and HAVE_GLUON and torch.cuda.get_device_capability() == (9, 0)
-
-
 def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
     """A cache whose rows past each sequence's length (and spare pages) hold NaN: paged
     (page > 0, shuffled pages) or contiguous [B, max_len] (page 0)."""
@@ -334,7 +330,7 @@ def _cu_of(lens):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("page,opts", HOPPER_CACHE,
                          ids=[f"page{p}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "causal")
@@ -344,7 +340,6 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     # launcher; cache rows past every sequence's length hold NaN, which must not reach the
     # output (K there is masked, V's tail tile read as zeros). Lengths: tails that fill no
     # tile, more new queries than keys, a sequence with one key.
-    from vflash.dispatch import tables
     from vflash.ops import attention_kvcache_forward, sequence_band
     from vflash.reference import attention_with_kvcache_reference as reference
     lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
@@ -357,16 +352,11 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     seqlens = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
     causal = opts.get("causal", True)
     band = sequence_band("bottom_right" if causal else None, opts.get("window", (-1, -1)))
-    base = tables.HOPPER[(d, band.has_right)]
     ref_table = table if table is not None else torch.arange(4, dtype=torch.int32, device="cuda")[:, None]
     ref_opts = dict(causal=causal, window=opts.get("window"), softcap=opts.get("softcap"))
     ref = {c: reference(q, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=c, **ref_opts)
            for c in (torch.float64, None, torch.float32)}
-    # and the short-row bands' and few-tile tables' tiles (one consumer, two or three CTAs an SM)
-    extra = {b.tiles for b in tables.HOPPER_SHORT_CAUSAL.get(d, ())} | {
-        t for (dim, _), t in tables.HOPPER_FEW_TILES.items() if dim == d}
-    for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
-                  for qb in range(1, base.q_buffers + 1)} | extra:
+    for tiles in tile_variants(d, band.has_right):
         out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, max(lens_q), band=band,
                                              scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
                                              tiles=tiles, combine=None)
@@ -378,7 +368,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("page", [0, 16, 17])
 def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
     # the public call with [B, Nq] queries: the sm90 kernel for a contiguous cache and

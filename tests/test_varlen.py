@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vflash
+from _hopper import needs_hopper, tile_variants
 from vflash import dispatch
 from vflash.harness.oracle import compare
 from vflash.ops import attention_varlen_forward, sequence_band
@@ -162,11 +163,6 @@ def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):
     assert p.tma_ok and dispatch.select(p).kernel == "portable"  # the interpreter, or 4 rows: too short
 
 
-def _on_hopper() -> bool:
-    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
-    return torch.cuda.is_available() and HAVE_GLUON and torch.cuda.get_device_capability() == (9, 0)
-
-
 # The sm_90 kernel's varlen path: (query lengths, key lengths, options). Zero-length
 # sequences, lengths on and around the 64-row slabs and 128-key tiles (a slab that
 # crosses a sequence's end is stored by pointer, others by TMA), Nq != Nk both ways,
@@ -188,13 +184,12 @@ HOPPER_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", list(HOPPER_CASES))
 def test_gpu_hopper_varlen_matches_the_oracle(case, d):
     # The table's tiles for the head dim and mask, with DYNAMIC flipped and each Q-buffer
     # count; the output poisoned with NaN, so every row must be written by its own tile.
-    from vflash.dispatch import tables
     lens_q, lens_k, opts = HOPPER_CASES[case]
     opts = dict(opts)
     hkv = opts.pop("hkv", 2)
@@ -203,15 +198,10 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
     cq, ck = _cu(lens_q, dev), _cu(lens_k, dev)
     mode = {True: "bottom_right"}.get(opts.get("causal"), opts.get("causal") or None)
     band = sequence_band(mode, opts.get("window", (-1, -1)))
-    base = tables.HOPPER[(d, band.has_right)]
     ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
     same_o, _ = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=None, **opts)
     _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
-    # and the short-row bands' and few-tile tables' tiles (one consumer, two or three CTAs an SM)
-    extra = {b.tiles for b in tables.HOPPER_SHORT_CAUSAL.get(d, ())} | {
-        t for (dim, _), t in tables.HOPPER_FEW_TILES.items() if dim == d}
-    for tiles in {base._replace(dynamic=dyn, q_buffers=qb) for dyn in (False, True)
-                  for qb in range(1, base.q_buffers + 1)} | extra:
+    for tiles in tile_variants(d, band.has_right):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((8, q.shape[0]), float("nan"), device=dev)
         attention_varlen_forward(q, k, v, cq, ck, max(lens_q), band=band, top_left=mode == "top_left",
@@ -224,7 +214,7 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
     # the public call, dispatched: mixed lengths up to 2k at D 128, and autograd through it
@@ -264,7 +254,7 @@ def test_a_sequence_never_sees_the_next_ones_values(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and Gluon")
+@needs_hopper
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
     # the sm_90 kernel loads keys past a sequence's end from the next sequence (TMA): its
