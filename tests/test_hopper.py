@@ -200,13 +200,12 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     rows = k.shape[0] * k.shape[1]
     assert by_name["k_desc"].shape == (1, 2, rows, 128) and by_name["k_desc"].base.data_ptr() == k.data_ptr()
     assert by_name["k_desc"].block_shape == [1, 1, min(page, 128) if page else 128, 128]
-    assert by_name["cache_seqlens"] is seqlens and by_name["block_table"] is table and by_name["V"] is k
+    assert by_name["cache_seqlens"] is seqlens and by_name["block_table"] is table
     assert by_name["cu_seqlens_k"] is None and by_name["batch"] == 3 and by_name["kv_group"] == 4
     assert by_name["kv_seq_rows"] == (0 if page else 1000) and by_name["table_stride"] == (20 if page else 0)
-    assert (by_name["v_stride_row"], by_name["v_stride_head"]) == (256, 128)
     assert launch.constexprs["KV_CACHE"] and launch.constexprs["PAGE_SIZE"] == page
     names_by_slot = {s.position: s.name for s in launch.slots}
-    assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[11] == "v_cache"
+    assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[2] == "v_cache"
     assert (names_by_slot.get(10) == "block_table") == bool(page)
     assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
     assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])

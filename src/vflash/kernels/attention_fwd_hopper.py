@@ -42,9 +42,9 @@ shape of FlashAttention-3:
   views; a work tile is BLOCK_M rows of one (sequence, q head), its rows and
   keys offset by the sequence's first rows (seqlen.sequence), its band from the
   sequence's own lengths. Rows and keys past a sequence's end are loaded (they
-  belong to the next one) and masked as the ragged tail is; each consumer zeroes
-  the V rows past the end in shared memory before its last PV product (a zero P
-  times the next sequence's inf would be NaN); a slab of output rows that
+  belong to the next one, or to a cache's unused rows) and masked as the ragged
+  tail is; each consumer zeroes the V rows past the end in shared memory before
+  its last PV product (a zero P times an inf or NaN there would be NaN); a slab of output rows that
   crosses the end is stored with a masked pointer store instead of TMA, which
   would write into the next sequence.
 - KV_CACHE: keys from a KV cache (attention_with_kvcache's chunked prefill):
@@ -54,9 +54,8 @@ shape of FlashAttention-3:
   tile is BLOCK_N / PAGE_ROWS TMA copies of PAGE_ROWS = min(PAGE_SIZE, BLOCK_N)
   rows, each from the page the block table names (a power-of-two page size, so
   no copy straddles a page). Cache rows past a sequence's length may hold
-  anything (NaN included): K there is masked, and the V tile that holds the
-  sequence's end is loaded by pointer with zeros past it, since a masked
-  score's zero P times a NaN would still be NaN.
+  anything (NaN included): K there is masked, and V's rows there are zeroed in
+  shared memory as varlen's are.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. Which switches each head
@@ -176,8 +175,6 @@ if HAVE_GLUON:
         o_stride_head: gl.tensor
         kv_seq_rows: gl.tensor  # KV_CACHE, contiguous: rows a sequence in the cache
         table_stride: gl.tensor  # KV_CACHE, paged: block_table's row stride
-        v_stride_row: gl.tensor  # KV_CACHE: the cache's row and head strides (V's tail by pointer)
-        v_stride_head: gl.tensor
         off: gl.tensor  # the band (kernels/mask.py)
         left: gl.tensor
         right: gl.tensor
@@ -187,13 +184,11 @@ if HAVE_GLUON:
 
         @gluon.constexpr_function
         def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-                     kv_seq_rows, table_stride, v_stride_row, v_stride_head, off, left, right, qk_scale, softcap_in,
-                     softcap_out):
+                     kv_seq_rows, table_stride, off, left, right, qk_scale, softcap_in, softcap_out):
             self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
             self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
             self.total_q, self.o_stride_row, self.o_stride_head = total_q, o_stride_row, o_stride_head
             self.kv_seq_rows, self.table_stride = kv_seq_rows, table_stride
-            self.v_stride_row, self.v_stride_head = v_stride_row, v_stride_head
             self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
 
     @aggregate
@@ -288,7 +283,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, V, cfg):
+                        block_table, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -308,7 +303,7 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         while t < call.n_work:
             kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k,
-                                 cache_seqlens, block_table, V, cfg)
+                                 cache_seqlens, block_table, cfg)
             done += 1
             if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
@@ -323,7 +318,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, V, cfg):
+                        block_table, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
@@ -344,22 +339,21 @@ if HAVE_GLUON:
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
             key = tile.lo + i * cfg.BLOCK_N  # in the sequence
+            # The copies' rows (a paged cache: their page ids) are read before the slot waits, whose
+            # time hides the reads' latency, and once for both K and V; K's copies still go first.
+            rows = ()
+            for c in gl.static_range(COPIES):
+                rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
             for c in gl.static_range(COPIES):
-                _tma_load(k_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile, block_table,
-                                                                          call, cfg), 0],
-                          smem.k_ready.index(slot), smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+                _tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.k_ready.index(slot),
+                          smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
-            if cfg.KV_CACHE and key + cfg.BLOCK_N > tile.n_k:  # the tile holding the sequence's end
-                _load_v_tail(V, smem.v_smem.index(slot), smem.v_ready.index(slot), key, tile, block_table, call, cfg)
-            else:
-                mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
-                for c in gl.static_range(COPIES):
-                    _tma_load(v_desc, [tile.desc_b, tile.off_hk, _cache_row(key + c * cfg.PAGE_ROWS, tile,
-                                                                              block_table, call, cfg), 0],
-                              smem.v_ready.index(slot),
-                              smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+            mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
+            for c in gl.static_range(COPIES):
+                _tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
+                          smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             kv += 1
         return kv
 
@@ -378,37 +372,9 @@ if HAVE_GLUON:
 
     @gluon.constexpr_function
     def _tail_layout(head_dim):
-        # [rows, head_dim] over the producer's 4 warps, 8 values (16 bytes) a thread
+        # [rows, head_dim] over a consumer warpgroup's 4 warps, 8 values (16 bytes) a thread
         cols = min(32, head_dim // 8)
         return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
-
-    @gluon.jit
-    def _load_v_tail(V, v_buf, v_ready, key, tile, block_table, call, cfg):
-        # V tile [key, key + BLOCK_N) of a cache, which holds the sequence's last
-        # key: its rows past n_k read as zeros (they may hold NaN), by pointer, in
-        # 16-row pieces (the producer's registers are few), then published as a
-        # TMA copy would be: stores fenced for the async proxy (wgmma), every
-        # producer thread past the barrier, one arrival.
-        PIECE: gl.constexpr = 16
-        layout: gl.constexpr = _tail_layout(cfg.HEAD_DIM)
-        cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, layout))
-        v_rows = v_buf.reshape([cfg.BLOCK_N, cfg.HEAD_DIM])
-        head = V + tile.off_hk.to(gl.int64) * call.v_stride_head
-        for c in gl.static_range(cfg.BLOCK_N // PIECE):
-            keys = key + c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, layout))
-            if cfg.PAGE_SIZE > 0:
-                j = gl.minimum(keys, tile.n_k - 1) // cfg.PAGE_SIZE
-                pages = gl.load(block_table + tile.off_b.to(gl.int64) * call.table_stride + j)
-                rows = pages * cfg.PAGE_SIZE + keys % cfg.PAGE_SIZE
-            else:
-                rows = tile.k_row + keys
-            live = keys < tile.n_k
-            vals = gl.load(head + rows.to(gl.int64)[:, None] * call.v_stride_row + cols[None, :],
-                           mask=live[:, None], other=0.0)
-            v_rows.slice(c * PIECE, PIECE).store(vals)
-        fence_async_shared()
-        _thread_barrier()
-        mbarrier.arrive(v_ready, count=1)
 
     @gluon.jit
     def _ring(tile, STAGES: gl.constexpr):
@@ -649,10 +615,10 @@ if HAVE_GLUON:
             # The last key tile's PV product.
             last = kv + c_end - 1
             v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
-            if cfg.IS_VARLEN and not cfg.KV_CACHE:
+            if cfg.IS_VARLEN:
                 # Only the work tile's last key tile can reach past the sequence's end (key_range):
-                # its rows there are the next sequence's V, which P's zeros would not cancel if
-                # they held inf or NaN.
+                # its rows there are the next sequence's V (or a cache's unused rows), which P's
+                # zeros would not cancel if they held inf or NaN.
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
                     _zero_rows_from(v_tile, n_k - base, cfg)
@@ -747,9 +713,9 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
-        cache_seqlens, block_table, V,
+        cache_seqlens, block_table,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-        kv_seq_rows, table_stride, v_stride_row, v_stride_head,
+        kv_seq_rows, table_stride,
         off, left, right,
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -767,7 +733,7 @@ if HAVE_GLUON:
         # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
         # KV_CACHE (with IS_VARLEN): k / v descriptors over the cache's rows
         # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
-        # block_table [B, max_pages] int32 (PAGE_SIZE > 0), V the value cache.
+        # block_table [B, max_pages] int32 (PAGE_SIZE > 0).
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -810,8 +776,7 @@ if HAVE_GLUON:
         call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
                     gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(total_q), gl.to_tensor(o_stride_row),
                     gl.to_tensor(o_stride_head), gl.to_tensor(kv_seq_rows), gl.to_tensor(table_stride),
-                    gl.to_tensor(v_stride_row), gl.to_tensor(v_stride_head), gl.to_tensor(off), gl.to_tensor(left),
-                    gl.to_tensor(right),
+                    gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
                     gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
@@ -823,14 +788,14 @@ if HAVE_GLUON:
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, V, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, V, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
@@ -839,7 +804,7 @@ if HAVE_GLUON:
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, V, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,

@@ -154,8 +154,8 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]."""
     D = q.shape[-1]
     rows, keys = describers(tiles.block_n, D, q.dtype)
-    seqlens = table = v_ptr = None
-    cache_strides, page_size = (0, 0, 0, 0), 0
+    seqlens = table = None
+    cache_strides, page_size = (0, 0), 0
     if cache is not None:
         seqlens, table = cache
         paged = table is not None
@@ -166,8 +166,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         if not (cache_ready(k) and cache_ready(v)):
             raise ValueError("the sm90 kernel needs caches whose pages merge into rows TMA can address")
         _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
-        v_ptr = v
-        cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0, v.stride(1), v.stride(2))
+        cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0)
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -187,7 +186,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
             descs = (rows(heads_first(q)), cache_keys(cache_rows(k)), cache_keys(cache_rows(v)),
                      rows(heads_first(out)))
     args = (
-        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, v_ptr,
+        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table,
         B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
@@ -201,7 +200,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     else:
         packed, cached = (lambda t: rows(heads_first(t))), (lambda t: cache_keys(cache_rows(t)))
         slots = (Slot(0, "q", packed), Slot(1, "k_cache", cached), Slot(2, "v_cache", cached), Slot(3, "out", packed),
-                 Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"), Slot(11, "v_cache"))
+                 Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"))
         slots += (Slot(10, "block_table"),) if table is not None else ()
     slots += (Slot(4, "out" if lse is None else "lse"),)
     if tiles.dynamic:
@@ -248,10 +247,10 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
                  "cu_seqlens_q": "*i32" if varlen else "constexpr", "cu_seqlens_k": "*i32" if varlen else "constexpr",
                  "Out": f"*{name}" if varlen else "constexpr",
                  "cache_seqlens": "*i32" if kv_cache else "constexpr",
-                 "block_table": "*i32" if page_size else "constexpr", "V": f"*{name}" if kv_cache else "constexpr",
+                 "block_table": "*i32" if page_size else "constexpr",
                  "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
                  "o_stride_row": "i32", "o_stride_head": "i32", "kv_seq_rows": "i32", "table_stride": "i32",
-                 "v_stride_row": "i32", "v_stride_head": "i32", "off": "i32", "left": "i32", "right": "i32",
+                 "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left, kv_cache,
                              page_size)
@@ -263,7 +262,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
     if not varlen or kv_cache:
         constexprs = dict(constexprs, cu_seqlens_k=None)
     if not kv_cache:
-        constexprs = dict(constexprs, cache_seqlens=None, V=None)
+        constexprs = dict(constexprs, cache_seqlens=None)
     if not page_size:
         constexprs = dict(constexprs, block_table=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
