@@ -373,7 +373,7 @@ RESULTS = "benchmarks/results"
 # The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
 PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
-SERVING = "benchmarks/results/2026-12-02-h200-s20-serving"
+SERVING = "benchmarks/results/2026-12-02-h200-s21-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 BACKWARD = "benchmarks/results/2026-12-02-h200-s19-backward"
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
