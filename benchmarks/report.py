@@ -654,7 +654,8 @@ def serving_text(folder, base=""):
         out.append("| method | B | new queries | keys | TFLOP/s | us | vs SDPA cuDNN | vs vflash dense |")
         out.append("|---|---|---|---|---|---|---|---|")
         for r in rows:
-            out.append(f"| {r['method']} | {r['B']} | {r['Nq']} | {r['Nk']} | {r['tflops'] or r['status']} | "
+            rate = r["tflops"] if r["status"] == "ok" and r["tflops"] else r["status"]  # a wrong output: its status
+            out.append(f"| {r['method']} | {r['B']} | {r['Nq']} | {r['Nk']} | {rate} | "
                        f"{r['us_median']} | {r['vs_sdpa_cudnn'] or '-'} | {r.get('vs_vflash_dense') or '-'} |")
         out.append("")
     return out

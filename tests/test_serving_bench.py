@@ -19,3 +19,24 @@ def test_decode_smoke_writes_every_method(tmp_path):
     for r in vflash_rows.values():
         assert r["status"] == "ok" and float(r["us_median"]) > 0 and r["gbps"] != ""
     assert [vflash_rows[m]["page"] for m in sorted(vflash_rows)] == ["", "16", "16", "64"]
+
+
+def test_chunked_rows_check_every_output_against_dense():
+    # tiny chunked rows through the interpreter: each cache layout's output is compared with
+    # vflash.attention's on the same work, and one that differs is marked wrong, not timed as right
+    from vflash.harness import serving
+    rows = serving.chunked_rows(2, 5, 27, (4, 2, 16), torch.bfloat16, torch.device("cpu"))
+    checked = {r["method"]: r for r in rows if r["method"] != "vflash_dense"}
+    assert set(checked) == {"vflash_paged16", "vflash_paged64", "vflash_contig", "vflash_varlen"}
+    for r in checked.values():
+        assert r["status"] == "ok" and float(r["max_diff_vs_dense"]) <= serving.CHUNKED_MAX_DIFF, r
+
+
+def test_chunked_rows_mark_a_wrong_output(monkeypatch):
+    import vflash
+    from vflash.harness import serving
+    real = vflash.attention_varlen
+    monkeypatch.setattr(vflash, "attention_varlen", lambda *a, **kw: real(*a, **kw) + 1.0)
+    rows = serving.chunked_rows(1, 4, 12, (2, 1, 16), torch.bfloat16, torch.device("cpu"))
+    by = {r["method"]: r for r in rows}
+    assert by["vflash_varlen"]["status"].startswith("wrong") and by["vflash_contig"]["status"] == "ok"

@@ -38,7 +38,10 @@ CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new qu
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "vs_sdpa_cudnn",
-           "vs_vflash_dense"]
+           "vs_vflash_dense", "max_diff_vs_dense"]
+# chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
+# (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
+CHUNKED_MAX_DIFF = 0.05
 SMOKE_DECODE = [(2, 40)]
 SMOKE_HEADS = (4, 2, 16)
 
@@ -260,6 +263,14 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
                                                                 check_metadata=False),
                "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
     rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
+    # every method's output against vflash.attention's on the same work, in q's [B, n_new, Hq, D] layout
+    ref = methods["vflash_dense"]().transpose(1, 2).float()
+    for r in rows:
+        if r["status"] == "ok" and r["method"] != "vflash_dense":
+            diff = (methods[r["method"]]().reshape(ref.shape).float() - ref).abs().max().item()
+            r["max_diff_vs_dense"] = f"{diff:.2e}"
+            if not diff <= CHUNKED_MAX_DIFF:  # NaN included
+                r["status"] = f"wrong: max diff {diff:.2e} from vflash.attention"
     dense = next(r for r in rows if r["method"] == "vflash_dense")
     for r in rows:
         if "paged" in r["method"]:
