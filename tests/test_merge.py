@@ -118,3 +118,49 @@ def test_bad_input_is_refused(change, error, match, device):
     args.update(change(oa, la, ob, lb))
     with pytest.raises(error, match=match):
         vflash.merge_states(**args)
+
+
+def _combine(o_part, lse_part, head_dim_dtype=torch.float32, want_lse=True):
+    # split-KV's combine kernel alone over partials [splits, rows, H, D] / [splits, H, rows]
+    from vflash import dispatch
+    from vflash.ops import launch as launches
+    from vflash.ops.attention import _combine_launch
+    splits, rows, heads, d = o_part.shape
+    out = torch.empty(rows, heads, d, dtype=head_dim_dtype, device=o_part.device)
+    lse = torch.empty(heads, rows, dtype=torch.float32, device=o_part.device) if want_lse else None
+    launches.run(_combine_launch(o_part, lse_part, out, lse, dispatch.combine_tiles()), o_part.device)
+    return out, lse
+
+
+@pytest.mark.parametrize("splits", [1, 5, 16, 64, 65, 150])  # one chunk, one group, groups of 64 and more
+def test_split_combine_matches_the_lse_formula(splits, device):
+    # the combine folds any number of splits, -inf (empty) ones included, to the logsumexp merge in fp64
+    g = torch.Generator().manual_seed(splits)
+    rows, heads, d = 3, 2, 40
+    o_part = torch.randn(splits, rows, heads, d, generator=g)
+    lse_part = 3 * torch.randn(splits, heads, rows, generator=g)
+    lse_part[::3] = float("-inf")  # every third split saw no key
+    o_part[::3] = float("nan")  # and holds garbage
+    lse_part[:, 0, 0] = float("-inf")  # a row no split saw
+    out, lse = _combine(o_part.to(device), lse_part.to(device))
+    l64 = lse_part.double()
+    ref_lse = torch.logsumexp(l64, 0)  # [H, rows]
+    w = torch.exp(l64 - torch.where(ref_lse.isinf(), 0.0, ref_lse)).nan_to_num(0.0)  # [splits, H, rows]
+    ref = (torch.where(w[..., None] > 0, o_part.double().transpose(1, 2), 0.0) * w[..., None]).sum(0).transpose(0, 1)
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu().double(), ref_lse, atol=1e-5, rtol=1e-5)
+    assert out[0, 0].eq(0).all() and lse[0, 0] == float("-inf")
+
+
+def test_split_combine_ignores_trailing_empty_splits_bitwise(device):
+    # batch-invariance's premise: a row's result is the same bits whatever number of empty splits
+    # follow its own, within its group of 64 and past it
+    g = torch.Generator().manual_seed(1)
+    o_part = torch.randn(20, 2, 2, 16, generator=g)
+    lse_part = torch.randn(20, 2, 2, generator=g)
+    alone = _combine(o_part.to(device), lse_part.to(device))
+    for total in (40, 64, 130):
+        o_more = torch.cat([o_part, torch.full((total - 20, 2, 2, 16), float("nan"))])
+        lse_more = torch.cat([lse_part, torch.full((total - 20, 2, 2), float("-inf"))])
+        more = _combine(o_more.to(device), lse_more.to(device))
+        assert torch.equal(more[0], alone[0]) and torch.equal(more[1], alone[1]), total

@@ -188,7 +188,7 @@ def _combine_launch(o_part, lse_part, out, lse, tiles: CombineTiles) -> KernelLa
     splits, total_q, Hq, D = o_part.shape
     args = (o_part, lse_part, out, lse if lse is not None else lse_part, *o_part.stride(), *lse_part.stride()[:2],
             *out.stride(), splits)
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLIT_CHUNK=tiles.split_chunk,
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLIT_CHUNK=tiles.split_chunk, CHUNKS=tiles.chunks,
                       STORE_LSE=lse is not None)
     grid = (total_q, Hq, 1)
     slots = (Slot(0, "o_part"), Slot(1, "lse_part"), Slot(2, "out"), Slot(3, "lse" if lse is not None else "lse_part"))

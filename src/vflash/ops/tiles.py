@@ -62,6 +62,7 @@ class KVCacheTiles(NamedTuple):
 class CombineTiles(NamedTuple):
     """`kernels/combine.py:combine_splits_kernel`'s launch: one (query row, head) a program."""
     split_chunk: int  # splits read a load (a fixed reduction tree each: batch-invariant results need it fixed)
+    chunks: int  # chunks loaded at once (one load round trip for split_chunk x chunks splits)
     num_warps: int
 
 
