@@ -15,10 +15,11 @@ def test_decode_smoke_writes_every_method(tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0].keys()) == COLUMNS
     vflash_rows = {r["method"]: r for r in rows if r["method"].startswith("vflash")}
-    assert set(vflash_rows) == {"vflash_paged16", "vflash_paged64", "vflash_paged16_invariant", "vflash_contig"}
+    assert set(vflash_rows) == {"vflash_paged16", "vflash_paged64", "vflash_paged16_invariant", "vflash_paged1",
+                                "vflash_contig"}
     for r in vflash_rows.values():
         assert r["status"] == "ok" and float(r["us_median"]) > 0 and r["gbps"] != ""
-    assert [vflash_rows[m]["page"] for m in sorted(vflash_rows)] == ["", "16", "16", "64"]
+    assert [vflash_rows[m]["page"] for m in sorted(vflash_rows)] == ["", "1", "16", "16", "64"]
 
 
 def test_chunked_rows_check_every_output_against_dense():

@@ -3,7 +3,7 @@ people would otherwise use, in the same run.
 
 decode   one new query per sequence (bf16, Hq 32 / Hkv 8, D 128), B x KV rows. GB/s of K+V
          read per call (2 * B * KV * Hkv * D * 2 bytes over the time) for vflash on a paged
-         cache with a shuffled block table (page size 16 and 64; 16 also batch-invariant)
+         cache with a shuffled block table (page size 16 and 64; 16 also batch-invariant; 1)
          and on a contiguous cache,
          and SDPA cuDNN / flash on the same contiguous cache ([B, KV, Hkv, D] seen as
          [B, Hkv, KV, D], enable_gqa). Timed as CUDA-graph replays over rotating cache copies
@@ -31,8 +31,8 @@ from vflash.harness.env import environment
 
 DECODE_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
 DECODE_HEADS = (32, 8, 128)  # Hq, Hkv, D
-DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_paged16_invariant", "vflash_contig", "sdpa_cudnn",
-                  "sdpa_flash"]
+DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_paged16_invariant", "vflash_paged1", "vflash_contig",
+                  "sdpa_cudnn", "sdpa_flash"]
 VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 tokens
 CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
 ROTATE_BYTES = 1 << 30
