@@ -196,6 +196,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
                           varlen=(cu_q, None, 500, False), cache=(seqlens, table))
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    assert len(launch.params()) == len(names)
     by_name = dict(zip(names, launch.params()))
     rows = k.shape[0] * k.shape[1]
     assert by_name["k_desc"].shape == (1, 2, rows, 128) and by_name["k_desc"].base.data_ptr() == k.data_ptr()

@@ -669,8 +669,10 @@ if HAVE_GLUON:
     def _zero_rows_from(tile, first, cfg):
         # Rows [first, BLOCK_N) of a landed [BLOCK_N, HEAD_DIM] K/V tile set to zero in shared
         # memory, in 16-row pieces, then fenced for the wgmma that reads it. Every consumer
-        # of the tile does it before its own read: they all write the same zeros, so one's
-        # write never changes what another reads.
+        # of the tile does it before its own read, unsynchronized with the others: rows before
+        # `first` are stored back with the bytes TMA wrote, rows from it with zeros, so a
+        # consumer's wgmma may overlap another's stores of the same bytes but never sees other
+        # bytes (a race by the PTX memory model's letter, harmless because the values agree).
         PIECE: gl.constexpr = 16
         layout: gl.constexpr = _tail_layout(cfg.HEAD_DIM)
         for c in gl.static_range(cfg.BLOCK_N // PIECE):
