@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode bwd_hopper ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -117,6 +117,10 @@ for step in "$@"; do
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
+    bwd_hopper) # the sm_90 dQ kernel against the portable dQ kernel (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES "m:n")
+             timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_hopper ${BWD_ROWS:+--rows $BWD_ROWS} \
+               ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} --out "$R/bwd_hopper.csv" > "$R/bwd_hopper.txt" 2>&1
+             tail -30 "$R/bwd_hopper.txt" ;;
     profile_decode) # Nsight Compute per launch of decode's split kernel and combine (PROFILE_DECODE rows "B:KV")
              for row in ${PROFILE_DECODE:-1:1024 1:8192 8:8192 128:1024}; do
                IFS=: read -r b kv <<< "$row"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vflash
+from _hopper import needs_hopper
 from vflash.library import attention_fwd
 from vflash.harness.oracle import compare
 from vflash.reference import attention_explicit
@@ -213,3 +214,46 @@ def test_a_training_step_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     for p, w in zip(block.parameters(), want):  # the linear layers' cuBLAS kernels need not repeat bitwise
         torch.testing.assert_close(p.grad, w)
+
+
+# The sm_90 dQ kernel (kernels/attention_bwd_hopper.py), not dispatched yet: compiled on the CPU, and on
+# an sm_90 GPU run on the forward's LSE and delta against fp64 autograd of the explicit reference.
+HOPPER_DQ_CASES = {
+    "plain": (1, 4, 2, 300, 300, 128, dict()),
+    "causal": (1, 4, 2, 300, 300, 128, dict(causal=True)),
+    "causal_gqa_nq_lt_nk": (2, 4, 1, 200, 333, 64, dict(causal=True)),
+    "rows_without_keys": (1, 2, 1, 333, 120, 128, dict(causal=True)),  # bottom-right: the first rows see none
+    "window_softcap": (1, 2, 2, 130, 257, 64, dict(window=(64, 32), softcap=20.0)),
+    "long_causal": (1, 2, 2, 2048, 2048, 128, dict(causal=True)),
+}
+
+
+@pytest.mark.parametrize("d,causal,softcap", [(128, True, False), (64, False, True)])
+def test_hopper_dq_kernel_compiles_for_sm90(d, causal, softcap):
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compiled = hopper_bwd.compile_dq_sm90(d, torch.bfloat16, band=Band(0, -1, 0 if causal else -1), softcap=softcap)
+    assert "wgmma" in compiled.asm["ptx"] and "cp.async.bulk.tensor" in compiled.asm["ptx"]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", sorted(HOPPER_DQ_CASES))
+def test_gpu_hopper_dq_matches_the_reference(case):
+    from vflash.ops import hopper_bwd, mask_band
+    from vflash.ops import launch as launches
+    B, Hq, Hkv, Nq, Nk, D, opts = HOPPER_DQ_CASES[case]
+    (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, torch.bfloat16, torch.device("cuda"), seed=3)
+    out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
+    delta = (do.float() * out.float()).sum(-1)
+    band = mask_band(Nq, Nk, "bottom_right" if opts.get("causal") else None, opts.get("window", (-1, -1)))
+    dq = torch.full_like(q, float("nan"))  # every row must be written
+    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, D ** -0.5, opts.get("softcap")),
+                 q.device)
+    ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
+                 torch.float64)[0]
+    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
+                  torch.bfloat16)[0]
+    verdict = compare("dq", dq.cpu(), ref.cpu(), same.cpu(), torch.bfloat16, factor=3.0)
+    assert verdict.passed, f"dq: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
