@@ -216,8 +216,8 @@ def test_a_training_step_captures_in_a_cuda_graph():
         torch.testing.assert_close(p.grad, w)
 
 
-# The sm_90 dQ kernel (kernels/attention_bwd_hopper.py), not dispatched yet: compiled on the CPU, and on
-# an sm_90 GPU run on the forward's LSE and delta against fp64 autograd of the explicit reference.
+# The sm_90 backward kernels (kernels/attention_bwd_hopper.py), not dispatched yet: compiled on the CPU, and
+# on an sm_90 GPU run on the forward's LSE and delta against fp64 autograd of the explicit reference.
 HOPPER_DQ_CASES = {
     "plain": (1, 4, 2, 300, 300, 128, dict()),
     "causal": (1, 4, 2, 300, 300, 128, dict(causal=True)),
@@ -228,19 +228,22 @@ HOPPER_DQ_CASES = {
 }
 
 
+@pytest.mark.parametrize("kernel", ["dq", "dkdv"])
 @pytest.mark.parametrize("d,causal,softcap", [(128, True, False), (64, False, True)])
-def test_hopper_dq_kernel_compiles_for_sm90(d, causal, softcap):
+def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap):
     from vflash.ops import hopper_bwd
     from vflash.ops.band import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = hopper_bwd.compile_dq_sm90(d, torch.bfloat16, band=Band(0, -1, 0 if causal else -1), softcap=softcap)
+    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
+    compiled = compile_sm90(d, torch.bfloat16, band=Band(0, -1, 0 if causal else -1), softcap=softcap)
     assert "wgmma" in compiled.asm["ptx"] and "cp.async.bulk.tensor" in compiled.asm["ptx"]
 
 
 @needs_hopper
 @pytest.mark.parametrize("case", sorted(HOPPER_DQ_CASES))
-def test_gpu_hopper_dq_matches_the_reference(case):
+def test_gpu_hopper_backward_kernels_match_the_reference(case):
+    # dQ and dK / dV from the sm_90 kernels, each against fp64 autograd of the explicit reference (3x rule)
     from vflash.ops import hopper_bwd, mask_band
     from vflash.ops import launch as launches
     B, Hq, Hkv, Nq, Nk, D, opts = HOPPER_DQ_CASES[case]
@@ -248,12 +251,15 @@ def test_gpu_hopper_dq_matches_the_reference(case):
     out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
     delta = (do.float() * out.float()).sum(-1)
     band = mask_band(Nq, Nk, "bottom_right" if opts.get("causal") else None, opts.get("window", (-1, -1)))
-    dq = torch.full_like(q, float("nan"))  # every row must be written
-    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, D ** -0.5, opts.get("softcap")),
+    got = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # every row must be written
+    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, D ** -0.5, opts.get("softcap")),
                  q.device)
+    launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, D ** -0.5,
+                                        opts.get("softcap")), q.device)
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
-                 torch.float64)[0]
+                 torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
-                  torch.bfloat16)[0]
-    verdict = compare("dq", dq.cpu(), ref.cpu(), same.cpu(), torch.bfloat16, factor=3.0)
-    assert verdict.passed, f"dq: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+                  torch.bfloat16)
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"

@@ -1,9 +1,11 @@
-"""The sm_90 dQ kernel (kernels/attention_bwd_hopper.py) against the portable backward's dQ kernel, on the GPU.
+"""The sm_90 backward kernels (kernels/attention_bwd_hopper.py) against the portable backward's, on the GPU.
 
-For rows of the fa / d256 sweeps (bf16), both dQ kernels on the same q, k, v, dO, the forward's LSE and
-delta: each timed alone (`time_call`), TFLOP/s counting the dQ kernel's three products (S, dP, dQ: 1.5x the
-forward's FLOPs), and the sm_90 kernel's dQ compared with the portable one's (a difference above 2 % of
-the largest value prints WRONG). Prints one line a row and writes a CSV.
+For rows of the fa / d256 sweeps (bf16), on the same q, k, v, dO, the forward's LSE and delta: the dQ
+kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the dK / dV kernels (four
+products, 2x), each timed alone (`time_call`), and the whole backward (delta, dK / dV, dQ; 2.5x, the count
+`vflash bench --mode bwd` uses) with the portable kernels and with the sm_90 ones. The sm_90 kernels'
+gradients are compared with the portable ones' (a difference above 2 % of the largest value prints WRONG).
+Prints one line a measurement and writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
 """
@@ -41,7 +43,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bwd_hopper.csv")
     ap.add_argument("--rows", nargs="*", default=ROWS, help="D:N:causal (0/1), shapes of the fa / d256 sweeps")
-    ap.add_argument("--tiles", nargs="*", default=["128:64"], help="the sm_90 kernel's block_m:block_n")
+    ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128"], help="the sm_90 dQ kernel's block_m:block_n")
+    ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
+                    help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = torch.bfloat16
@@ -59,33 +63,60 @@ def main() -> int:
         problem = dispatch.problem_of(q, k, v, None, band)
         out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
                                      tiles=dispatch.select(problem).tiles)
-        delta_launch, _, dq_launch = portable_launches(do, q, k, v, out, lse, band, scale,
-                                                       dispatch.backward_tiles(problem))
-        launches.run(delta_launch, dev)  # delta, which both dQ kernels read
+        delta_launch, dkdv_launch, dq_launch = portable_launches(do, q, k, v, out, lse, band, scale,
+                                                                 dispatch.backward_tiles(problem))
+        launches.run(delta_launch, dev)  # delta, which every kernel below reads
         delta, dq_portable = delta_launch.args[3], dq_launch.args[6]
-        flops = attention_flops(s) * 1.5
-        ms = time_call(lambda: launches.run(dq_launch, dev), dev, rep_ms=40, warmup_ms=20)[0]
-        want = dq_portable.float()
-        rows.append(dict(D=d, N=n, causal=c, kernel="portable", tiles=tuple(dispatch.backward_tiles(problem).dq),
-                         ms=ms, tflops=flops / ms / 1e9, rel_err=0.0))
-        print(f"D{d} N{n} causal={c} portable dq {rows[-1]['tiles']}: {ms:.3f} ms {rows[-1]['tflops']:.1f} TFLOP/s",
-              flush=True)
+        dk_portable, dv_portable = dkdv_launch.args[6], dkdv_launch.args[7]
+        fwd = attention_flops(s)
+
+        def record(what, kernel, tiles, call, flops, got=(), want=()):
+            try:
+                call()
+                torch.cuda.synchronize()
+                err = max((float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+                           for a, b in zip(got, want)), default=0.0)
+                ms = time_call(call, dev, rep_ms=40, warmup_ms=20)[0]
+            except Exception as e:  # noqa: BLE001 - out of resources and the like: report, go on
+                print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}: {type(e).__name__} {str(e)[:200]}", flush=True)
+                return
+            rows.append(dict(D=d, N=n, causal=c, what=what, kernel=kernel, tiles=tiles, ms=ms,
+                             tflops=flops / ms / 1e9, rel_err=err))
+            print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s"
+                  + (f" rel_err {err:.1e}{'' if err < 2e-2 else ' WRONG'}" if got else ""), flush=True)
+
+        table = dispatch.backward_tiles(problem)
+        record("dq", "portable", tuple(table.dq), lambda: launches.run(dq_launch, dev), 1.5 * fwd)
+        record("dkdv", "portable", tuple(table.dkdv), lambda: launches.run(dkdv_launch, dev), 2.0 * fwd)
+        record("bwd", "portable", "table", lambda: [launches.run(x, dev) for x in (delta_launch, dkdv_launch,
+                                                                                   dq_launch)], 2.5 * fwd)
+        want = (dq_portable.clone(), dk_portable.clone(), dv_portable.clone())
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         for t in args.tiles:
             bm, bn = (int(x) for x in t.split(":"))
-            dq = torch.empty_like(q)
             try:
-                launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn)
-                launches.run(launch, dev)
-                torch.cuda.synchronize()
-                err = float((dq.float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
-                ms = time_call(lambda: launches.run(launch, dev), dev, rep_ms=40, warmup_ms=20)[0]
-            except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"D{d} N{n} causal={c} sm90 dq {bm}x{bn}: {type(e).__name__} {str(e)[:200]}", flush=True)
+                sm90_dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn)
+            except ValueError as e:
+                print(f"D{d} N{n} dq {t}: {e}")
                 continue
-            rows.append(dict(D=d, N=n, causal=c, kernel="sm90", tiles=(bm, bn), ms=ms, tflops=flops / ms / 1e9,
-                             rel_err=err))
-            print(f"D{d} N{n} causal={c} sm90 dq {bm}x{bn}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s rel_err "
-                  f"{err:.1e}{'' if err < 2e-2 else ' WRONG'}", flush=True)
+            record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
+        for t in args.dkdv_tiles:
+            bm, bn = (int(x) for x in t.split(":"))
+            try:
+                sm90_dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn)
+            except ValueError as e:
+                print(f"D{d} N{n} dkdv {t}: {e}")
+                continue
+            record("dkdv", "sm90", (bm, bn), lambda: launches.run(sm90_dkdv, dev), 2.0 * fwd, (dk, dv), want[1:])
+        bm, bn = (int(x) for x in args.tiles[0].split(":"))
+        km, kn = (int(x) for x in args.dkdv_tiles[0].split(":"))
+        try:
+            sm90 = (delta_launch, hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, km, kn),
+                    hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
+            record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
+                   (dq, dk, dv), want)
+        except ValueError as e:
+            print(f"D{d} N{n} bwd: {e}")
     write_rows(args.out, rows)
     return 0
 

@@ -1,6 +1,6 @@
-"""Launcher of the Gluon Hopper dQ kernel (kernels/attention_bwd_hopper.py): its
-descriptors, grid and arguments, and an ahead-of-time compile for sm_90 that needs
-no GPU. Not dispatched yet: the portable backward (ops/attention_bwd.py) serves
+"""Launchers of the Gluon Hopper backward kernels (kernels/attention_bwd_hopper.py):
+dQ and dK / dV, their descriptors, grids and arguments, and ahead-of-time compiles for
+sm_90 that need no GPU. Not dispatched yet: the portable backward (ops/attention_bwd.py) serves
 every call; this launch is for the GPU tests and benchmarks/experiments/bwd_hopper.py."""
 
 import torch
@@ -18,9 +18,16 @@ CONSUMER_REGS = 240
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 
 
-def smem_bytes(head_dim: int, block_m: int, block_n: int, itemsize: int = 2) -> int:
-    """The dQ kernel's shared memory: each consumer's Q and dO rows, STAGES K and V tiles."""
-    return (2 * block_m + 2 * STAGES * block_n) * head_dim * itemsize
+def smem_bytes(head_dim: int, own: int, streamed: int, itemsize: int = 2) -> int:
+    """Either kernel's shared memory: the CTA's own rows of two tensors (dQ: Q and dO; dK / dV: K and V)
+    and STAGES tiles of the two it streams."""
+    return (2 * own + 2 * STAGES * streamed) * head_dim * itemsize
+
+
+def _check_tiles(own: int, streamed: int, head_dim: int):
+    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(head_dim, own, streamed) > SMEM_BYTES:
+        raise ValueError(f"the sm90 backward kernels take 64 or 128 rows a CTA in {SMEM_BYTES} bytes of shared "
+                         f"memory, not {own} x {streamed} at D {head_dim}")
 
 
 def _constexprs(head_dim: int, block_m: int, block_n: int, band: Band, softcap: bool) -> dict:
@@ -34,9 +41,7 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     dq [B, Hq, Nq, D] from q, k, v, do, the forward's lse and delta = rowsum(do * out) [B, Hq, Nq] fp32."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    if block_m not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(D, block_m, block_n) > SMEM_BYTES:
-        raise ValueError(f"the sm90 dQ kernel takes 64 or 128 rows in {SMEM_BYTES} bytes of shared memory, not "
-                         f"{block_m} x {block_n} at D {D}")
+    _check_tiles(block_m, block_n, D)
     rows, keys = describers(block_n, D, q.dtype)
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     args = (rows(q), keys(k), keys(v), rows(do), rows(dq), lse, delta,
@@ -48,24 +53,57 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
                         _constexprs(D, block_m, block_n, band, softcap is not None), dict(num_warps=4), slots)
 
 
+def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
+                block_n: int = 128) -> KernelLaunch:
+    """attention_bwd_dkdv_hopper_kernel over dense [B, H, N, D] tensors (TMA-ready): dk, dv [B, Hkv, Nk, D]
+    (summed over each KV head's query heads in order) from q, k, v, do, lse and delta [B, Hq, Nq] fp32.
+    block_n keys a CTA (64 a consumer), block_m query rows a streamed tile."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    _check_tiles(block_n, block_m, D)
+    rows, streamed = describers(block_m, D, q.dtype)
+    qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
+    args = (streamed(q), rows(k), rows(v), streamed(do), rows(dk), rows(dv), lse, delta,
+            B, Hkv, Hq // Hkv, Nq, Nk, band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
+    grid = (B * Hkv * -(-Nk // block_n), 1, 1)
+    slots = (Slot(0, "q", streamed), Slot(1, "k", rows), Slot(2, "v", rows), Slot(3, "do", streamed),
+             Slot(4, "dk", rows), Slot(5, "dv", rows), Slot(6, "lse"), Slot(7, "delta"))
+    return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args,
+                        _constexprs(D, block_m, block_n, band, softcap is not None), dict(num_warps=4), slots)
+
+
+def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
+                      band: Band = Band(0, -1, 0), softcap: bool = False):
+    """Compile the dK / dV kernel for sm_90 without a GPU; returns Triton's CompiledKernel."""
+    rows, streamed = _block_shapes(block_m, head_dim)
+    names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
+    blocks = (streamed, rows, rows, streamed, rows, rows)
+    scalars = ("batch", "n_heads_kv", "kv_group", "n_q", "n_k", "off", "left", "right")
+    return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), scalars, head_dim, dtype,
+                    block_m, block_n, band, softcap)
+
+
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
                     band: Band = Band(0, -1, 0), softcap: bool = False):
     """Compile the dQ kernel for sm_90 without a GPU; returns Triton's CompiledKernel."""
+    rows, keys = _block_shapes(block_n, head_dim)
+    names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
+    scalars = ("batch", "n_heads_q", "kv_group", "n_q", "n_k", "off", "left", "right")
+    return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), scalars,
+                    head_dim, dtype, block_m, block_n, band, softcap)
+
+
+def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, band, softcap):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    rows, keys = _block_shapes(block_n, head_dim)
     name = _GL_DTYPES[dtype]
-
-    def desc(block):
-        return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
-    signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "do_desc": desc(rows),
-                 "dq_desc": desc(rows), "LSE": "*fp32", "DELTA": "*fp32",
-                 "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "off": "i32",
-                 "left": "i32", "right": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "softcap_in": "fp32",
-                 "softcap_out": "fp32"}
+    signature = {k: f"tensordesc<{name}[{', '.join(map(str, b))}],{_shared_layout(tuple(b), dtype)!r}>"
+                 for k, b in descs.items()}
+    signature.update({"LSE": "*fp32", "DELTA": "*fp32", **{s: "i32" for s in scalars}, "qk_scale": "fp32",
+                      "sm_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"})
     constexprs = _constexprs(head_dim, block_m, block_n, band, softcap)
     signature.update({k: "constexpr" for k in constexprs})
-    return triton.compile(GluonASTSource(kernels.attention_bwd_dq_hopper_kernel, signature, constexprs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4))
