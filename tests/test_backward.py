@@ -218,14 +218,19 @@ def test_a_training_step_captures_in_a_cuda_graph():
 
 # The sm_90 backward kernels (kernels/attention_bwd_hopper.py), not dispatched yet: compiled on the CPU, and
 # on an sm_90 GPU run on the forward's LSE and delta against fp64 autograd of the explicit reference.
-HOPPER_DQ_CASES = {
+HOPPER_BWD_CASES = {
     "plain": (1, 4, 2, 300, 300, 128, dict()),
     "causal": (1, 4, 2, 300, 300, 128, dict(causal=True)),
     "causal_gqa_nq_lt_nk": (2, 4, 1, 200, 333, 64, dict(causal=True)),
     "rows_without_keys": (1, 2, 1, 333, 120, 128, dict(causal=True)),  # bottom-right: the first rows see none
     "window_softcap": (1, 2, 2, 130, 257, 64, dict(window=(64, 32), softcap=20.0)),
     "long_causal": (1, 2, 2, 2048, 2048, 128, dict(causal=True)),
+    "top_left": (1, 2, 1, 200, 300, 128, dict(causal="top_left")),
+    "left_window_only": (1, 2, 2, 250, 250, 64, dict(window=(40, -1))),
+    "fp16_softcap": (1, 2, 2, 190, 190, 128, dict(softcap=10.0), torch.float16),
 }
+# (dQ block_m x block_n, dK / dV block_m x block_n): the defaults, then one consumer a CTA, then 128-wide tiles
+HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128))]
 
 
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
@@ -241,25 +246,53 @@ def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap):
 
 
 @needs_hopper
-@pytest.mark.parametrize("case", sorted(HOPPER_DQ_CASES))
-def test_gpu_hopper_backward_kernels_match_the_reference(case):
+@pytest.mark.parametrize("tiles", HOPPER_BWD_TILES, ids=lambda t: f"dq{t[0][0]}x{t[0][1]}-dkdv{t[1][0]}x{t[1][1]}")
+@pytest.mark.parametrize("case", sorted(HOPPER_BWD_CASES))
+def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     # dQ and dK / dV from the sm_90 kernels, each against fp64 autograd of the explicit reference (3x rule)
     from vflash.ops import hopper_bwd, mask_band
     from vflash.ops import launch as launches
-    B, Hq, Hkv, Nq, Nk, D, opts = HOPPER_DQ_CASES[case]
-    (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, torch.bfloat16, torch.device("cuda"), seed=3)
+    B, Hq, Hkv, Nq, Nk, D, opts, *dtype = HOPPER_BWD_CASES[case]
+    dtype = dtype[0] if dtype else torch.bfloat16
+    (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, torch.device("cuda"), seed=3)
     out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
     delta = (do.float() * out.float()).sum(-1)
-    band = mask_band(Nq, Nk, "bottom_right" if opts.get("causal") else None, opts.get("window", (-1, -1)))
+    causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
+    band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
     got = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # every row must be written
-    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, D ** -0.5, opts.get("softcap")),
-                 q.device)
+    (dq_m, dq_n), (kv_m, kv_n) = tiles
+    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, D ** -0.5, opts.get("softcap"), dq_m,
+                                      dq_n), q.device)
     launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, D ** -0.5,
-                                        opts.get("softcap")), q.device)
+                                        opts.get("softcap"), kv_m, kv_n), q.device)
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
-    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
-                  torch.bfloat16)
+    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)
     for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), dtype, factor=3.0)
         assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    q, do = torch.randn(2, 4, 300, 64, dtype=torch.bfloat16), torch.randn(2, 4, 300, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(2, 2, 200, 64, dtype=torch.bfloat16), torch.randn(2, 2, 200, 64, dtype=torch.bfloat16)
+    lse, delta = torch.randn(2, 4, 300), torch.randn(2, 4, 300)
+    band = Band(-100, -1, 0)
+    dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, torch.empty_like(q), band, 0.125, None)
+    dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.125, None)
+    for launch, kernel in ((dq, "attention_bwd_dq_hopper_kernel"), (dkdv, "attention_bwd_dkdv_hopper_kernel")):
+        names = getattr(hopper_bwd.kernels, kernel).arg_names
+        assert len(launch.params()) == len(names)
+        by_name = dict(zip(names, launch.params()))
+        assert by_name["kv_group"] == 2 and by_name["n_q"] == 300 and by_name["n_k"] == 200
+    assert dq.grid == (2 * 4 * 3, 1, 1) and dkdv.grid == (2 * 2 * 2, 1, 1)
+    with pytest.raises(ValueError, match="lse must be contiguous fp32"):
+        hopper_bwd.dq_launch(q, k, v, do, lse.transpose(1, 2).contiguous(), delta, torch.empty_like(q), band, 0.1,
+                             None)
+    with pytest.raises(ValueError, match="shared memory"):
+        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
+                               64, 192)

@@ -24,10 +24,18 @@ def smem_bytes(head_dim: int, own: int, streamed: int, itemsize: int = 2) -> int
     return (2 * own + 2 * STAGES * streamed) * head_dim * itemsize
 
 
-def _check_tiles(own: int, streamed: int, head_dim: int):
-    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(head_dim, own, streamed) > SMEM_BYTES:
+def _check(q, k, lse, delta, own: int, streamed: int):
+    # what the kernels assume and nothing upstream checks yet (they are not dispatched)
+    B, Hq, Nq, D = q.shape
+    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(D, own, streamed) > SMEM_BYTES:
         raise ValueError(f"the sm90 backward kernels take 64 or 128 rows a CTA in {SMEM_BYTES} bytes of shared "
-                         f"memory, not {own} x {streamed} at D {head_dim}")
+                         f"memory, not {own} x {streamed} at D {D}")
+    if D not in (16, 32, 64, 128, 256) or Hq % k.shape[1] != 0:
+        raise ValueError(f"the sm90 backward kernels take head dims 16-256 in powers of two and whole GQA groups, "
+                         f"not D {D}, {Hq} / {k.shape[1]} heads")
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != (B, Hq, Nq) or not t.is_contiguous() or t.dtype != torch.float32:
+            raise ValueError(f"{name} must be contiguous fp32 [B, Hq, Nq] = {[B, Hq, Nq]}, got {list(t.shape)}")
 
 
 def _constexprs(head_dim: int, block_m: int, block_n: int, band: Band, softcap: bool) -> dict:
@@ -41,7 +49,7 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     dq [B, Hq, Nq, D] from q, k, v, do, the forward's lse and delta = rowsum(do * out) [B, Hq, Nq] fp32."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _check_tiles(block_m, block_n, D)
+    _check(q, k, lse, delta, block_m, block_n)
     rows, keys = describers(block_n, D, q.dtype)
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     args = (rows(q), keys(k), keys(v), rows(do), rows(dq), lse, delta,
@@ -60,7 +68,7 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     block_n keys a CTA (64 a consumer), block_m query rows a streamed tile."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _check_tiles(block_n, block_m, D)
+    _check(q, k, lse, delta, block_n, block_m)
     rows, streamed = describers(block_m, D, q.dtype)
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     args = (streamed(q), rows(k), rows(v), streamed(do), rows(dk), rows(dv), lse, delta,
