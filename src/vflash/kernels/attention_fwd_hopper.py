@@ -65,28 +65,7 @@ dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
-
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.language.core import _aggregate as aggregate
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    # Triton 3.6 (the GPU machine) names the TMA copies async_copy_*; later
-    # releases renamed them async_load / async_store. Either serves.
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    # A barrier of the calling partition's threads: thread_barrier in Triton 3.6, barrier later.
-    _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-    HAVE_GLUON = True
-except (ImportError, AttributeError):  # a Triton without Gluon: the portable kernel serves everything
-    HAVE_GLUON = False
+from vflash.kernels.gluon_sm90 import HAVE_GLUON
 
 
 # _rescale's asm over 16 accumulator values: outputs $0-$15 tied to inputs $16-$31,
@@ -98,6 +77,9 @@ _RESCALE_ASM_TEXT = ("{\n.reg .pred same;\nsetp.eq.f32 same, $32, 0f3F800000;\n"
 _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] + ["r"] * 16)
 
 if HAVE_GLUON:
+    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait)
+
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
     _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
     # _carried_p's packing of (lo, hi) into one register, lo in the low half.
@@ -330,7 +312,7 @@ if HAVE_GLUON:
                 smem.tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
             if n_tiles > 0:
                 mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
+                tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
                           smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
@@ -347,12 +329,12 @@ if HAVE_GLUON:
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
             for c in gl.static_range(COPIES):
-                _tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.k_ready.index(slot),
+                tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.k_ready.index(slot),
                           smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
             for c in gl.static_range(COPIES):
-                _tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
+                tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
                           smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
             kv += 1
         return kv
@@ -688,7 +670,7 @@ if HAVE_GLUON:
         # O's rows to the output from this tile's Q buffer (no MMA reads it any more)
         q_tile.store(o.to(o_desc.dtype))
         fence_async_shared()
-        _tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
+        tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
 
     @gluon.jit
     def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call, C: gl.constexpr,
