@@ -33,7 +33,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _softcap_grad(ds, qk, softcap_in, SOFTCAP: tl.constexpr):
+def softcap_grad(ds, qk, softcap_in, SOFTCAP: tl.constexpr):
     # dS times the cap's derivative 1 - tanh^2, tanh from the raw product (finite
     # everywhere, unlike the masked scores).
     if SOFTCAP:
@@ -43,7 +43,7 @@ def _softcap_grad(ds, qk, softcap_in, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _probs(s, lse2, qk_scale, ROWS_AXIS: tl.constexpr, SOFTCAP: tl.constexpr):
+def probs(s, lse2, qk_scale, ROWS_AXIS: tl.constexpr, SOFTCAP: tl.constexpr):
     # P from masked_logits' scores and the rows' log2-unit LSE; ROWS_AXIS is the
     # axis the query rows run along (0: [rows, keys], 1: transposed).
     if ROWS_AXIS == 0:
@@ -57,7 +57,7 @@ def _probs(s, lse2, qk_scale, ROWS_AXIS: tl.constexpr, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _row_stats(lse_base, delta_base, offs_m, n_q, MASKED: tl.constexpr):
+def row_stats(lse_base, delta_base, offs_m, n_q, MASKED: tl.constexpr):
     # lse in log2 units with -inf (no visible key) made +inf, so exp2(s - lse2) = 0;
     # delta. Unmasked tiles: rows inside the sequence that see every key of the tile.
     if MASKED:
@@ -108,16 +108,16 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, MASKED, CHECK_D)
         do = load_tile(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM, MASKED, CHECK_D)
-        lse2, delta = _row_stats(lse_base, delta_base, offs_m, n_q, MASKED)
+        lse2, delta = row_stats(lse_base, delta_base, offs_m, n_q, MASKED)
         qk = dot(k, tl.trans(q), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         # Key j (row) sees query i (column) when i + off - left <= j <= i + off + right,
         # i.e. j - off - right <= i <= j - off + left: masked_logits' band with the
         # edges exchanged and the offset negated; its count bound (i < n_q) is harmless.
         s = masked_logits(qk, offs_n, offs_m, n_q, -off, right, left, softcap_in, softcap_out,
                           MASKED, HAS_RIGHT, HAS_LEFT, SOFTCAP)
-        p = _probs(s, lse2, qk_scale, 1, SOFTCAP)
+        p = probs(s, lse2, qk_scale, 1, SOFTCAP)
         dp = dot(v, tl.trans(do), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        ds = _softcap_grad(p * (dp - delta[None, :]), qk, softcap_in, SOFTCAP)
+        ds = softcap_grad(p * (dp - delta[None, :]), qk, softcap_in, SOFTCAP)
         # P and dS rounded to the inputs' dtype for the products, as in the forward's PV
         dv = dot(p.to(do.dtype), do, dv, UPCAST_DOT, DOT_PRECISION)
         dk = dot(ds.to(q.dtype), q, dk, UPCAST_DOT, DOT_PRECISION)
@@ -209,9 +209,9 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
         qk = dot(q, tl.trans(k), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                           MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-        p = _probs(s, lse2, qk_scale, 0, SOFTCAP)
+        p = probs(s, lse2, qk_scale, 0, SOFTCAP)
         dp = dot(do, tl.trans(v), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        ds = _softcap_grad(p * (dp - delta[:, None]), qk, softcap_in, SOFTCAP)
+        ds = softcap_grad(p * (dp - delta[:, None]), qk, softcap_in, SOFTCAP)
         dq = dot(ds.to(k.dtype), k, dq, UPCAST_DOT, DOT_PRECISION)
     return dq
 
@@ -252,7 +252,7 @@ def attention_bwd_dq_kernel(
                   stride_qd, n_q, HEAD_DIM, True, CHECK_D)
     do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
                    stride_dod, n_q, HEAD_DIM, True, CHECK_D)
-    lse2, delta = _row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q, True)
+    lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q, True)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
