@@ -14,29 +14,14 @@ import argparse
 
 import torch
 
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import backward_launches, backward_row, write_rows
 from vflash import dispatch
-from vflash.harness.bench import attention_flops, sweep_shapes, time_call
-from vflash.ops import attention_bwd as bwd
+from vflash.harness.bench import attention_flops, time_call
 from vflash.ops import hopper_bwd
 from vflash.ops import launch as launches
-from vflash.ops.attention import attention_forward
-from vflash.ops.band import mask_band
 
 ROWS = ["128:1024:0", "128:4096:0", "128:16384:0", "128:1024:1", "128:4096:1", "128:16384:1", "64:4096:0",
         "64:4096:1"]
-
-
-def portable_launches(do, q, k, v, out, lse, band, scale, tiles):
-    """The portable backward's launches (delta, dK/dV, dQ) as it would run them, captured, not run."""
-    captured = []
-    real = bwd.launches.run
-    bwd.launches.run = lambda launch, device: captured.append(launch)
-    try:
-        bwd.attention_backward(do, q, k, v, out, lse, band=band, scale=scale, softcap=None, tiles=tiles)
-    finally:
-        bwd.launches.run = real
-    return captured
 
 
 def main() -> int:
@@ -48,22 +33,13 @@ def main() -> int:
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    dt = torch.bfloat16
     rows = []
     for row in args.rows:
-        d, n, c = (int(x) for x in row.split(":"))
-        s = next(s for s in sweep_shapes("fa") + sweep_shapes("d256") if (s.D, s.Nq, s.causal) == (d, n, bool(c)))
-        torch.manual_seed(0)
-        q = torch.randn(s.B, s.Hq, s.Nq, d, device=dev, dtype=dt)
-        k = torch.randn(s.B, s.Hkv, s.Nk, d, device=dev, dtype=dt)
-        v = torch.randn_like(k)
-        do = torch.randn_like(q)
-        band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
-        scale = d ** -0.5
-        problem = dispatch.problem_of(q, k, v, None, band)
-        out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
-                                     tiles=dispatch.select(problem).tiles)
-        delta_launch, dkdv_launch, dq_launch = portable_launches(do, q, k, v, out, lse, band, scale,
+        r = backward_row(row, dev)
+        s, q, k, v, do, band, scale, problem = r.shape, r.q, r.k, r.v, r.do, r.band, r.scale, r.problem
+        d, n, c = s.D, s.Nq, int(s.causal)
+        lse = r.lse
+        delta_launch, dkdv_launch, dq_launch = backward_launches(do, q, k, v, r.out, lse, band, scale, None,
                                                                  dispatch.backward_tiles(problem))
         launches.run(delta_launch, dev)  # delta, which every kernel below reads
         delta, dq_portable = delta_launch.args[3], dq_launch.args[6]

@@ -14,12 +14,10 @@ import itertools
 
 import torch
 
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import backward_row, write_rows
 from vflash import dispatch
-from vflash.harness.bench import attention_flops, sweep_shapes, time_call
-from vflash.ops.attention import attention_forward
+from vflash.harness.bench import attention_flops, time_call
 from vflash.ops.attention_bwd import attention_backward
-from vflash.ops.band import mask_band
 from vflash.ops.tiles import BackwardLaunch, BackwardTiles
 
 ROWS = ["128:4096:1", "128:4096:0", "64:4096:1", "256:4096:1"]
@@ -38,21 +36,12 @@ def main() -> int:
     ap.add_argument("--rep-ms", type=float, default=40.0)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    dt = torch.bfloat16
     out_rows = []
     for row in args.rows:
-        d, n, c = (int(x) for x in row.split(":"))
-        s = next(s for s in sweep_shapes("fa") + sweep_shapes("d256") if (s.D, s.Nq, s.causal) == (d, n, bool(c)))
-        torch.manual_seed(0)
-        q = torch.randn(s.B, s.Hq, s.Nq, d, device=dev, dtype=dt)
-        k = torch.randn(s.B, s.Hkv, s.Nk, d, device=dev, dtype=dt)
-        v = torch.randn_like(k)
-        do = torch.randn_like(q)
-        band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
-        scale = d ** -0.5
-        problem = dispatch.problem_of(q, k, v, None, band)
-        out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
-                                     tiles=dispatch.select(problem).tiles)
+        r = backward_row(row, dev)
+        s, q, k, v, do, out, lse, band, scale = r.shape, r.q, r.k, r.v, r.do, r.out, r.lse, r.band, r.scale
+        d, n, c = s.D, s.Nq, int(s.causal)
+        problem = r.problem
         table = dispatch.backward_tiles(problem)
         flops = attention_flops(s) * 2.5
 

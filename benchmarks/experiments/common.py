@@ -13,11 +13,12 @@ import csv
 import statistics
 import sys
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from vflash.harness.bench import Shape, sweep_shapes, time_call
+from vflash.ops.band import Band
 
 # Feature cases of the Hopper kernel (oracle checks in hopper_variants.py):
 # (B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse, dtype, layout)
@@ -60,6 +61,57 @@ def parse_sweep_shapes(specs: str) -> List[Shape]:
             raise ValueError(f"{spec}: not a shape of the fa or d256 sweep")
         shapes.append(s)
     return shapes
+
+
+class BackwardRow(NamedTuple):
+    """A backward experiment's inputs: the sweep shape, q, k, v, dO, the band and scale, the dispatch
+    Problem, and the forward's out and LSE (backward_row)."""
+    shape: Shape
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    band: Band
+    scale: float
+    problem: object
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> BackwardRow:
+    """"D:N:causal" (causal 0 / 1), a shape of the fa or d256 sweep: seeded random q, k, v, dO and the
+    forward's out and LSE from the kernel the dispatch picks."""
+    from vflash import dispatch
+    from vflash.ops.attention import attention_forward
+    from vflash.ops.band import mask_band
+    d, n, c = (int(x) for x in row.split(":"))
+    s = sweep_shape(d, n, bool(c))
+    if s is None:
+        raise ValueError(f"{row}: not a shape of the fa or d256 sweep")
+    torch.manual_seed(0)
+    q = torch.randn(s.B, s.Hq, s.Nq, d, device=device, dtype=dtype)
+    k = torch.randn(s.B, s.Hkv, s.Nk, d, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    do = torch.randn_like(q)
+    band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
+    scale = d ** -0.5
+    problem = dispatch.problem_of(q, k, v, None, band)
+    out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
+                                 tiles=dispatch.select(problem).tiles)
+    return BackwardRow(s, q, k, v, do, band, scale, problem, out, lse)
+
+
+def backward_launches(do, q, k, v, out, lse, band, scale, softcap, tiles) -> list:
+    """The portable backward's launches (delta, dK / dV, dQ) as it would run them, captured, not run."""
+    from vflash.ops import attention_bwd as bwd
+    captured = []
+    real = bwd.launches.run
+    bwd.launches.run = lambda launch, device: captured.append(launch)
+    try:
+        bwd.attention_backward(do, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=tiles)
+    finally:
+        bwd.launches.run = real
+    return captured
 
 
 def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-import vflash.ops.attention_bwd as bwd
+from benchmarks.experiments import common
 from vflash import _backend, dispatch
 from vflash.ops.band import mask_band
 from vflash.ops.tiles import BackwardLaunch, BackwardTiles
@@ -70,19 +70,12 @@ def spills(compiled) -> str:
 
 
 def backward_launches(d, causal, window, softcap, dtype, tiles, hq=4, hkv=2, n=300):
-    captured = []
-    real_run = bwd.launches.run
-    bwd.launches.run = lambda launch, device: captured.append(launch)
-    try:
-        q = torch.randn(1, hq, n, d, dtype=dtype)
-        k = torch.randn(1, hkv, n, d, dtype=dtype)
-        v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-        lse = torch.randn(1, hq, n)
-        band = mask_band(n, n, causal, window)
-        bwd.attention_backward(do, q, k, v, out, lse, band=band, scale=d ** -0.5, softcap=softcap, tiles=tiles)
-    finally:
-        bwd.launches.run = real_run
-    return captured
+    q = torch.randn(1, hq, n, d, dtype=dtype)
+    k = torch.randn(1, hkv, n, d, dtype=dtype)
+    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, hq, n)
+    return common.backward_launches(do, q, k, v, out, lse, mask_band(n, n, causal, window), d ** -0.5, softcap,
+                                    tiles)
 
 
 def main() -> int:
