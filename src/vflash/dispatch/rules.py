@@ -216,8 +216,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     else:
         rule = tables.KVCACHE_SPLIT
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        itemsize = torch.empty((), dtype=p.dtype).element_size()
-        buffers = tiles.num_stages * tiles.block_n * d * 2 * itemsize  # K and V pipelines
+        buffers = tiles.num_stages * tiles.block_n * d * 2 * p.dtype.itemsize  # K and V pipelines
         resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
         # the interpreter runs programs one at a time: a split there buys nothing
         places = 1 if _backend.interpreted(p.device) else resident * _sm_count(p)

@@ -58,12 +58,9 @@ def attention_forward(
     if lse is not None:
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if isinstance(tiles, HopperTiles):
-        counter = None
         if tiles.dynamic:
-            counter = q.new_zeros(1, dtype=torch.int32)
             allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-        launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
-                                     _backend.device_properties(q.device.index).multi_processor_count)
+        launch = _hopper_launch(q, k, v, out, lse, band, scale, softcap, tiles)
     else:
         launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles)
     compiled = launches.run(launch, q.device)
@@ -96,9 +93,7 @@ def attention_varlen_forward(
         return out, lse
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left)
     if isinstance(tiles, HopperTiles):
-        counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-        launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
-                                     _backend.device_properties(q.device.index).multi_processor_count, varlen=varlen)
+        launch = _hopper_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
     else:
         launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
     launches.run(launch, q.device)
@@ -131,11 +126,8 @@ def attention_kvcache_forward(
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
             cu_seqlens_q = torch.arange(0, (batch + 1) * max_seqlen_q, max_seqlen_q, dtype=torch.int32,
                                         device=q.device)
-        counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-        launch = hopper_launch.build(q, k_cache, v_cache, out, lse, counter, band, scale, softcap, tiles,
-                                     _backend.device_properties(q.device.index).multi_processor_count,
-                                     varlen=(cu_seqlens_q, None, max_seqlen_q, False),
-                                     cache=(cache_seqlens, block_table))
+        launch = _hopper_launch(q, k_cache, v_cache, out, lse, band, scale, softcap, tiles,
+                                varlen=(cu_seqlens_q, None, max_seqlen_q, False), cache=(cache_seqlens, block_table))
         launches.run(launch, q.device)
         return out, lse
     group, splits = Hq // Hkv, tiles.num_splits
@@ -181,6 +173,15 @@ def attention_kvcache_forward(
                        Alloc("lse_part", tuple(lse_part.shape), torch.float32)]
         launches.record_sequence(plan_key, launched, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
+
+
+def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float], tiles: HopperTiles,
+                   **kv) -> KernelLaunch:
+    """ops.hopper.build for this device's SMs, with a fresh work-tile counter under DYNAMIC;
+    kv: build's varlen / cache."""
+    counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
+    return hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
+                               _backend.device_properties(q.device.index).multi_processor_count, **kv)
 
 
 def _combine_launch(o_part, lse_part, out, lse, tiles: CombineTiles) -> KernelLaunch:
