@@ -226,6 +226,12 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
+def desc_signature(block, dtype: torch.dtype) -> str:
+    """A TMA descriptor argument's type in an ahead-of-time compile's signature: `block` of dtype,
+    in the shared layout the launch's descriptors carry."""
+    return f"tensordesc<{_GL_DTYPES[dtype]}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
+
+
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
@@ -240,7 +246,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
     name = _GL_DTYPES[dtype]
 
     def desc(block):
-        return f"tensordesc<{name}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
+        return desc_signature(block, dtype)
     fn = hopper.attention_fwd_hopper_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
                  "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr",

@@ -7,7 +7,7 @@ import torch
 
 from vflash.kernels import attention_bwd_hopper as kernels
 from vflash.ops.band import Band
-from vflash.ops.hopper import CONSUMER_ROWS, _GL_DTYPES, _block_shapes, _shared_layout, describers
+from vflash.ops.hopper import CONSUMER_ROWS, _block_shapes, describers, desc_signature
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 
@@ -106,9 +106,7 @@ def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, band, 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    name = _GL_DTYPES[dtype]
-    signature = {k: f"tensordesc<{name}[{', '.join(map(str, b))}],{_shared_layout(tuple(b), dtype)!r}>"
-                 for k, b in descs.items()}
+    signature = {k: desc_signature(b, dtype) for k, b in descs.items()}
     signature.update({"LSE": "*fp32", "DELTA": "*fp32", **{s: "i32" for s in scalars}, "qk_scale": "fp32",
                       "sm_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"})
     constexprs = _constexprs(head_dim, block_m, block_n, band, softcap)
