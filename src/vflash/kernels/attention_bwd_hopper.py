@@ -41,7 +41,7 @@ kernels for sm_90 (ops/hopper_bwd.py) and the GPU tests check their numbers.
 
 from vflash.kernels.attention_bwd import probs, row_stats, softcap_grad
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
-from vflash.kernels.mask import key_range, key_tiles, masked_logits
+from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 
 if HAVE_GLUON:
     from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
@@ -189,36 +189,30 @@ if HAVE_GLUON:
             _load_ring(v_desc, off_b, off_hk, key, bufs.ring_b, bufs.b_ready, bufs.b_empty, i, cfg.STAGES)
 
     @gluon.jit
-    def _dq_consumer_partition(dq_desc, LSE, DELTA, bufs, call, C: gl.constexpr, cfg):
-        # Consumer C: rows [start_m + 64 C, + 64) of the work tile against its key tiles.
-        # S and dP [64, BLOCK_N] and dQ [64, HEAD_DIM] are wgmma accumulators over the 4 warps.
+    def _skip_tiles(bufs, first, last, STAGES: gl.constexpr):
+        # Ring tiles [first, last) that none of this consumer's rows see: each released once it
+        # has landed (an earlier arrival would count towards the release of the slot's previous
+        # tile, which the other consumer may still be reading).
+        for j in range(first, last):
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(bufs.a_ready.index(slot), phase)
+            mbarrier.arrive(bufs.a_empty.index(slot), count=1)
+            mbarrier.wait(bufs.b_ready.index(slot), phase)
+            mbarrier.arrive(bufs.b_empty.index(slot), count=1)
+
+    @gluon.jit
+    def _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, first, last, lo, offs_m, call,
+                  s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
+        # Key tiles [first, last) of the work tile (counted from its first key lo): S = Q K^T and
+        # dP = dO V^T issued together, P computed while dP runs, then dQ += dS K.
+        # S and dP [64, BLOCK_N], dQ [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
         ROWS: gl.constexpr = 64
-        BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         STAGES: gl.constexpr = cfg.STAGES
-        dtype: gl.constexpr = bufs.own_a.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HEAD_DIM, 16])
-        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-        t = gl.program_id(0)
-        bh = t // call.n_blocks
-        start_m = (t % call.n_blocks) * BLOCK_M
-        row0 = start_m + C * ROWS
-        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        row_base = bh.to(gl.int64) * call.n_q  # LSE / DELTA [B, Hq, n_q]
-        lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, call.n_q, True)
-        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, BLOCK_M, BLOCK_N,
-                                             cfg.HAS_LEFT, cfg.HAS_RIGHT)
-        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
-        q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
-        do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
-        mbarrier.wait(bufs.own_ready.index(C), 0)
-        dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
-        for i in range(n_tiles):
+        for i in range(first, last):
             slot = i % STAGES
             phase = (i // STAGES) & 1
             key = lo + i * BLOCK_N
@@ -230,17 +224,58 @@ if HAVE_GLUON:
             v_tile = bufs.ring_b.index(slot).reshape([BLOCK_N, HEAD_DIM])
             dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                                use_acc=False, is_async=True)
-            s, dp, k_tile, v_tile = warpgroup_mma_wait(0, deps=(s, dp, k_tile, v_tile))
-            mbarrier.arrive(bufs.b_empty.index(slot), count=1)
+            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S is done; dP may still run
             # Key indices relative to the tile, as the forward's (the shift goes into the bounds).
             logits = masked_logits(s, offs_m, cols, call.n_k - key, call.off - key, call.left, call.right,
-                                   call.softcap_in, call.softcap_out, True, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
+                                   call.softcap_in, call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT,
+                                   cfg.SOFTCAP)
             p = probs(logits, lse2, call.qk_scale, 0, cfg.SOFTCAP)
+            dp, v_tile = warpgroup_mma_wait(0, deps=(dp, v_tile))
+            mbarrier.arrive(bufs.b_empty.index(slot), count=1)
             ds = softcap_grad(p * (dp - delta[:, None]), s, call.softcap_in, cfg.SOFTCAP)
-            ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
+            ds_op = gl.convert_layout(ds.to(q_tile.dtype), ds_layout)
             dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
             dq, ds_op, k_tile = warpgroup_mma_wait(0, deps=(dq, ds_op, k_tile))
             mbarrier.arrive(bufs.a_empty.index(slot), count=1)
+        return dq
+
+    @gluon.jit
+    def _dq_consumer_partition(dq_desc, LSE, DELTA, bufs, call, C: gl.constexpr, cfg):
+        # Consumer C: rows [start_m + 64 C, + 64) of the work tile against the key tiles they see
+        # (row_tiles: masked edges, unmasked middle; the work tile's tiles past them skipped).
+        ROWS: gl.constexpr = 64
+        BLOCK_M: gl.constexpr = cfg.BLOCK_M
+        BLOCK_N: gl.constexpr = cfg.BLOCK_N
+        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        dtype: gl.constexpr = bufs.own_a.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        t = gl.program_id(0)
+        bh = t // call.n_blocks
+        start_m = (t % call.n_blocks) * BLOCK_M
+        row0 = start_m + C * ROWS
+        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        row_base = bh.to(gl.int64) * call.n_q  # LSE / DELTA [B, Hq, n_q]
+        lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, call.n_q, True)
+        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, BLOCK_M, BLOCK_N,
+                                             cfg.HAS_LEFT, cfg.HAS_RIGHT)
+        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
+        c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_q, call.n_k, call.off, call.left, call.right,
+                                         ROWS, BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
+        q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
+        do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
+        mbarrier.wait(bufs.own_ready.index(C), 0)
+        dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
+        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, 0, c_left, lo, offs_m, call, s_layout, ds_layout,
+                       True, cfg)
+        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_left, c_mid, lo, offs_m, call, s_layout,
+                       ds_layout, False, cfg)
+        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_mid, c_end, lo, offs_m, call, s_layout, ds_layout,
+                       True, cfg)
+        _skip_tiles(bufs, c_end, n_tiles, cfg.STAGES)
         # dQ out through this consumer's Q buffer (no MMA reads it any more); TMA clips rows past n_q.
         q_tile.store((dq * call.sm_scale).to(dtype))
         fence_async_shared()
@@ -304,14 +339,62 @@ if HAVE_GLUON:
                 j += 1
 
     @gluon.jit
+    def _dkdv_tiles(dk, dv, k_tile, v_tile, lse_base, delta_base, bufs, ring, first, last, lo, offs_n, call,
+                    st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
+        # Query tiles [first, last) of the key block (counted from its first query lo), ring tile
+        # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
+        # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
+        # S^T and dP^T [64, BLOCK_M], dK and dV [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
+        ROWS: gl.constexpr = 64
+        BLOCK_M: gl.constexpr = cfg.BLOCK_M
+        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        STAGES: gl.constexpr = cfg.STAGES
+        dtype: gl.constexpr = k_tile.dtype
+        cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        for i in range(first, last):
+            j = ring + i
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            row = lo + i * BLOCK_M
+            lse2, delta = row_stats(lse_base, delta_base, row + cols, call.n_q, MASKED)
+            mbarrier.wait(bufs.a_ready.index(slot), phase)
+            q_tile = bufs.ring_a.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
+                               use_acc=False, is_async=True)
+            mbarrier.wait(bufs.b_ready.index(slot), phase)
+            do_tile = bufs.ring_b.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
+                                use_acc=False, is_async=True)
+            st, q_tile = warpgroup_mma_wait(1, deps=(st, q_tile))  # S^T is done; dP^T may still run
+            # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
+            # masked_logits' band with the edges exchanged and the offset negated, the query
+            # indices relative to the tile (the shift goes into the bounds).
+            logits = masked_logits(st, offs_n, cols, call.n_q - row, -call.off - row, call.right, call.left,
+                                   call.softcap_in, call.softcap_out, MASKED, cfg.HAS_RIGHT, cfg.HAS_LEFT,
+                                   cfg.SOFTCAP)
+            pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
+            # P^T and dS^T rounded to the inputs' dtype for the products, as the portable kernel's
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+            dpt, do_tile = warpgroup_mma_wait(1, deps=(dpt, do_tile))  # dP^T is done; dV may still run
+            dst = softcap_grad(pt * (dpt - delta[None, :]), st, call.softcap_in, cfg.SOFTCAP)
+            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+            dv, dk, pt_op, dst_op, q_tile, do_tile = warpgroup_mma_wait(
+                0, deps=(dv, dk, pt_op, dst_op, q_tile, do_tile))
+            mbarrier.arrive(bufs.a_empty.index(slot), count=1)
+            mbarrier.arrive(bufs.b_empty.index(slot), count=1)
+        return dk, dv
+
+    @gluon.jit
     def _dkdv_consumer_partition(dk_desc, dv_desc, LSE, DELTA, bufs, call, C: gl.constexpr, cfg):
-        # Consumer C: keys [start_n + 64 C, + 64) against the block's query tiles. S^T and dP^T
-        # [64, BLOCK_M], dK and dV [64, HEAD_DIM] are wgmma accumulators over the 4 warps.
+        # Consumer C: keys [start_n + 64 C, + 64) against the query tiles they see, for each
+        # query head of the group in order (row_tiles with the roles exchanged: masked edges,
+        # unmasked middle; the block's tiles past them skipped).
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        STAGES: gl.constexpr = cfg.STAGES
         dtype: gl.constexpr = bufs.own_a.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -323,59 +406,36 @@ if HAVE_GLUON:
         start_n = (t % call.n_blocks) * BLOCK_N
         off_hk = bh % call.n_heads
         off_b = bh // call.n_heads
-        offs_n = start_n + C * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
-        cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        row0 = start_n + C * ROWS
+        offs_n = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
         lo, full_lo, full_hi, hi = key_range(start_n, call.n_q, -call.off, call.right, call.left, BLOCK_N, BLOCK_M,
                                              cfg.HAS_RIGHT, cfg.HAS_LEFT)
         n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
+        c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_k, call.n_q, -call.off, call.right, call.left,
+                                         ROWS, BLOCK_M, cfg.HAS_RIGHT, cfg.HAS_LEFT)
         k_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
         v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
         mbarrier.wait(bufs.own_ready.index(C), 0)
         dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-        j = 0
         for g in range(call.kv_group):
             # LSE / DELTA [B, Hq, n_q]: query head off_hk * group + g
             row_base = (off_b * call.n_heads * call.kv_group + off_hk * call.kv_group + g).to(gl.int64) * call.n_q
-            for i in range(n_tiles):
-                slot = j % STAGES
-                phase = (j // STAGES) & 1
-                offs_m = lo + i * BLOCK_M + cols
-                lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, call.n_q, True)
-                mbarrier.wait(bufs.a_ready.index(slot), phase)
-                q_tile = bufs.ring_a.index(slot).reshape([BLOCK_M, HEAD_DIM])
-                st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
-                                   use_acc=False, is_async=True)
-                mbarrier.wait(bufs.b_ready.index(slot), phase)
-                do_tile = bufs.ring_b.index(slot).reshape([BLOCK_M, HEAD_DIM])
-                dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32,
-                                                                              st_layout),
-                                    use_acc=False, is_async=True)
-                st, dpt, q_tile, do_tile = warpgroup_mma_wait(0, deps=(st, dpt, q_tile, do_tile))
-                # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
-                # masked_logits' band with the edges exchanged and the offset negated.
-                logits = masked_logits(st, offs_n, offs_m, call.n_q, -call.off, call.right, call.left,
-                                       call.softcap_in, call.softcap_out, True, cfg.HAS_RIGHT, cfg.HAS_LEFT,
-                                       cfg.SOFTCAP)
-                pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
-                dst = softcap_grad(pt * (dpt - delta[None, :]), st, call.softcap_in, cfg.SOFTCAP)
-                # P^T and dS^T rounded to the inputs' dtype for the products, as the portable kernel's
-                pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-                dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-                dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-                dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-                dv, dk, pt_op, dst_op, q_tile, do_tile = warpgroup_mma_wait(
-                    0, deps=(dv, dk, pt_op, dst_op, q_tile, do_tile))
-                mbarrier.arrive(bufs.a_empty.index(slot), count=1)
-                mbarrier.arrive(bufs.b_empty.index(slot), count=1)
-                j += 1
+            ring = g * n_tiles
+            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, 0, c_left,
+                                 lo, offs_n, call, st_layout, op_layout, True, cfg)
+            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, c_left,
+                                 c_mid, lo, offs_n, call, st_layout, op_layout, False, cfg)
+            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, c_mid,
+                                 c_end, lo, offs_n, call, st_layout, op_layout, True, cfg)
+            _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
         # dK and dV out through this consumer's K and V buffers (no MMA reads them any more);
         # TMA clips rows past n_k.
         k_tile.store((dk * call.sm_scale).to(dtype))
         v_tile.store(dv.to(dtype))
         fence_async_shared()
-        tma_store(dk_desc, [off_b, off_hk, start_n + C * ROWS, 0], bufs.own_a.index(C))
-        tma_store(dv_desc, [off_b, off_hk, start_n + C * ROWS, 0], bufs.own_b.index(C))
+        tma_store(dk_desc, [off_b, off_hk, row0, 0], bufs.own_a.index(C))
+        tma_store(dv_desc, [off_b, off_hk, row0, 0], bufs.own_b.index(C))
         tma.store_wait(0)
 
     @gluon.jit
