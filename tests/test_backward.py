@@ -216,8 +216,9 @@ def test_a_training_step_captures_in_a_cuda_graph():
         torch.testing.assert_close(p.grad, w)
 
 
-# The sm_90 backward kernels (kernels/attention_bwd_hopper.py), not dispatched yet: compiled on the CPU, and
-# on an sm_90 GPU run on the forward's LSE and delta against fp64 autograd of the explicit reference.
+# The sm_90 backward kernels (kernels/attention_bwd_hopper.py): compiled on the CPU; on an sm_90 GPU run
+# directly on the forward's LSE and delta at the dispatch's tiles and others, and through autograd where
+# the dispatch takes them, each against fp64 autograd of the explicit reference.
 HOPPER_BWD_CASES = {
     "plain": (1, 4, 2, 300, 300, 128, dict()),
     "causal": (1, 4, 2, 300, 300, 128, dict(causal=True)),
@@ -271,6 +272,24 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
         verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), dtype, factor=3.0)
         assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,layout,opts", [
+    (2, 8, 2, 1000, 1000, 128, "bnhd", dict(causal=True)),
+    (1, 4, 4, 777, 1200, 64, "bhnd", dict(window=(100, 50), softcap=15.0)),
+    (1, 6, 1, 513, 700, 128, "bnhd", dict(causal="top_left")),
+    (1, 2, 2, 4096, 4096, 64, "bhnd", dict()),
+], ids=["gqa_causal_bnhd", "window_softcap_d64", "mqa_top_left", "long_d64"])
+def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, Hkv, Nq, Nk, D, layout, opts):
+    from vflash import dispatch
+    from vflash.ops import mask_band
+    (q, k, v), _ = _inputs(B, Hq, Hkv, Nq, Nk, D, torch.bfloat16, torch.device("cuda"), layout=layout)
+    causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
+    band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
+    choice = dispatch.select_backward(dispatch.problem_of(q, k, v, None, band))
+    assert choice.kernel == "sm90", choice.why
+    _check(B, Hq, Hkv, Nq, Nk, D, "bf16", torch.device("cuda"), layout=layout, **opts)
 
 
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():

@@ -97,6 +97,38 @@ def test_forced_kernels(h200, monkeypatch):
     assert select(problem(128, False, 4096, 32)).kernel == "portable"
 
 
+@pytest.mark.parametrize("d,causal,dq", [(64, False, (128, 128)), (64, True, (128, 128)), (128, False, (128, 64)),
+                                         (128, True, (128, 64))])
+def test_select_backward_takes_the_sm90_kernels_on_dense_16bit_calls(h200, d, causal, dq):
+    choice = dispatch.select_backward(problem(d, causal, 4096, 32))
+    assert choice.kernel == "sm90" and "HOPPER_BACKWARD" in choice.why, choice.why
+    assert (choice.tiles.dq.block_m, choice.tiles.dq.block_n) == dq
+    assert (choice.tiles.dkdv.block_m, choice.tiles.dkdv.block_n) == (64, 128)
+
+
+def test_select_backward_refusals_and_forcing(h200, monkeypatch):
+    # where the sm90 backward cannot run, the portable tables serve, and the reason is in `why`;
+    # a forced sm90 raises with it
+    varlen = dataclasses.replace(problem(128, True, 4096, 32), varlen=True)
+    for p, reason in [(problem(128, False, 4096, 32, dtype=torch.float32), "float16"),
+                      (problem(128, False, 4096, 32, device=torch.device("cpu")), "interpreter"),
+                      (problem(256, False, 4096, 32), "head dims"),
+                      (problem(32, False, 4096, 32), "head dims"),
+                      (problem(128, False, 4096, 32, tma=False), "TMA"),
+                      (varlen, "packed sequences")]:
+        choice = dispatch.select_backward(p)
+        assert choice.kernel == "portable" and reason in choice.why, choice.why
+        assert choice.tiles == dispatch.backward_tiles(p)
+        with pytest.raises(ValueError, match=reason):
+            dispatch.select_backward(p, kernel="sm90")
+    forced = dispatch.select_backward(problem(128, False, 4096, 32), kernel="portable")
+    assert forced.kernel == "portable" and forced.tiles == tables.BACKWARD[128]
+    with pytest.raises(ValueError, match="one of portable, sm90"):
+        dispatch.select_backward(problem(128, False, 4096, 32), kernel="cuda")
+    monkeypatch.setattr(select_module, "FORCED", "portable")
+    assert dispatch.select_backward(problem(128, False, 4096, 32)).kernel == "portable"
+
+
 def test_problem_of_reads_tma_fitness():
     x = torch.randn(2, 4, 10, 64, dtype=H)
     p = dispatch.problem_of(x, x, x, None, Band(0, -1, -1))

@@ -44,9 +44,9 @@ def attention_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
     """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
     dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
     band = Band(off, left, right)
-    tiles = dispatch.backward_tiles(dispatch.problem_of(q, k, v, None, band))
-    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=tiles,
-                              dlse=dlse)
+    choice = dispatch.select_backward(dispatch.problem_of(q, k, v, None, band))
+    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=choice.tiles,
+                              dlse=dlse, kernel=choice.kernel)
 
 
 @attention_bwd.register_fake
@@ -100,8 +100,9 @@ def attention_varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Ten
                          softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     band = Band(0, left, right)
     problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band)
+    choice = dispatch.select_backward(problem)  # packed sequences: the portable kernels
     return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap,
-                              tiles=dispatch.backward_tiles(problem), dlse=dlse,
+                              tiles=choice.tiles, dlse=dlse, kernel=choice.kernel,
                               varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left))
 
 

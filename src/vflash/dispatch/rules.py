@@ -47,7 +47,7 @@ class Problem:
 @dataclass(frozen=True)
 class Choice:
     kernel: str  # "portable" or "sm90"
-    tiles: Union[PortableTiles, HopperTiles, KVCacheTiles]
+    tiles: Union[PortableTiles, HopperTiles, KVCacheTiles, BackwardTiles]
     why: str
 
 
@@ -90,8 +90,8 @@ def _sm_count(p: Problem) -> int:
     return _sm90(p.device.index)[1]
 
 
-def sm90_refusal(p: Problem) -> Optional[str]:
-    """Why the sm_90 kernel cannot take this call, or None if it can."""
+def _sm90_device_refusal(p: Problem) -> Optional[str]:
+    # what every sm_90 kernel needs: Gluon, an sm_90 device, 16-bit inputs TMA can address
     if _backend.interpreted(p.device):
         return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
     if not hopper_launch.HAVE_GLUON:
@@ -100,22 +100,35 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
     if p.dtype not in (torch.float16, torch.bfloat16):
         return f"it takes float16 / bfloat16, not {p.dtype}"
-    if (p.head_dim, p.band.has_right) not in tables.HOPPER:
-        return f"it has tiles for head dims {sorted({d for d, _ in tables.HOPPER})}, not {p.head_dim}"
     if not p.tma_ok:
         return "TMA needs every tensor's base and strides 16-byte aligned and a unit last stride"
+    return None
+
+
+def sm90_refusal(p: Problem) -> Optional[str]:
+    """Why the sm_90 kernel cannot take this call, or None if it can."""
+    refusal = _sm90_device_refusal(p)
+    if refusal is not None:
+        return refusal
+    if (p.head_dim, p.band.has_right) not in tables.HOPPER:
+        return f"it has tiles for head dims {sorted({d for d, _ in tables.HOPPER})}, not {p.head_dim}"
     if p.row_tiles(hopper_launch.CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None
+
+
+def _forced(kernel: Optional[str]) -> Optional[str]:
+    kernel = kernel or FORCED
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel (or VFLASH_KERNEL) must be one of {', '.join(KERNELS)}, got {str(kernel)[:40]!r}")
+    return kernel
 
 
 def select(p: Problem, kernel: Optional[str] = None) -> Choice:
     """The kernel and tiles for `p`. `kernel` ("portable" or "sm90"; default
     VFLASH_KERNEL, else chosen here) forces one; a forced kernel that cannot
     take the call raises ValueError saying why."""
-    kernel = kernel or FORCED
-    if kernel is not None and kernel not in KERNELS:
-        raise ValueError(f"kernel (or VFLASH_KERNEL) must be one of {', '.join(KERNELS)}, got {str(kernel)[:40]!r}")
+    kernel = _forced(kernel)
     refusal = sm90_refusal(p) if kernel != "portable" else "forced portable"
     if kernel == "sm90":
         if refusal is not None:
@@ -228,8 +241,34 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
 
 
+def sm90_backward_refusal(p: Problem) -> Optional[str]:
+    """Why the sm_90 backward kernels cannot take this call, or None if they can."""
+    refusal = _sm90_device_refusal(p)
+    if refusal is not None:
+        return refusal
+    if p.varlen:
+        return "it takes dense [B, H, N, D] tensors, not packed sequences"
+    if p.head_dim not in tables.HOPPER_BACKWARD:
+        return f"it has tiles for head dims {sorted(tables.HOPPER_BACKWARD)}, not {p.head_dim}"
+    return None
+
+
+def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
+    """The backward's kernels and tiles for `p` (the forward's Problem), with `select`'s rules:
+    the sm_90 kernels wherever they can take the call (ahead of the portable ones on every row
+    timed), `kernel` or VFLASH_KERNEL forcing one."""
+    kernel = _forced(kernel)
+    refusal = sm90_backward_refusal(p) if kernel != "portable" else "forced portable"
+    if refusal is None:
+        return Choice("sm90", tables.HOPPER_BACKWARD[p.head_dim],
+                      f"sm90 backward{' (forced)' if kernel else ''}: HOPPER_BACKWARD")
+    if kernel == "sm90":
+        raise ValueError(f"the sm90 backward cannot take this call: {refusal}")
+    return Choice("portable", backward_tiles(p), f"portable backward ({refusal})")
+
+
 def backward_tiles(p: Problem) -> BackwardTiles:
-    """The backward kernels' tiles (portable Triton; no sm_90 backward yet)."""
+    """The portable backward kernels' tiles."""
     if _backend.interpreted(p.device):
         return tables.BACKWARD_INTERPRETER
     if p.dtype == torch.float32:

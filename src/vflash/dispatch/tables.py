@@ -185,6 +185,17 @@ BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(_B(32, 32, 4, 1), _B
                                            for d in (16, 32, 64, 128, 256)}
 BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # small tiles: CPU tests cross tile edges
 
+# --- sm_90 backward (kernels/attention_bwd_hopper.py), by head dim ------------------------------
+# dkdv: block_n keys a CTA (64 a consumer warpgroup), block_m-row Q / dO tiles through a ring of
+# num_stages; dq: block_m rows a CTA (64 a consumer), block_n-key K / V tiles. num_warps is the
+# producer's warpgroup. Picked by benchmarks/experiments/bwd_hopper.py on the H200 (bf16, N 1k-16k,
+# causal and not; docs/performance.md, "The sm_90 backward"). D 256 spills (dK / dV 2-8 KB at
+# ptxas) and D 16 / 32 are untimed: the portable backward serves them.
+HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
+    64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 128, 4, 2)),  # dQ 128 x 128 +7-11 % over 128 x 64
+    128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 64, 4, 2)),  # 64-row dK / dV tiles: 24 % over 64 x 64
+}
+
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
 MERGE = MergeTiles(block_rows=32, block_d=256, num_warps=4)

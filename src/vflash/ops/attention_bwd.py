@@ -1,6 +1,7 @@
-"""Launcher of the attention backward (kernels/attention_bwd.py): delta, then the
-dK/dV and dQ kernels. Inputs come from vflash.library, whose forward saved q, k, v,
-out and lse."""
+"""Launcher of the attention backward: delta (kernels/attention_bwd.py), then the dK/dV
+and dQ kernels, portable (kernels/attention_bwd.py) or sm_90 (ops/hopper_bwd.py), as
+vflash.dispatch.select_backward chose. Inputs come from vflash.library, whose forward
+saved q, k, v, out and lse."""
 
 from typing import Optional, Tuple
 
@@ -8,6 +9,7 @@ import torch
 
 from vflash import _backend
 from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from vflash.ops import hopper, hopper_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
 from vflash.ops.band import Band
@@ -19,14 +21,16 @@ from vflash.ops.tiles import BackwardTiles, head_dim_pad
 def attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
     band: Band, scale: float, softcap: Optional[float], tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
-    varlen: Optional[tuple] = None,
+    varlen: Optional[tuple] = None, kernel: str = "portable",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtype and layout, contiguous, for do (any strides) and the
     forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
     [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q].
     Deterministic: every output tile is written by one program, its sums in a fixed order.
-    dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse)."""
+    dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
+    kernel "sm90" (dense, TMA-ready q, k, v: dispatch.sm90_backward_refusal) runs the Gluon dK/dV
+    and dQ kernels with `tiles`; "portable" the Triton ones."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
@@ -62,20 +66,27 @@ def attention_backward(
         attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
         dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.dq.block_m, HAS_DLSE=dlse is not None),
         dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), Slot(2, "dlse"), Slot(3, "delta")))
-    dkdv = KernelLaunch(
-        attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
-        (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[0],
-         *out_strides[1], Hq, Nq, Nk, *scalars),
-        dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
-        dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
-        tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
-    dq_launch = KernelLaunch(
-        attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
-        (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
-         Hq, Hq // Hkv, Nq, Nk, *scalars),
-        dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
-        dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
-        tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
+    if kernel == "sm90":
+        do = do if hopper.tma_ready(do) else do.contiguous()
+        dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
+                                      tiles.dkdv.block_n, tiles.dkdv.num_stages)
+        dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, softcap, tiles.dq.block_m,
+                                         tiles.dq.block_n, tiles.dq.num_stages)
+    else:
+        dkdv = KernelLaunch(
+            attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
+            (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3],
+             *out_strides[0], *out_strides[1], Hq, Nq, Nk, *scalars),
+            dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
+            dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
+            tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
+        dq_launch = KernelLaunch(
+            attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
+            (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
+             Hq, Hq // Hkv, Nq, Nk, *scalars),
+            dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
+            dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
+            tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
     for launch in (delta_launch, dkdv, dq_launch):
         launches.run(launch, q.device)
     return dq, dk, dv

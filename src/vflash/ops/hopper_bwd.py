@@ -1,7 +1,7 @@
 """Launchers of the Gluon Hopper backward kernels (kernels/attention_bwd_hopper.py):
 dQ and dK / dV, their descriptors, grids and arguments, and ahead-of-time compiles for
-sm_90 that need no GPU. Not dispatched yet: the portable backward (ops/attention_bwd.py) serves
-every call; this launch is for the GPU tests and benchmarks/experiments/bwd_hopper.py."""
+sm_90 that need no GPU. ops/attention_bwd.py launches them where vflash.dispatch.select_backward
+picks the sm90 kernels."""
 
 import torch
 
@@ -12,24 +12,25 @@ from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 
 HAVE_GLUON = kernels.HAVE_GLUON
-STAGES = 2
+STAGES = 2  # the ring's depth unless a launch says otherwise
 # One CTA an SM (its shared memory): each consumer warpgroup 240 registers a thread, the producer what is left.
 CONSUMER_REGS = 240
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 
 
-def smem_bytes(head_dim: int, own: int, streamed: int, itemsize: int = 2) -> int:
+def smem_bytes(head_dim: int, own: int, streamed: int, stages: int = STAGES, itemsize: int = 2) -> int:
     """Either kernel's shared memory: the CTA's own rows of two tensors (dQ: Q and dO; dK / dV: K and V)
-    and STAGES tiles of the two it streams."""
-    return (2 * own + 2 * STAGES * streamed) * head_dim * itemsize
+    and `stages` tiles of the two it streams."""
+    return (2 * own + 2 * stages * streamed) * head_dim * itemsize
 
 
-def _check(q, k, lse, delta, own: int, streamed: int):
-    # what the kernels assume and nothing upstream checks yet (they are not dispatched)
+def _check(q, k, lse, delta, own: int, streamed: int, stages: int):
+    # what the kernels assume of their tiles and inputs (the dispatch's tables and the backward's
+    # launcher keep to it; a direct call gets a ValueError, not a failed compile)
     B, Hq, Nq, D = q.shape
-    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(D, own, streamed) > SMEM_BYTES:
+    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(D, own, streamed, stages) > SMEM_BYTES:
         raise ValueError(f"the sm90 backward kernels take 64 or 128 rows a CTA in {SMEM_BYTES} bytes of shared "
-                         f"memory, not {own} x {streamed} at D {D}")
+                         f"memory, not {own} x {streamed} ({stages} stages) at D {D}")
     if D not in (16, 32, 64, 128, 256) or Hq % k.shape[1] != 0:
         raise ValueError(f"the sm90 backward kernels take head dims 16-256 in powers of two and whole GQA groups, "
                          f"not D {D}, {Hq} / {k.shape[1]} heads")
@@ -38,18 +39,18 @@ def _check(q, k, lse, delta, own: int, streamed: int):
             raise ValueError(f"{name} must be contiguous fp32 [B, Hq, Nq] = {[B, Hq, Nq]}, got {list(t.shape)}")
 
 
-def _constexprs(head_dim: int, block_m: int, block_n: int, band: Band, softcap: bool) -> dict:
-    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=STAGES, HAS_LEFT=band.has_left,
+def _constexprs(head_dim: int, block_m: int, block_n: int, band: Band, softcap: bool, stages: int = STAGES) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_LEFT=band.has_left,
                 HAS_RIGHT=band.has_right, SOFTCAP=softcap, CONSUMER_REGS=CONSUMER_REGS)
 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
-              block_n: int = 64) -> KernelLaunch:
+              block_n: int = 64, stages: int = STAGES) -> KernelLaunch:
     """attention_bwd_dq_hopper_kernel over dense [B, H, N, D] tensors (TMA-ready: ops.hopper.tma_ready):
     dq [B, Hq, Nq, D] from q, k, v, do, the forward's lse and delta = rowsum(do * out) [B, Hq, Nq] fp32."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _check(q, k, lse, delta, block_m, block_n)
+    _check(q, k, lse, delta, block_m, block_n, stages)
     rows, keys = describers(block_n, D, q.dtype)
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     args = (rows(q), keys(k), keys(v), rows(do), rows(dq), lse, delta,
@@ -58,17 +59,17 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "do", rows), Slot(4, "dq", rows),
              Slot(5, "lse"), Slot(6, "delta"))
     return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, band, softcap is not None), dict(num_warps=4), slots)
+                        _constexprs(D, block_m, block_n, band, softcap is not None, stages), dict(num_warps=4), slots)
 
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
-                block_n: int = 128) -> KernelLaunch:
+                block_n: int = 128, stages: int = STAGES) -> KernelLaunch:
     """attention_bwd_dkdv_hopper_kernel over dense [B, H, N, D] tensors (TMA-ready): dk, dv [B, Hkv, Nk, D]
     (summed over each KV head's query heads in order) from q, k, v, do, lse and delta [B, Hq, Nq] fp32.
     block_n keys a CTA (64 a consumer), block_m query rows a streamed tile."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    _check(q, k, lse, delta, block_n, block_m)
+    _check(q, k, lse, delta, block_n, block_m, stages)
     rows, streamed = describers(block_m, D, q.dtype)
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     args = (streamed(q), rows(k), rows(v), streamed(do), rows(dk), rows(dv), lse, delta,
@@ -77,7 +78,7 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     slots = (Slot(0, "q", streamed), Slot(1, "k", rows), Slot(2, "v", rows), Slot(3, "do", streamed),
              Slot(4, "dk", rows), Slot(5, "dv", rows), Slot(6, "lse"), Slot(7, "delta"))
     return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, band, softcap is not None), dict(num_warps=4), slots)
+                        _constexprs(D, block_m, block_n, band, softcap is not None, stages), dict(num_warps=4), slots)
 
 
 def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
