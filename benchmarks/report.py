@@ -375,10 +375,12 @@ PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
 SERVING = "benchmarks/results/2026-12-02-h200-s21-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
-BACKWARD = "benchmarks/results/2026-12-02-h200-s19-backward"
+# The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
+# the fa sweep with the sm_90 backward (session 22); D 256, which the portable kernels still serve (session 19).
+BACKWARD = (("benchmarks/results/2026-12-02-h200-s22-backward", ("bwd.csv",)),
+            ("benchmarks/results/2026-12-02-h200-s19-backward", ("bwd_d256.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
-BACKWARD_CURRENT = ("bwd.csv", "bwd_d256.csv")  # BENCHMARKS.md shows these; the run's REPORT.md every one
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
 # ANCHORS.md's paged decode engines (vLLM's Triton kernel, FlashAttention-4), GB/s by (B, KV)
 ANCHORS_DECODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_decode.csv")
@@ -585,7 +587,8 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
         out.append("One line per group of rows, with the measured gap and its reason.\n")
         out.append("\n".join(_wrap(g, "  ") for g in gaps) + "\n")
     out += serving_text(serving, base) if serving else []
-    out += backward_text(backward, base, BACKWARD_CURRENT)[0] if backward else []
+    for bwd_folder, files in backward:
+        out += backward_text(bwd_folder, base, files)[0]
     out += transformers_text(hf, base)[0] if hf else []
     out += ring_text(ring, base)[0] if ring else []
     out += _sweeps(bench, mem, base)

@@ -255,10 +255,13 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
 
 def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
     """The backward's kernels and tiles for `p` (the forward's Problem), with `select`'s rules:
-    the sm_90 kernels wherever they can take the call (ahead of the portable ones on every row
-    timed), `kernel` or VFLASH_KERNEL forcing one."""
+    the sm_90 kernels wherever they can take the call and are ahead (HOPPER_BACKWARD_MIN_N),
+    `kernel` or VFLASH_KERNEL forcing one."""
     kernel = _forced(kernel)
     refusal = sm90_backward_refusal(p) if kernel != "portable" else "forced portable"
+    shortest = tables.HOPPER_BACKWARD_MIN_N.get(p.head_dim, 0)
+    if refusal is None and kernel is None and min(p.n_q, p.n_k) < shortest:
+        refusal = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"
     if refusal is None:
         return Choice("sm90", tables.HOPPER_BACKWARD[p.head_dim],
                       f"sm90 backward{' (forced)' if kernel else ''}: HOPPER_BACKWARD")

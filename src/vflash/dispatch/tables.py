@@ -195,6 +195,9 @@ HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
     64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 128, 4, 2)),  # dQ 128 x 128 +7-11 % over 128 x 64
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 64, 4, 2)),  # 64-row dK / dV tiles: 24 % over 64 x 64
 }
+# Shorter sequences (the smaller of n_q and n_k) take the portable kernels, ahead there in the same run
+# (`vflash bench --mode bwd`, bf16): N 512 0.56-0.95x them at both head dims, D 64 N 1024 0.85-0.98x.
+HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 1024}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
