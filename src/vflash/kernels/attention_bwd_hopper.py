@@ -1,9 +1,8 @@
 """The attention backward's dQ and dK / dV for Hopper (sm_90), written in Gluon
-(docs/performance.md, "The sm_90 backward"). Not dispatched yet:
-`benchmarks/experiments/bwd_hopper.py` and the GPU tests run them beside the
-portable `attention_bwd_dq_kernel` / `attention_bwd_dkdv_kernel`, whose math
-they repeat (read `attention_bwd.py`'s docstring first). Dense [B, H, N, D]
-tensors only for now.
+(docs/performance.md, "The sm_90 backward"), launched by ops/hopper_bwd.py where
+vflash.dispatch.select_backward picks them. They repeat the math of the portable
+`attention_bwd_dq_kernel` / `attention_bwd_dkdv_kernel` (read `attention_bwd.py`'s
+docstring first). Dense [B, H, N, D] tensors only for now.
 
 Both kernels have one shape: each consumer warpgroup owns 64 rows of two
 tensors, loaded once, and two others stream past through a ring (`Buffers`);
@@ -18,9 +17,9 @@ tile, issues S = Q K^T and dP = dO V^T as asynchronous warpgroup MMAs (both
 operands in shared memory), then P = exp2(S * scale - lse) from the forward's
 LSE, dS = P * (dP - delta), and dQ += dS K with dS from registers as the
 product's A operand. dQ [64, HEAD_DIM] fp32 stays in registers; scaled once,
-it leaves through the Q buffer by TMA. Every key tile runs the masked code
-(kernels/mask.py's band, key_range's tiles): the first version's choice,
-correctness before speed.
+it leaves through the Q buffer by TMA. Each consumer walks the tiles its own
+rows see (kernels/mask.py's row_tiles): masked edges, an unmasked middle, the
+work tile's other tiles released unread.
 
 dK / dV, `attention_bwd_dkdv_hopper_kernel`. One CTA per (key block, KV head,
 batch), 64 keys per consumer warpgroup, whose K and V rows the producer loads
