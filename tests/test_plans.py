@@ -356,3 +356,88 @@ def test_gpu_cuda_graph_replays_match_the_oracle(n):
         torch.cuda.synchronize()
         ref, _ = attention_explicit(q, k, v, causal=True, compute_dtype=torch.float32)
         assert (out.float() - ref.float()).abs().max().item() < 2e-2
+
+
+def test_backward_key_covers_metadata_options_and_dlse(monkeypatch):
+    monkeypatch.setattr(plans, "_planned", lambda q: True)
+    q, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
+
+    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None):
+        return plans.backward_plan_key(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap)
+    base = key()
+    assert base is not None and base == key()
+    for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
+                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1)):
+        assert other != base
+    assert plans.backward_plan_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None) is None
+
+
+def test_recorded_backward_plan_binds_its_three_launches_to_the_call(monkeypatch):
+    # the dense backward's plan (what library.attention_bwd replays): delta, dK / dV and dQ launched
+    # in order with the new call's tensors in every slot and fresh outputs
+    from vflash.dispatch import tables
+    from vflash.ops import attention_bwd as bwd
+    calls = []
+
+    class FakeCompiled:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append((self.kernel, args))
+
+    recorded = {}
+    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
+    monkeypatch.setattr(bwd.launches, "run", lambda launch, device: FakeCompiled(launch.kernel))
+    q, k, v, do = (torch.randn(1, 2, 8, 16) for _ in range(4))
+    out, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
+    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), scale=0.25, softcap=None,
+                           tiles=tables.BACKWARD_INTERPRETER, plan_key="k")
+    assert list(recorded) == ["k"]
+    q2, k2, v2, do2, out2 = (torch.randn_like(q) for _ in range(5))
+    lse2 = torch.randn_like(lse)
+    dq, dk, dv = recorded["k"](do2, None, q2, k2, v2, out2, lse2)
+    assert [c[0] for c in calls] == [bwd.attention_bwd_delta_kernel, bwd.attention_bwd_dkdv_kernel,
+                                     bwd.attention_bwd_dq_kernel]
+    delta_args, dkdv_args, dq_args = (c[1] for c in calls)
+    assert delta_args[0] is out2 and delta_args[1] is do2 and delta_args[2] is None
+    delta = delta_args[3]
+    assert delta.shape == lse.shape and delta.dtype == torch.float32
+    assert dkdv_args[:8] == (q2, k2, v2, do2, lse2, delta, dk, dv)
+    assert dq_args[:7] == (q2, k2, v2, do2, lse2, delta, dq)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    # inputs the launcher had to convert (a non-fp32 lse) are never planned: the plan would skip the copy
+    recorded.clear()
+    bwd.attention_backward(do, q, k, v, out, lse.double(), band=Band(0, -1, 0), scale=0.25, softcap=None,
+                           tiles=tables.BACKWARD_INTERPRETER, plan_key="k")
+    assert recorded == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
+@pytest.mark.parametrize("n,d,opts", [(1100, 128, dict(causal=True)),  # sm_90 backward on an H200
+                                      (300, 64, dict(window=(64, 0), softcap=20.0)),  # portable
+                                      (2100, 64, dict(return_lse=True))])  # dlse: the LSE's gradient too
+def test_gpu_planned_backward_matches_the_full_path(n, d, opts):
+    def grads(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q, k, v, w = (torch.randn(2, 4, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        res = vflash.attention(*leaves, **opts)
+        out, lse = res if isinstance(res, tuple) else (res, None)
+        loss = (out.float() * w.float()).sum()
+        if lse is not None:
+            loss = loss + (lse * lse.detach().sin()).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    plans.clear()
+    first = grads(0)  # the full path, which records the backward's plan
+    keys = [key for key in plans._plans if key[0] == "bwd"]
+    assert len(keys) == 1
+    again = grads(0)  # the same data through the plan
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    planned = grads(1)  # new data through the plan ...
+    plans.clear()
+    full = grads(1)  # ... and through the full path
+    assert all(torch.equal(a, b) for a, b in zip(planned, full))
+    assert [key for key in plans._plans if key[0] == "bwd"] == keys

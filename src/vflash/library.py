@@ -16,6 +16,7 @@ import torch
 
 from vflash import dispatch
 from vflash.ops import attention_forward, attention_varlen_forward
+from vflash.ops import plans
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band
 
@@ -43,10 +44,14 @@ def attention_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
                   softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
     dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
+    key = plans.backward_plan_key(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap)
+    plan = plans.lookup(key, dout, q, k, v)
+    if plan is not None:
+        return plan(dout, dlse, q, k, v, out, lse)
     band = Band(off, left, right)
     choice = dispatch.select_backward(dispatch.problem_of(q, k, v, None, band))
     return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=choice.tiles,
-                              dlse=dlse, kernel=choice.kernel)
+                              dlse=dlse, kernel=choice.kernel, plan_key=key)
 
 
 @attention_bwd.register_fake
@@ -61,6 +66,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = (off, left, right, scale, softcap)
+    ctx.set_materialize_grads(False)  # an unused lse's gradient stays None: no zeros made or read
 
 
 def _backward(ctx, dout, dlse):

@@ -3,7 +3,7 @@ and dQ kernels, portable (kernels/attention_bwd.py) or sm_90 (ops/hopper_bwd.py)
 vflash.dispatch.select_backward chose. Inputs come from vflash.library, whose forward
 saved q, k, v, out and lse."""
 
-from typing import Optional, Tuple
+from typing import Hashable, Optional, Tuple
 
 import torch
 
@@ -13,15 +13,19 @@ from vflash.ops import hopper, hopper_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
 from vflash.ops.band import Band
-from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
+
+
+# A dense backward plan's inputs, in the order vflash.library.attention_bwd passes them (dlse may be None)
+PLAN_INPUTS = ("do", "dlse", "q", "k", "v", "out", "lse")
 
 
 def attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
     band: Band, scale: float, softcap: Optional[float], tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
-    varlen: Optional[tuple] = None, kernel: str = "portable",
+    varlen: Optional[tuple] = None, kernel: str = "portable", plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtype and layout, contiguous, for do (any strides) and the
     forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
@@ -30,7 +34,8 @@ def attention_backward(
     Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
     kernel "sm90" (dense, TMA-ready q, k, v: dispatch.sm90_backward_refusal) runs the Gluon dK/dV
-    and dQ kernels with `tiles`; "portable" the Triton ones."""
+    and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.backward_plan_key, dense
+    calls): the three launches are recorded as that key's plan, where they took the inputs as they came."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
@@ -51,6 +56,7 @@ def attention_backward(
         delta_grid = (-(-Nq // tiles.dq.block_m), Hq, 1)  # packed_strides' batch stride is 0
     # delta = rowsum(dO * O) - dlse: lse's layout, [B, Hq, Nq] or [Hq, total_q] packed
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    given = (do, lse, dlse)
     lse = lse.float().contiguous()
     dlse = None if dlse is None else dlse.float().contiguous()
     out_strides = [t.stride() if varlen is None else packed_strides(t) for t in (dk, dv, dq)]
@@ -65,7 +71,8 @@ def attention_backward(
     delta_launch = KernelLaunch(
         attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
         dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.dq.block_m, HAS_DLSE=dlse is not None),
-        dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), Slot(2, "dlse"), Slot(3, "delta")))
+        dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), *([] if dlse is None else [Slot(2, "dlse")]),
+                            Slot(3, "delta")))
     if kernel == "sm90":
         do = do if hopper.tma_ready(do) else do.contiguous()
         dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
@@ -87,6 +94,9 @@ def attention_backward(
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
-    for launch in (delta_launch, dkdv, dq_launch):
-        launches.run(launch, q.device)
+    run = [(launch, launches.run(launch, q.device)) for launch in (delta_launch, dkdv, dq_launch)]
+    if plan_key is not None and varlen is None and all(a is b for a, b in zip(given, (do, lse, dlse))):
+        allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
+                  Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32))
+        launches.record_sequence(plan_key, run, PLAN_INPUTS, allocs, ("dq", "dk", "dv"), q.device.index)
     return dq, dk, dv

@@ -103,6 +103,19 @@ def kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens
     return key
 
 
+def backward_plan_key(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap) -> Optional[Hashable]:
+    """The dense backward op's key (vflash.library.attention_bwd): every tensor's metadata (dlse may be
+    None) and the folded band's options."""
+    try:
+        if not _planned(q):
+            return None
+        key = ("bwd", _meta(dout), _meta(dlse), _meta(q), _meta(k), _meta(v), _meta(out), _meta(lse),
+               off, left, right, scale.__class__, scale, softcap.__class__, softcap)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
+        return None
+    return key
+
+
 def lookup(key: Optional[Hashable], *inputs: torch.Tensor) -> Optional[LaunchPlan]:
     """The plan recorded for key, if it may run now."""
     if key is None:
