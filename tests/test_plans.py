@@ -358,18 +358,18 @@ def test_gpu_cuda_graph_replays_match_the_oracle(n):
         assert (out.float() - ref.float()).abs().max().item() < 2e-2
 
 
-def test_backward_key_covers_metadata_options_and_dlse(monkeypatch):
+def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     monkeypatch.setattr(plans, "_planned", lambda q: True)
     q, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
 
-    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None):
-        return plans.backward_plan_key(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap)
+    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, op="attention_bwd"):
+        return plans.op_plan_key(op, (do, dlse, q, q, q, q, lse), (off, left, right, scale, softcap))
     base = key()
     assert base is not None and base == key()
     for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
-                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1)):
+                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op="other")):
         assert other != base
-    assert plans.backward_plan_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None) is None
+    assert plans.op_plan_key("attention_bwd", (q, None, "q"), (0,)) is None
 
 
 def test_recorded_backward_plan_binds_its_three_launches_to_the_call(monkeypatch):
@@ -431,13 +431,13 @@ def test_gpu_planned_backward_matches_the_full_path(n, d, opts):
         return torch.autograd.grad(loss, leaves)
 
     plans.clear()
-    first = grads(0)  # the full path, which records the backward's plan
-    keys = [key for key in plans._plans if key[0] == "bwd"]
-    assert len(keys) == 1
+    first = grads(0)  # the full path, which records the forward's and the backward's plans
+    keys = sorted(key[0] for key in plans._plans)
+    assert keys == ["attention_bwd", "attention_fwd"]
     again = grads(0)  # the same data through the plan
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     planned = grads(1)  # new data through the plan ...
     plans.clear()
     full = grads(1)  # ... and through the full path
     assert all(torch.equal(a, b) for a, b in zip(planned, full))
-    assert [key for key in plans._plans if key[0] == "bwd"] == keys
+    assert sorted(key[0] for key in plans._plans) == keys

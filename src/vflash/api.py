@@ -59,7 +59,8 @@ def attention(
     Autograd: when q, k or v requires grad (or under torch.compile) the call goes
     through the `vflash::attention_fwd` custom op (vflash.library), whose backward
     is deterministic (bitwise the same gradients from run to run) and saves q, k, v,
-    out and lse only. Portable Triton backward kernels; no sm_90 backward yet.
+    out and lse only: the sm_90 Gluon kernels on Hopper where vflash.dispatch.select_backward
+    takes them, the portable Triton kernels elsewhere.
     """
     q, k, v = _autocast(q, k, v)
     if _through_library(q, k, v):

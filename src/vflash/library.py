@@ -7,7 +7,8 @@ fake (meta) implementation, so `torch.compile(fullgraph=True)` traces them as si
 nodes, and `register_autograd` linking the two: the forward saves q, k, v, out and
 lse only. CPU tensors run the kernels through Triton's interpreter, as the rest of
 vflash does. The kernels are chosen inside the ops (vflash.dispatch), so the traced
-graph holds no launch details.
+graph holds no launch details. Repeated dense calls replay launch plans
+(vflash.ops.plans.op_plan_key) recorded by their first call.
 """
 
 from typing import Optional, Tuple
@@ -27,9 +28,14 @@ Tensor = torch.Tensor
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, off: int, left: int, right: int, scale: float,
                   softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
     """out [B, Hq, Nq, D] in q's dtype and lse [B, Hq, Nq] fp32 (inputs validated by vflash.api)."""
+    key = plans.op_plan_key("attention_fwd", (q, k, v), (off, left, right, scale, softcap))
+    plan = plans.lookup(key)  # inside the op: no autograd to refuse
+    if plan is not None:
+        return plan(q, k, v)
     band = Band(off, left, right)
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
-    return attention_forward(q, k, v, band=band, scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles)
+    return attention_forward(q, k, v, band=band, scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles,
+                             plan_key=key)
 
 
 @attention_fwd.register_fake
@@ -44,8 +50,8 @@ def attention_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
                   softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
     dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
-    key = plans.backward_plan_key(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap)
-    plan = plans.lookup(key, dout, q, k, v)
+    key = plans.op_plan_key("attention_bwd", (dout, dlse, q, k, v, out, lse), (off, left, right, scale, softcap))
+    plan = plans.lookup(key)
     if plan is not None:
         return plan(dout, dlse, q, k, v, out, lse)
     band = Band(off, left, right)

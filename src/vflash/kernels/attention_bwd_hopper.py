@@ -201,29 +201,37 @@ if HAVE_GLUON:
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
 
     @gluon.jit
+    def _score_products(own_a, own_b, bufs, slot, phase, RING_ROWS: gl.constexpr, layout: gl.constexpr, cfg):
+        # The two products a tile pair starts with, own rows against the ring slot's tiles as they
+        # land: own_a ring_a^T (dQ: S = Q K^T; dK / dV: S^T = K Q^T) and own_b ring_b^T (dP = dO V^T;
+        # dP^T = V dO^T). Returns the first done and the second possibly still running (the caller
+        # waits for it where it needs it), and the two ring tiles.
+        ROWS: gl.constexpr = 64
+        mbarrier.wait(bufs.a_ready.index(slot), phase)
+        a_tile = bufs.ring_a.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        first = warpgroup_mma(own_a, a_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
+                              use_acc=False, is_async=True)
+        mbarrier.wait(bufs.b_ready.index(slot), phase)
+        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
+                               use_acc=False, is_async=True)
+        first, a_tile = warpgroup_mma_wait(1, deps=(first, a_tile))
+        return first, second, a_tile, b_tile
+
+    @gluon.jit
     def _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, first, last, lo, offs_m, call,
                   s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile (counted from its first key lo): S = Q K^T and
         # dP = dO V^T issued together, P computed while dP runs, then dQ += dS K.
         # S and dP [64, BLOCK_N], dQ [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
-        ROWS: gl.constexpr = 64
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
-        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         STAGES: gl.constexpr = cfg.STAGES
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for i in range(first, last):
             slot = i % STAGES
             phase = (i // STAGES) & 1
             key = lo + i * BLOCK_N
-            mbarrier.wait(bufs.a_ready.index(slot), phase)
-            k_tile = bufs.ring_a.index(slot).reshape([BLOCK_N, HEAD_DIM])
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                              use_acc=False, is_async=True)
-            mbarrier.wait(bufs.b_ready.index(slot), phase)
-            v_tile = bufs.ring_b.index(slot).reshape([BLOCK_N, HEAD_DIM])
-            dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                               use_acc=False, is_async=True)
-            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S is done; dP may still run
+            s, dp, k_tile, v_tile = _score_products(q_tile, do_tile, bufs, slot, phase, BLOCK_N, s_layout, cfg)
             # Key indices relative to the tile, as the forward's (the shift goes into the bounds).
             logits = masked_logits(s, offs_m, cols, call.n_k - key, call.off - key, call.left, call.right,
                                    call.softcap_in, call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT,
@@ -344,9 +352,7 @@ if HAVE_GLUON:
         # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
         # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
         # S^T and dP^T [64, BLOCK_M], dK and dV [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
-        ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
-        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         STAGES: gl.constexpr = cfg.STAGES
         dtype: gl.constexpr = k_tile.dtype
         cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
@@ -356,15 +362,7 @@ if HAVE_GLUON:
             phase = (j // STAGES) & 1
             row = lo + i * BLOCK_M
             lse2, delta = row_stats(lse_base, delta_base, row + cols, call.n_q, MASKED)
-            mbarrier.wait(bufs.a_ready.index(slot), phase)
-            q_tile = bufs.ring_a.index(slot).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
-                               use_acc=False, is_async=True)
-            mbarrier.wait(bufs.b_ready.index(slot), phase)
-            do_tile = bufs.ring_b.index(slot).reshape([BLOCK_M, HEAD_DIM])
-            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
-                                use_acc=False, is_async=True)
-            st, q_tile = warpgroup_mma_wait(1, deps=(st, q_tile))  # S^T is done; dP^T may still run
+            st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, BLOCK_M, st_layout, cfg)
             # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
             # masked_logits' band with the edges exchanged and the offset negated, the query
             # indices relative to the tile (the shift goes into the bounds).

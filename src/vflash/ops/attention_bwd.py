@@ -34,7 +34,7 @@ def attention_backward(
     Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
     kernel "sm90" (dense, TMA-ready q, k, v: dispatch.sm90_backward_refusal) runs the Gluon dK/dV
-    and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.backward_plan_key, dense
+    and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key, dense
     calls): the three launches are recorded as that key's plan, where they took the inputs as they came."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)

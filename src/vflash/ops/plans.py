@@ -14,7 +14,7 @@ equal value (True, (1, 2)). Calls that would be refused for grad reasons, and
 interpreted calls (CPU tensors), never use plans.
 """
 
-from typing import Callable, Dict, Hashable, Optional, Tuple
+from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 
@@ -103,14 +103,15 @@ def kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens
     return key
 
 
-def backward_plan_key(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap) -> Optional[Hashable]:
-    """The dense backward op's key (vflash.library.attention_bwd): every tensor's metadata (dlse may be
-    None) and the folded band's options."""
+def op_plan_key(op: str, tensors: Sequence[Optional[torch.Tensor]], options: tuple) -> Optional[Hashable]:
+    """The key of a call of one of vflash.library's custom ops (already validated upstream): `op`'s
+    name, its tensors' metadata (None where an optional tensor is absent) and its options, each
+    with its type. The ops' plans serve the calls autograd records (training), which the API's
+    plans leave to the full path."""
     try:
-        if not _planned(q):
+        if not _planned(tensors[0]):
             return None
-        key = ("bwd", _meta(dout), _meta(dlse), _meta(q), _meta(k), _meta(v), _meta(out), _meta(lse),
-               off, left, right, scale.__class__, scale, softcap.__class__, softcap)
+        key = (op, *map(_meta, tensors), *((o.__class__, o) for o in options))
     except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
         return None
     return key
