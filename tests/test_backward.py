@@ -230,19 +230,24 @@ HOPPER_BWD_CASES = {
     "left_window_only": (1, 2, 2, 250, 250, 64, dict(window=(40, -1))),
     "fp16_softcap": (1, 2, 2, 190, 190, 128, dict(softcap=10.0), torch.float16),
 }
-# (dQ block_m x block_n, dK / dV block_m x block_n): the defaults, then one consumer a CTA, then 128-wide tiles
-HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128))]
+# (dQ block_m x block_n, dK / dV block_m x block_n): the defaults, then one consumer a CTA, then 128-wide tiles,
+# then three consumers a CTA
+HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128)), ((192, 64), (64, 192))]
 
 
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
-@pytest.mark.parametrize("d,causal,softcap", [(128, True, False), (64, False, True)])
-def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap):
+@pytest.mark.parametrize("d,causal,softcap,consumers", [(128, True, False, 2), (64, False, True, 2),
+                                                         (64, True, False, 3)])
+def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap, consumers):
     from vflash.ops import hopper_bwd
     from vflash.ops.band import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
-    compiled = compile_sm90(d, torch.bfloat16, band=Band(0, -1, 0 if causal else -1), softcap=softcap)
+    band = Band(0, -1, 0 if causal else -1)
+    if kernel == "dq":
+        compiled = hopper_bwd.compile_dq_sm90(d, torch.bfloat16, 64 * consumers, 64, band=band, softcap=softcap)
+    else:
+        compiled = hopper_bwd.compile_dkdv_sm90(d, torch.bfloat16, 64, 64 * consumers, band=band, softcap=softcap)
     assert "wgmma" in compiled.asm["ptx"] and "cp.async.bulk.tensor" in compiled.asm["ptx"]
 
 
@@ -314,4 +319,4 @@ def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
                              None)
     with pytest.raises(ValueError, match="shared memory"):
         hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
-                               64, 192)
+                               64, 256)  # four consumers

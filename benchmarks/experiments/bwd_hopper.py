@@ -28,7 +28,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bwd_hopper.csv")
     ap.add_argument("--rows", nargs="*", default=ROWS, help="D:N:causal (0/1), shapes of the fa / d256 sweeps")
-    ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128"], help="the sm_90 dQ kernel's block_m:block_n")
+    ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128", "192:64"],
+                    help="the sm_90 dQ kernel's block_m:block_n")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)")
     args = ap.parse_args()

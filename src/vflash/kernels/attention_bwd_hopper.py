@@ -297,11 +297,11 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # grid = (B * Hq * cdiv(n_q, BLOCK_M), 1, 1), num_warps = 4 (the producer); BLOCK_M / 64
-        # consumer warpgroups (1 or 2). Descriptors are 4-D over [B, H, N, D]: q, do, dq in
+        # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D]: q, do, dq in
         # blocks [1, 1, 64, HEAD_DIM], k, v in [1, 1, BLOCK_N, HEAD_DIM]. LSE and DELTA are
         # [B, Hq, n_q] fp32 (the forward's natural-log LSE; rowsum(dO * O)).
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
-        gl.static_assert(NUM_CONSUMERS == 1 or NUM_CONSUMERS == 2, "one or two consumer warpgroups of 64 rows")
+        gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP)
         bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
@@ -312,12 +312,19 @@ if HAVE_GLUON:
                 (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
                 (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
-        else:
+        elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
                 (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
                 (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(2), cfg)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
     @gluon.jit
     def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cfg):
@@ -443,11 +450,11 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
-        # consumer warpgroups (1 or 2), BLOCK_M query rows a ring tile. Descriptors are 4-D over
+        # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
         # [B, H, N, D]: k, v, dk, dv in blocks [1, 1, 64, HEAD_DIM], q, do in [1, 1, BLOCK_M,
         # HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32.
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
-        gl.static_assert(NUM_CONSUMERS == 1 or NUM_CONSUMERS == 2, "one or two consumer warpgroups of 64 keys")
+        gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
@@ -457,9 +464,16 @@ if HAVE_GLUON:
                 (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
                 (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
-        else:
+        elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
                 (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
                 (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(2), cfg)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

@@ -7,14 +7,16 @@ import torch
 
 from vflash.kernels import attention_bwd_hopper as kernels
 from vflash.ops.band import Band
+from vflash.ops.hopper import CONSUMER_REGS as CONSUMER_REGS_FWD
 from vflash.ops.hopper import CONSUMER_ROWS, _block_shapes, describers, desc_signature
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 
 HAVE_GLUON = kernels.HAVE_GLUON
 STAGES = 2  # the ring's depth unless a launch says otherwise
-# One CTA an SM (its shared memory): each consumer warpgroup 240 registers a thread, the producer what is left.
-CONSUMER_REGS = 240
+# One CTA an SM (its shared memory): each consumer warpgroup's registers a thread by consumer count (the
+# forward's one-CTA shares), the producer what is left.
+CONSUMER_REGS = {1: 240, 2: CONSUMER_REGS_FWD[(2, 1)], 3: CONSUMER_REGS_FWD[(3, 1)]}
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 
 
@@ -28,8 +30,9 @@ def _check(q, k, lse, delta, own: int, streamed: int, stages: int):
     # what the kernels assume of their tiles and inputs (the dispatch's tables and the backward's
     # launcher keep to it; a direct call gets a ValueError, not a failed compile)
     B, Hq, Nq, D = q.shape
-    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS) or smem_bytes(D, own, streamed, stages) > SMEM_BYTES:
-        raise ValueError(f"the sm90 backward kernels take 64 or 128 rows a CTA in {SMEM_BYTES} bytes of shared "
+    if own not in (CONSUMER_ROWS, 2 * CONSUMER_ROWS, 3 * CONSUMER_ROWS) or smem_bytes(D, own, streamed,
+                                                                            stages) > SMEM_BYTES:
+        raise ValueError(f"the sm90 backward kernels take 64, 128 or 192 rows a CTA in {SMEM_BYTES} bytes of shared "
                          f"memory, not {own} x {streamed} ({stages} stages) at D {D}")
     if D not in (16, 32, 64, 128, 256) or Hq % k.shape[1] != 0:
         raise ValueError(f"the sm90 backward kernels take head dims 16-256 in powers of two and whole GQA groups, "
@@ -39,9 +42,11 @@ def _check(q, k, lse, delta, own: int, streamed: int, stages: int):
             raise ValueError(f"{name} must be contiguous fp32 [B, Hq, Nq] = {[B, Hq, Nq]}, got {list(t.shape)}")
 
 
-def _constexprs(head_dim: int, block_m: int, block_n: int, band: Band, softcap: bool, stages: int = STAGES) -> dict:
+def _constexprs(head_dim: int, block_m: int, block_n: int, own: int, band: Band, softcap: bool,
+                stages: int = STAGES) -> dict:
+    # own: the CTA's own rows (dQ: block_m, dK / dV: block_n), 64 a consumer warpgroup
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_LEFT=band.has_left,
-                HAS_RIGHT=band.has_right, SOFTCAP=softcap, CONSUMER_REGS=CONSUMER_REGS)
+                HAS_RIGHT=band.has_right, SOFTCAP=softcap, CONSUMER_REGS=CONSUMER_REGS[own // CONSUMER_ROWS])
 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
@@ -59,7 +64,8 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "do", rows), Slot(4, "dq", rows),
              Slot(5, "lse"), Slot(6, "delta"))
     return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, band, softcap is not None, stages), dict(num_warps=4), slots)
+                        _constexprs(D, block_m, block_n, block_m, band, softcap is not None, stages),
+                        dict(num_warps=4), slots)
 
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
@@ -78,7 +84,8 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     slots = (Slot(0, "q", streamed), Slot(1, "k", rows), Slot(2, "v", rows), Slot(3, "do", streamed),
              Slot(4, "dk", rows), Slot(5, "dv", rows), Slot(6, "lse"), Slot(7, "delta"))
     return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, band, softcap is not None, stages), dict(num_warps=4), slots)
+                        _constexprs(D, block_m, block_n, block_n, band, softcap is not None, stages),
+                        dict(num_warps=4), slots)
 
 
 def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
@@ -89,7 +96,7 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
     blocks = (streamed, rows, rows, streamed, rows, rows)
     scalars = ("batch", "n_heads_kv", "kv_group", "n_q", "n_k", "off", "left", "right")
     return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), scalars, head_dim, dtype,
-                    block_m, block_n, band, softcap)
+                    block_m, block_n, block_n, band, softcap)
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
@@ -99,10 +106,10 @@ def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m:
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
     scalars = ("batch", "n_heads_q", "kv_group", "n_q", "n_k", "off", "left", "right")
     return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), scalars,
-                    head_dim, dtype, block_m, block_n, band, softcap)
+                    head_dim, dtype, block_m, block_n, block_m, band, softcap)
 
 
-def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, band, softcap):
+def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, own, band, softcap):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -110,7 +117,7 @@ def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, band, 
     signature = {k: desc_signature(b, dtype) for k, b in descs.items()}
     signature.update({"LSE": "*fp32", "DELTA": "*fp32", **{s: "i32" for s in scalars}, "qk_scale": "fp32",
                       "sm_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"})
-    constexprs = _constexprs(head_dim, block_m, block_n, band, softcap)
+    constexprs = _constexprs(head_dim, block_m, block_n, own, band, softcap)
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=4))
