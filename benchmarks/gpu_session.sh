@@ -118,10 +118,13 @@ for step in "$@"; do
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
-    bwd_hopper) # the sm_90 dQ kernel against the portable dQ kernel (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES "m:n")
+    bwd_hopper) # the sm_90 backward kernels against the portable ones (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES /
+                # HOPPER_DKDV_TILES "m:n ...", BWD_APART=1: dK and dV apart, D 256)
              timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_hopper ${BWD_ROWS:+--rows $BWD_ROWS} \
-               ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} --out "$R/bwd_hopper.csv" > "$R/bwd_hopper.txt" 2>&1
-             tail -30 "$R/bwd_hopper.txt" ;;
+               ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} ${HOPPER_DKDV_TILES:+--dkdv-tiles $HOPPER_DKDV_TILES} \
+               ${BWD_APART:+--apart} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
+               >> "$R/bwd_hopper${BWD_APART:+_apart}.txt" 2>&1
+             tail -30 "$R/bwd_hopper${BWD_APART:+_apart}.txt" ;;
     bwd_host) # a short backward's host cost and GPU time (eager, CUDA graph, per-call host us; BWD_ROWS "D:N:causal")
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.bwd_host ${BWD_ROWS:+--rows $BWD_ROWS} \
                --out "$R/bwd_host.csv" > "$R/bwd_host.txt" 2>&1; tail -20 "$R/bwd_host.txt" ;;

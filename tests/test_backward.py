@@ -297,6 +297,50 @@ def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, H
     _check(B, Hq, Hkv, Nq, Nk, D, "bf16", torch.device("cuda"), layout=layout, **opts)
 
 
+@pytest.mark.parametrize("outputs,causal", [("dk", True), ("dv", False)])
+def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compiled = hopper_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1),
+                                            outputs=outputs)
+    ptx = compiled.asm["ptx"]
+    both = hopper_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1)).asm["ptx"]
+    # fewer products a tile pair (no dV, or no dP^T and dK) and half the gradient stores of both gradients' kernel
+    assert 0 < ptx.count("wgmma.mma_async") < both.count("wgmma.mma_async")
+    store = "cp.async.bulk.tensor.4d.global.shared"
+    assert 2 * ptx.count(store) == both.count(store) > 0
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", ["plain", "causal_gqa", "window_softcap", "rows_without_keys"])
+def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
+    # D 256 through ops.attention_backward with the sm90 kernels: dQ 128 x 32, dK and dV from two
+    # launches of the dK / dV kernel (dkdv_apart), against fp64 autograd of the explicit reference
+    from vflash.ops import mask_band
+    from vflash.ops.attention_bwd import attention_backward
+    from vflash.ops.tiles import BackwardLaunch, BackwardTiles
+    B, Hq, Hkv, Nq, Nk, opts = {"plain": (1, 2, 2, 300, 300, dict()),
+                                "causal_gqa": (2, 4, 1, 200, 333, dict(causal=True)),
+                                "window_softcap": (1, 2, 2, 130, 257, dict(window=(64, 32), softcap=20.0)),
+                                "rows_without_keys": (1, 2, 1, 333, 120, dict(causal=True))}[case]
+    (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, 256, torch.bfloat16, torch.device("cuda"), seed=5)
+    out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
+    causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
+    band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
+    tiles = BackwardTiles(dkdv=BackwardLaunch(32, 128, 4, 2), dq=BackwardLaunch(128, 32, 4, 2), dkdv_apart=True)
+    got = attention_backward(do, q, k, v, out, lse, band=band, scale=256 ** -0.5, softcap=opts.get("softcap"),
+                             tiles=tiles, kernel="sm90")
+    ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
+                 torch.float64)
+    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
+                  torch.bfloat16)
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
     from vflash.ops import hopper_bwd
     from vflash.ops.band import Band
@@ -320,3 +364,8 @@ def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
     with pytest.raises(ValueError, match="shared memory"):
         hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
                                64, 256)  # four consumers
+    with pytest.raises(ValueError, match="outputs must be"):
+        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
+                               outputs="dq")
+    assert hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1,
+                                  None, outputs="dv").constexprs["WANT_DK"] is False

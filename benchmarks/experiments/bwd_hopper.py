@@ -8,6 +8,7 @@ gradients are compared with the portable ones' (a difference above 2 % of the la
 Prints one line a measurement and writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
+  D 256: --rows 256:4096:0 256:4096:1 --tiles 128:32 --dkdv-tiles 32:128 --apart
 """
 
 import argparse
@@ -32,6 +33,8 @@ def main() -> int:
                     help="the sm_90 dQ kernel's block_m:block_n")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)")
+    ap.add_argument("--apart", action="store_true",
+                    help="dK and dV from two launches of the dK / dV kernel (one accumulator each; D 256)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -77,18 +80,24 @@ def main() -> int:
                 print(f"D{d} N{n} dq {t}: {e}")
                 continue
             record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
+        outputs = ("dk", "dv") if args.apart else ("dk dv",)
+
+        def dkdv_launches(bm, bn):
+            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, outputs=o)
+                    for o in outputs]
         for t in args.dkdv_tiles:
             bm, bn = (int(x) for x in t.split(":"))
             try:
-                sm90_dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn)
+                sm90_dkdv = dkdv_launches(bm, bn)
             except ValueError as e:
                 print(f"D{d} N{n} dkdv {t}: {e}")
                 continue
-            record("dkdv", "sm90", (bm, bn), lambda: launches.run(sm90_dkdv, dev), 2.0 * fwd, (dk, dv), want[1:])
+            record("dkdv", "sm90 apart" if args.apart else "sm90", (bm, bn),
+                   lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv), want[1:])
         bm, bn = (int(x) for x in args.tiles[0].split(":"))
         km, kn = (int(x) for x in args.dkdv_tiles[0].split(":"))
         try:
-            sm90 = (delta_launch, hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, km, kn),
+            sm90 = (delta_launch, *dkdv_launches(km, kn),
                     hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
             record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
                    (dq, dk, dv), want)

@@ -58,12 +58,15 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr
         HAS_RIGHT: gl.constexpr
         SOFTCAP: gl.constexpr
+        WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
+        WANT_DV: gl.constexpr
 
         @gluon.constexpr_function
-        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP):
+        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, WANT_DK=True,
+                     WANT_DV=True):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
-                                ("SOFTCAP", SOFTCAP)):
+                                ("SOFTCAP", SOFTCAP), ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -201,11 +204,13 @@ if HAVE_GLUON:
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
 
     @gluon.jit
-    def _score_products(own_a, own_b, bufs, slot, phase, RING_ROWS: gl.constexpr, layout: gl.constexpr, cfg):
+    def _score_products(own_a, own_b, bufs, slot, phase, RING_ROWS: gl.constexpr, layout: gl.constexpr,
+                        SECOND: gl.constexpr, cfg):
         # The two products a tile pair starts with, own rows against the ring slot's tiles as they
         # land: own_a ring_a^T (dQ: S = Q K^T; dK / dV: S^T = K Q^T) and own_b ring_b^T (dP = dO V^T;
         # dP^T = V dO^T). Returns the first done and the second possibly still running (the caller
-        # waits for it where it needs it), and the two ring tiles.
+        # waits for it where it needs it), and the two ring tiles. Without SECOND (a dV-only dK / dV
+        # kernel needs no dP^T) the second product is not issued and the first stands in for it.
         ROWS: gl.constexpr = 64
         mbarrier.wait(bufs.a_ready.index(slot), phase)
         a_tile = bufs.ring_a.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
@@ -213,9 +218,13 @@ if HAVE_GLUON:
                               use_acc=False, is_async=True)
         mbarrier.wait(bufs.b_ready.index(slot), phase)
         b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
-        second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
-                               use_acc=False, is_async=True)
-        first, a_tile = warpgroup_mma_wait(1, deps=(first, a_tile))
+        if SECOND:
+            second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
+                                   use_acc=False, is_async=True)
+            first, a_tile = warpgroup_mma_wait(1, deps=(first, a_tile))
+        else:
+            first, a_tile = warpgroup_mma_wait(0, deps=(first, a_tile))
+            second = first
         return first, second, a_tile, b_tile
 
     @gluon.jit
@@ -231,7 +240,7 @@ if HAVE_GLUON:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             key = lo + i * BLOCK_N
-            s, dp, k_tile, v_tile = _score_products(q_tile, do_tile, bufs, slot, phase, BLOCK_N, s_layout, cfg)
+            s, dp, k_tile, v_tile = _score_products(q_tile, do_tile, bufs, slot, phase, BLOCK_N, s_layout, True, cfg)
             # Key indices relative to the tile, as the forward's (the shift goes into the bounds).
             logits = masked_logits(s, offs_m, cols, call.n_k - key, call.off - key, call.left, call.right,
                                    call.softcap_in, call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT,
@@ -359,6 +368,8 @@ if HAVE_GLUON:
         # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
         # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
         # S^T and dP^T [64, BLOCK_M], dK and dV [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
+        # cfg.WANT_DK / WANT_DV: only one of the gradients (and only the products it needs), when
+        # both accumulators do not fit in registers (D 256).
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         STAGES: gl.constexpr = cfg.STAGES
         dtype: gl.constexpr = k_tile.dtype
@@ -369,7 +380,8 @@ if HAVE_GLUON:
             phase = (j // STAGES) & 1
             row = lo + i * BLOCK_M
             lse2, delta = row_stats(lse_base, delta_base, row + cols, call.n_q, MASKED)
-            st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, BLOCK_M, st_layout, cfg)
+            st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, BLOCK_M, st_layout,
+                                                       cfg.WANT_DK, cfg)
             # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
             # masked_logits' band with the edges exchanged and the offset negated, the query
             # indices relative to the tile (the shift goes into the bounds).
@@ -378,14 +390,24 @@ if HAVE_GLUON:
                                    cfg.SOFTCAP)
             pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
             # P^T and dS^T rounded to the inputs' dtype for the products, as the portable kernel's
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-            dpt, do_tile = warpgroup_mma_wait(1, deps=(dpt, do_tile))  # dP^T is done; dV may still run
-            dst = softcap_grad(pt * (dpt - delta[None, :]), st, call.softcap_in, cfg.SOFTCAP)
-            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-            dv, dk, pt_op, dst_op, q_tile, do_tile = warpgroup_mma_wait(
-                0, deps=(dv, dk, pt_op, dst_op, q_tile, do_tile))
+            if cfg.WANT_DV:
+                pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+                dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+            if cfg.WANT_DK:
+                if cfg.WANT_DV:
+                    dpt, do_tile = warpgroup_mma_wait(1, deps=(dpt, do_tile))  # dP^T is done; dV may still run
+                else:
+                    dpt, do_tile = warpgroup_mma_wait(0, deps=(dpt, do_tile))
+                dst = softcap_grad(pt * (dpt - delta[None, :]), st, call.softcap_in, cfg.SOFTCAP)
+                dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+                dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+                if cfg.WANT_DV:
+                    dv, dk, pt_op, dst_op, q_tile, do_tile = warpgroup_mma_wait(
+                        0, deps=(dv, dk, pt_op, dst_op, q_tile, do_tile))
+                else:
+                    dk, dst_op, q_tile, do_tile = warpgroup_mma_wait(0, deps=(dk, dst_op, q_tile, do_tile))
+            else:
+                dv, pt_op, do_tile = warpgroup_mma_wait(0, deps=(dv, pt_op, do_tile))
             mbarrier.arrive(bufs.a_empty.index(slot), count=1)
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
         return dk, dv
@@ -435,11 +457,15 @@ if HAVE_GLUON:
             _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
         # dK and dV out through this consumer's K and V buffers (no MMA reads them any more);
         # TMA clips rows past n_k.
-        k_tile.store((dk * call.sm_scale).to(dtype))
-        v_tile.store(dv.to(dtype))
+        if cfg.WANT_DK:
+            k_tile.store((dk * call.sm_scale).to(dtype))
+        if cfg.WANT_DV:
+            v_tile.store(dv.to(dtype))
         fence_async_shared()
-        tma_store(dk_desc, [off_b, off_hk, row0, 0], bufs.own_a.index(C))
-        tma_store(dv_desc, [off_b, off_hk, row0, 0], bufs.own_b.index(C))
+        if cfg.WANT_DK:
+            tma_store(dk_desc, [off_b, off_hk, row0, 0], bufs.own_a.index(C))
+        if cfg.WANT_DV:
+            tma_store(dv_desc, [off_b, off_hk, row0, 0], bufs.own_b.index(C))
         tma.store_wait(0)
 
     @gluon.jit
@@ -448,14 +474,17 @@ if HAVE_GLUON:
         batch, n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
         # [B, H, N, D]: k, v, dk, dv in blocks [1, 1, 64, HEAD_DIM], q, do in [1, 1, BLOCK_M,
-        # HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32.
+        # HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32. WANT_DK / WANT_DV: the gradients it writes
+        # (at least one).
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+        gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, WANT_DK, WANT_DV)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out)

@@ -75,18 +75,19 @@ def attention_backward(
                             Slot(3, "delta")))
     if kernel == "sm90":
         do = do if hopper.tma_ready(do) else do.contiguous()
-        dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
-                                      tiles.dkdv.block_n, tiles.dkdv.num_stages)
+        dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
+                                       tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs)
+                for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",))]
         dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, softcap, tiles.dq.block_m,
                                          tiles.dq.block_n, tiles.dq.num_stages)
     else:
-        dkdv = KernelLaunch(
+        dkdv = [KernelLaunch(
             attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
             (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3],
              *out_strides[0], *out_strides[1], Hq, Nq, Nk, *scalars),
             dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
             dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
-            tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))
+            tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))]
         dq_launch = KernelLaunch(
             attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
             (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
@@ -94,7 +95,7 @@ def attention_backward(
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
-    run = [(launch, launches.run(launch, q.device)) for launch in (delta_launch, dkdv, dq_launch)]
+    run = [(launch, launches.run(launch, q.device)) for launch in (delta_launch, *dkdv, dq_launch)]
     if plan_key is not None and varlen is None and all(a is b for a, b in zip(given, (do, lse, dlse))):
         allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
                   Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32))

@@ -69,10 +69,13 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
 
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
-                block_n: int = 128, stages: int = STAGES) -> KernelLaunch:
+                block_n: int = 128, stages: int = STAGES, outputs: str = "dk dv") -> KernelLaunch:
     """attention_bwd_dkdv_hopper_kernel over dense [B, H, N, D] tensors (TMA-ready): dk, dv [B, Hkv, Nk, D]
     (summed over each KV head's query heads in order) from q, k, v, do, lse and delta [B, Hq, Nq] fp32.
-    block_n keys a CTA (64 a consumer), block_m query rows a streamed tile."""
+    block_n keys a CTA (64 a consumer), block_m query rows a streamed tile. outputs: "dk dv", or "dk" or
+    "dv" alone (one accumulator a consumer, where two do not fit in registers; the other is not written)."""
+    if outputs not in ("dk dv", "dk", "dv"):
+        raise ValueError(f"outputs must be 'dk dv', 'dk' or 'dv', not {outputs!r}")
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     _check(q, k, lse, delta, block_n, block_m, stages)
@@ -83,20 +86,21 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     grid = (B * Hkv * -(-Nk // block_n), 1, 1)
     slots = (Slot(0, "q", streamed), Slot(1, "k", rows), Slot(2, "v", rows), Slot(3, "do", streamed),
              Slot(4, "dk", rows), Slot(5, "dv", rows), Slot(6, "lse"), Slot(7, "delta"))
-    return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, block_n, band, softcap is not None, stages),
-                        dict(num_warps=4), slots)
+    constexprs = dict(_constexprs(D, block_m, block_n, block_n, band, softcap is not None, stages),
+                      WANT_DK="dk" in outputs, WANT_DV="dv" in outputs)
+    return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
 def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
-                      band: Band = Band(0, -1, 0), softcap: bool = False):
-    """Compile the dK / dV kernel for sm_90 without a GPU; returns Triton's CompiledKernel."""
+                      band: Band = Band(0, -1, 0), softcap: bool = False, outputs: str = "dk dv"):
+    """Compile the dK / dV kernel for sm_90 without a GPU (outputs as dkdv_launch's); returns Triton's
+    CompiledKernel."""
     rows, streamed = _block_shapes(block_m, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
     blocks = (streamed, rows, rows, streamed, rows, rows)
     scalars = ("batch", "n_heads_kv", "kv_group", "n_q", "n_k", "off", "left", "right")
     return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), scalars, head_dim, dtype,
-                    block_m, block_n, block_n, band, softcap)
+                    block_m, block_n, block_n, band, softcap, dict(WANT_DK="dk" in outputs, WANT_DV="dv" in outputs))
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
@@ -109,7 +113,7 @@ def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m:
                     head_dim, dtype, block_m, block_n, block_m, band, softcap)
 
 
-def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, own, band, softcap):
+def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, own, band, softcap, extra=None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -117,7 +121,7 @@ def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, own, b
     signature = {k: desc_signature(b, dtype) for k, b in descs.items()}
     signature.update({"LSE": "*fp32", "DELTA": "*fp32", **{s: "i32" for s in scalars}, "qk_scale": "fp32",
                       "sm_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"})
-    constexprs = _constexprs(head_dim, block_m, block_n, own, band, softcap)
+    constexprs = dict(_constexprs(head_dim, block_m, block_n, own, band, softcap), **(extra or {}))
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=4))

@@ -35,7 +35,9 @@ class HopperTiles(NamedTuple):
 
 
 class BackwardLaunch(NamedTuple):
-    """One of `kernels/attention_bwd.py`'s two main launches."""
+    """One of the backward's two main launches (portable `kernels/attention_bwd.py`, or sm_90
+    `kernels/attention_bwd_hopper.py`, whose num_warps is its producer warpgroup's and num_stages
+    its ring's depth)."""
     block_m: int  # query rows: a step of the dK/dV kernel, a program of the dQ kernel
     block_n: int  # keys: a program of the dK/dV kernel, a step of the dQ kernel
     num_warps: int
@@ -43,10 +45,12 @@ class BackwardLaunch(NamedTuple):
 
 
 class BackwardTiles(NamedTuple):
-    """`kernels/attention_bwd.py`'s launches: the dK/dV kernel's key tiles walk query tiles,
-    the dQ kernel's query tiles walk key tiles; the delta kernel takes dq.block_m rows."""
+    """The backward's launches: the dK/dV kernel's key tiles walk query tiles, the dQ kernel's
+    query tiles walk key tiles; the delta kernel takes dq.block_m rows. dkdv_apart (sm_90 only):
+    dK and dV from two launches of the dK/dV kernel, one accumulator a consumer each (D 256)."""
     dkdv: BackwardLaunch
     dq: BackwardLaunch
+    dkdv_apart: bool = False
 
 
 class KVCacheTiles(NamedTuple):
