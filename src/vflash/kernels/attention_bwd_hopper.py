@@ -60,13 +60,15 @@ if HAVE_GLUON:
         SOFTCAP: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
+        REVERSE_M: gl.constexpr  # dQ kernel: row blocks last to first (dK / dV kernel: False, unread)
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, WANT_DK=True,
-                     WANT_DV=True):
+                     WANT_DV=True, REVERSE_M=False):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
-                                ("SOFTCAP", SOFTCAP), ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
+                                ("SOFTCAP", SOFTCAP), ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV),
+                                ("REVERSE_M", REVERSE_M)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -169,14 +171,23 @@ if HAVE_GLUON:
         tma_load(desc, [off_b, off_h, row, 0], ready.index(slot), ring.index(slot))
 
     @gluon.jit
+    def _dq_work_tile(call, cfg):
+        # This CTA's (batch * Hq + head, first query row). REVERSE_M: a head's row blocks last to
+        # first, so that under a right edge the blocks with the most keys start first and the
+        # shortest fill the last wave.
+        t = gl.program_id(0)
+        pid_m = t % call.n_blocks
+        if cfg.REVERSE_M:
+            pid_m = call.n_blocks - 1 - pid_m
+        return t // call.n_blocks, pid_m * cfg.BLOCK_M
+
+    @gluon.jit
     def _dq_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cfg):
         # Producer: each consumer's Q and dO rows, then the work tile's K and V tiles.
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
-        t = gl.program_id(0)
-        bh = t // call.n_blocks
-        start_m = (t % call.n_blocks) * BLOCK_M
+        bh, start_m = _dq_work_tile(call, cfg)
         off_h = bh % call.n_heads
         off_b = bh // call.n_heads
         off_hk = off_h // call.kv_group
@@ -269,9 +280,7 @@ if HAVE_GLUON:
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-        t = gl.program_id(0)
-        bh = t // call.n_blocks
-        start_m = (t % call.n_blocks) * BLOCK_M
+        bh, start_m = _dq_work_tile(call, cfg)
         row0 = start_m + C * ROWS
         offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         row_base = bh.to(gl.int64) * call.n_q  # LSE / DELTA [B, Hq, n_q]
@@ -304,6 +313,7 @@ if HAVE_GLUON:
         batch, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        REVERSE_M: gl.constexpr,
     ):
         # grid = (B * Hq * cdiv(n_q, BLOCK_M), 1, 1), num_warps = 4 (the producer); BLOCK_M / 64
         # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D]: q, do, dq in
@@ -311,7 +321,7 @@ if HAVE_GLUON:
         # [B, Hq, n_q] fp32 (the forward's natural-log LSE; rowsum(dO * O)).
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, REVERSE_M=REVERSE_M)
         bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out)

@@ -50,9 +50,10 @@ def _constexprs(head_dim: int, block_m: int, block_n: int, own: int, band: Band,
 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
-              block_n: int = 64, stages: int = STAGES) -> KernelLaunch:
+              block_n: int = 64, stages: int = STAGES, reverse_m: bool = False) -> KernelLaunch:
     """attention_bwd_dq_hopper_kernel over dense [B, H, N, D] tensors (TMA-ready: ops.hopper.tma_ready):
-    dq [B, Hq, Nq, D] from q, k, v, do, the forward's lse and delta = rowsum(do * out) [B, Hq, Nq] fp32."""
+    dq [B, Hq, Nq, D] from q, k, v, do, the forward's lse and delta = rowsum(do * out) [B, Hq, Nq] fp32.
+    reverse_m: each head's row blocks launched last to first (under a right edge, longest first)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     _check(q, k, lse, delta, block_m, block_n, stages)
@@ -63,9 +64,9 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     grid = (B * Hq * -(-Nq // block_m), 1, 1)
     slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "do", rows), Slot(4, "dq", rows),
              Slot(5, "lse"), Slot(6, "delta"))
-    return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args,
-                        _constexprs(D, block_m, block_n, block_m, band, softcap is not None, stages),
-                        dict(num_warps=4), slots)
+    constexprs = dict(_constexprs(D, block_m, block_n, block_m, band, softcap is not None, stages),
+                      REVERSE_M=reverse_m)
+    return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
@@ -104,13 +105,13 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
-                    band: Band = Band(0, -1, 0), softcap: bool = False):
+                    band: Band = Band(0, -1, 0), softcap: bool = False, reverse_m: bool = False):
     """Compile the dQ kernel for sm_90 without a GPU; returns Triton's CompiledKernel."""
     rows, keys = _block_shapes(block_n, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
     scalars = ("batch", "n_heads_q", "kv_group", "n_q", "n_k", "off", "left", "right")
     return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), scalars,
-                    head_dim, dtype, block_m, block_n, block_m, band, softcap)
+                    head_dim, dtype, block_m, block_n, block_m, band, softcap, dict(REVERSE_M=reverse_m))
 
 
 def _compile(fn, descs: dict, scalars, head_dim, dtype, block_m, block_n, own, band, softcap, extra=None):
