@@ -78,7 +78,7 @@ _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] +
 
 if HAVE_GLUON:
     from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
-                                           tma_store, warpgroup_mma, warpgroup_mma_wait)
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_rows_from)
 
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
     _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
@@ -352,12 +352,6 @@ if HAVE_GLUON:
         else:
             return tile.k_row + key
 
-    @gluon.constexpr_function
-    def _tail_layout(head_dim):
-        # [rows, head_dim] over a consumer warpgroup's 4 warps, 8 values (16 bytes) a thread
-        cols = min(32, head_dim // 8)
-        return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
-
     @gluon.jit
     def _ring(tile, STAGES: gl.constexpr):
         # (slot, phase) of ring tile `tile` >= 0, in unsigned arithmetic: signed
@@ -603,7 +597,7 @@ if HAVE_GLUON:
                 # zeros would not cancel if they held inf or NaN.
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
-                    _zero_rows_from(v_tile, n_k - base, cfg)
+                    zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
             p_op = _p_operand(p, cfg.P_LAYOUT, dtype, cfg.P_FP32)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
@@ -646,24 +640,6 @@ if HAVE_GLUON:
             tma.store_wait(0)
             mbarrier.arrive(smem.q_empty.index(qb), count=1)
         return kv, turn
-
-    @gluon.jit
-    def _zero_rows_from(tile, first, cfg):
-        # Rows [first, BLOCK_N) of a landed [BLOCK_N, HEAD_DIM] K/V tile set to zero in shared
-        # memory, in 16-row pieces, then fenced for the wgmma that reads it. Every consumer
-        # of the tile does it before its own read, unsynchronized with the others: rows before
-        # `first` are stored back with the bytes TMA wrote, rows from it with zeros, so a
-        # consumer's wgmma may overlap another's stores of the same bytes but never sees other
-        # bytes (a race by the PTX memory model's letter, harmless because the values agree).
-        PIECE: gl.constexpr = 16
-        layout: gl.constexpr = _tail_layout(cfg.HEAD_DIM)
-        for c in gl.static_range(cfg.BLOCK_N // PIECE):
-            if (c + 1) * PIECE > first:
-                piece = tile.slice(c * PIECE, PIECE)
-                vals = piece.load(layout)
-                rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, layout))
-                piece.store(gl.where((rows < first)[:, None], vals, gl.zeros_like(vals)))
-        fence_async_shared()
 
     @gluon.jit
     def _store_by_tma(o, q_tile, q_buf, o_desc, desc_b, off_h, row):

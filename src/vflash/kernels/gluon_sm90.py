@@ -1,5 +1,6 @@
 """The Gluon names the sm_90 kernels (attention_fwd_hopper.py, attention_bwd_hopper.py) use,
-the same across the Triton releases vflash runs on. HAVE_GLUON is False on a Triton without
+the same across the Triton releases vflash runs on, and the shared-memory helpers both kernels' varlen
+paths share. HAVE_GLUON is False on a Triton without
 Gluon, where the portable kernels serve everything and nothing else here exists."""
 
 try:
@@ -22,5 +23,32 @@ try:
 except (ImportError, AttributeError):
     HAVE_GLUON = False
 
+if HAVE_GLUON:
+    @gluon.constexpr_function
+    def tail_layout(head_dim):
+        # [rows, head_dim] over a consumer warpgroup's 4 warps, 8 values (16 bytes) a thread
+        cols = min(32, head_dim // 8)
+        return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
+
+    @gluon.jit
+    def zero_rows_from(tile, first, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+        # Rows [first, ROWS) of a landed [ROWS, HEAD_DIM] tile set to zero in shared memory, in
+        # 16-row pieces, then fenced for the wgmma that reads it: a ring tile that reaches past its
+        # sequence's end holds the next sequence's rows (or a cache's unused ones), which a zero
+        # weight would not cancel if they held inf or NaN. Every consumer of the tile does it
+        # before its own read, unsynchronized with the others: rows before `first` are stored
+        # back with the bytes TMA wrote, rows from it with zeros, so a consumer's wgmma may
+        # overlap another's stores of the same bytes but never sees other bytes (a race by the
+        # PTX memory model's letter, harmless because the values agree).
+        PIECE: gl.constexpr = 16
+        layout: gl.constexpr = tail_layout(HEAD_DIM)
+        for c in gl.static_range(ROWS // PIECE):
+            if (c + 1) * PIECE > first:
+                piece = tile.slice(c * PIECE, PIECE)
+                vals = piece.load(layout)
+                rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, layout))
+                piece.store(gl.where((rows < first)[:, None], vals, gl.zeros_like(vals)))
+        fence_async_shared()
+
 __all__ = ["HAVE_GLUON", "gluon", "gl", "aggregate", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store"]
+           "warpgroup_mma_wait", "tma_load", "tma_store", "tail_layout", "zero_rows_from"]
