@@ -346,6 +346,104 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
         assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
 
 
+# Packed sequences through the sm_90 kernels (not dispatched yet: ops.attention_backward with kernel="sm90"):
+# (query lengths, key lengths, Hq, Hkv, D, options); empty sequences, lengths around 64-row slabs and
+# 64 / 128-key tiles, Nq != Nk both ways
+HOPPER_VARLEN_BWD_CASES = {
+    "causal_d128": ([130, 0, 1, 64, 65, 300], [130, 5, 1, 64, 65, 300], 4, 2, 128, dict(causal=True)),
+    "top_left_d64": ([70, 200, 3], [140, 90, 3], 4, 1, 64, dict(causal="top_left")),
+    "full_d128": ([100, 257], [33, 129], 2, 2, 128, dict()),
+    "window_softcap_d64": ([190, 64], [190, 64], 4, 4, 64, dict(window=(50, 20), softcap=15.0)),
+}
+
+
+def _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles, poison=False):
+    # the forward (vflash.attention_varlen) and the sm90 backward on packed inputs; poison: the
+    # second sequence's first K / V rows inf and its first Q / dO rows NaN (the first sequence's
+    # gradients must not see them)
+    from vflash.ops import sequence_band
+    from vflash.ops.attention_bwd import attention_backward
+    g = torch.Generator().manual_seed(9)
+    q, do = (torch.randn(sum(lens_q), hq, d, generator=g).to(torch.bfloat16).to(dev) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g).to(torch.bfloat16).to(dev) for _ in range(2))
+    cq, ck = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+              for n in (lens_q, lens_k))
+    if poison:
+        k[lens_k[0]:lens_k[0] + 2] = float("inf")
+        v[lens_k[0]:lens_k[0] + 2] = float("inf")
+        q[lens_q[0]:lens_q[0] + 2] = float("nan")
+        do[lens_q[0]:lens_q[0] + 2] = float("nan")
+    out, lse = vflash.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), return_lse=True, **opts)
+    causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
+    band = sequence_band(causal, opts.get("window", (-1, -1)))
+    got = attention_backward(do, q, k, v, out, lse, band=band, scale=d ** -0.5, softcap=opts.get("softcap"),
+                             tiles=tiles, kernel="sm90",
+                             varlen=(cq, ck, max(lens_q), max(lens_k), causal == "top_left"))
+    return got, (q, k, v, do, cq, ck)
+
+
+def _per_sequence_reference(q, k, v, do, cq, ck, opts, first_only=False):
+    # fp64 autograd of the explicit reference and the same in bf16, one sequence at a time
+    from vflash.reference import attention_varlen_reference
+    n = 1 if first_only else cq.numel() - 1
+    cq, ck = cq[:n + 1], ck[:n + 1]
+    q, do = q[:int(cq[-1])], do[:int(cq[-1])]
+    k, v = k[:int(ck[-1])], v[:int(ck[-1])]
+
+    def fn(a, b, c, compute_dtype):
+        return attention_varlen_reference(a, b, c, cq, ck, compute_dtype=compute_dtype, **opts)[0]
+    ref = _grads(lambda a, b, c: fn(a, b, c, torch.float64), q, k, v, do, torch.float64)
+    same = _grads(lambda a, b, c: fn(a, b, c, None), q, k, v, do, torch.bfloat16)
+    return ref, same, (int(cq[-1]), int(ck[-1]))
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", sorted(HOPPER_VARLEN_BWD_CASES))
+def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
+    from vflash.dispatch import tables
+    lens_q, lens_k, hq, hkv, d, opts = HOPPER_VARLEN_BWD_CASES[case]
+    dev = torch.device("cuda")
+    for tiles in (tables.HOPPER_BACKWARD[d], tables.HOPPER_BACKWARD[d]._replace(
+            dkdv=tables.HOPPER_BACKWARD[d].dkdv._replace(block_n=64), dq=tables.HOPPER_BACKWARD[d].dq._replace(
+                block_m=64))):
+        got, (q, k, v, do, cq, ck) = _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles)
+        ref, same, _ = _per_sequence_reference(q, k, v, do, cq, ck, opts)
+        for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+            verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+            assert verdict.passed, (f"{tiles} {name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} "
+                                    f"{verdict.note}")
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
+    # TMA loads rows past a sequence's end from the next sequence: the kernels zero them in the
+    # ring tiles that cross the end and store a crossing slab's own rows alone
+    from vflash.dispatch import tables
+    lens = [100, 70]
+    got, (q, k, v, do, cq, ck) = _packed_backward(lens, lens, 4, 2, d, dict(causal=True), torch.device("cuda"),
+                                                  tables.HOPPER_BACKWARD[d], poison=True)
+    ref, same, (nq, nk) = _per_sequence_reference(q, k, v, do, cq, ck, dict(causal=True), first_only=True)
+    for name, g, r, s in zip(("dq", "dk", "dv"), (got[0][:nq], got[1][:nk], got[2][:nk]), ref, same):
+        assert g.isfinite().all(), name
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+@pytest.mark.parametrize("kernel", ["dq", "dkdv"])
+def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
+    ptx = compile_sm90(128, torch.bfloat16, band=Band(0, -1, 0), varlen=True).asm["ptx"]
+    dense = compile_sm90(128, torch.bfloat16, band=Band(0, -1, 0)).asm["ptx"]
+    # the crossing slab's pointer stores and the tail zeroing's shared-memory stores exist only in the varlen build
+    assert "st.global" in ptx and "st.global" not in dense
+    assert ptx.count("st.shared") > dense.count("st.shared")
+
+
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
     from vflash.ops import hopper_bwd
     from vflash.ops.band import Band

@@ -2,7 +2,11 @@
 (docs/performance.md, "The sm_90 backward"), launched by ops/hopper_bwd.py where
 vflash.dispatch.select_backward picks them. They repeat the math of the portable
 `attention_bwd_dq_kernel` / `attention_bwd_dkdv_kernel` (read `attention_bwd.py`'s
-docstring first). Dense [B, H, N, D] tensors only for now.
+docstring first). Dense [B, H, N, D] tensors, or packed sequences (IS_VARLEN:
+[total, H, D] with cu_seqlens, FlashAttention's layout; descriptors over [1, H,
+total, D] views): a ring tile that reaches past its sequence's end has those rows
+zeroed before any product reads them (they hold the next sequence's), and an
+output slab that crosses the end is stored by pointer, its own rows alone.
 
 Both kernels have one shape: each consumer warpgroup owns 64 rows of two
 tensors, loaded once, and two others stream past through a ring (`Buffers`);
@@ -41,16 +45,18 @@ kernels for sm_90 (ops/hopper_bwd.py) and the GPU tests check their numbers.
 from vflash.kernels.attention_bwd import probs, row_stats, softcap_grad
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
+from vflash.kernels.seqlen import sequence
 
 if HAVE_GLUON:
     from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
-                                           tma_store, warpgroup_mma, warpgroup_mma_wait)
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_rows_from)
 
     @aggregate
     class Config:
         """The kernel's tiles and switches, as partition arguments (a plain tuple's constexprs would
         reach a partition as runtime values). dQ: BLOCK_M rows a CTA, BLOCK_N keys a streamed tile;
-        dK / dV: BLOCK_N keys a CTA, BLOCK_M rows a streamed tile."""
+        dK / dV: BLOCK_N keys a CTA, BLOCK_M rows a streamed tile. IS_VARLEN: packed sequences
+        (cu_seqlens), TOP_LEFT their causal alignment."""
         BLOCK_M: gl.constexpr
         BLOCK_N: gl.constexpr
         HEAD_DIM: gl.constexpr
@@ -58,24 +64,28 @@ if HAVE_GLUON:
         HAS_LEFT: gl.constexpr
         HAS_RIGHT: gl.constexpr
         SOFTCAP: gl.constexpr
+        IS_VARLEN: gl.constexpr
+        TOP_LEFT: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
         REVERSE_M: gl.constexpr  # dQ kernel: row blocks last to first (dK / dV kernel: False, unread)
 
         @gluon.constexpr_function
-        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, WANT_DK=True,
-                     WANT_DV=True, REVERSE_M=False):
+        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
+                     WANT_DK=True, WANT_DV=True, REVERSE_M=False):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
-                                ("SOFTCAP", SOFTCAP), ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV),
-                                ("REVERSE_M", REVERSE_M)):
+                                ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
+                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV), ("REVERSE_M", REVERSE_M)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
     class Call:
         """The runtime scalars as IR values (partition arguments must be: Triton makes an integer
         argument equal to 1 a constant). n_blocks: a (batch, head)'s CTAs, n_heads: dQ's query
-        heads, dK / dV's KV heads."""
+        heads, dK / dV's KV heads; n_q / n_k: the lengths (varlen: the longest), total_q: LSE's
+        head stride under varlen, out_stride_row / out_stride_head: the packed outputs' strides
+        for the stores of a slab that crosses its sequence's end (varlen)."""
         n_blocks: gl.tensor
         n_heads: gl.tensor
         kv_group: gl.tensor
@@ -88,14 +98,40 @@ if HAVE_GLUON:
         sm_scale: gl.tensor
         softcap_in: gl.tensor
         softcap_out: gl.tensor
+        total_q: gl.tensor
+        out_stride_row: gl.tensor
+        out_stride_head: gl.tensor
 
         @gluon.constexpr_function
         def __init__(self, n_blocks, n_heads, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in,
-                     softcap_out):
+                     softcap_out, total_q, out_stride_row, out_stride_head):
             self.n_blocks, self.n_heads, self.kv_group, self.n_q, self.n_k = n_blocks, n_heads, kv_group, n_q, n_k
             self.off, self.left, self.right = off, left, right
             self.qk_scale, self.sm_scale = qk_scale, sm_scale
             self.softcap_in, self.softcap_out = softcap_in, softcap_out
+            self.total_q, self.out_stride_row, self.out_stride_head = total_q, out_stride_row, out_stride_head
+
+    @aggregate
+    class Work:
+        """One CTA's work: its sequence (batch entry) and head (dQ: a query head; dK / dV: a KV
+        head), the descriptors' batch coordinate and the sequence's first query and key rows in
+        them (dense: the batch, 0, 0; varlen, over [1, H, total, D]: 0 and cu_seqlens' starts),
+        the CTA's first own row in its sequence (dQ: query, dK / dV: key), and the sequence's
+        lengths and band offset."""
+        off_b: gl.tensor
+        off_h: gl.tensor
+        desc_b: gl.tensor
+        q_row: gl.tensor
+        k_row: gl.tensor
+        start: gl.tensor
+        n_q: gl.tensor
+        n_k: gl.tensor
+        off: gl.tensor
+
+        @gluon.constexpr_function
+        def __init__(self, off_b, off_h, desc_b, q_row, k_row, start, n_q, n_k, off):
+            self.off_b, self.off_h, self.desc_b, self.q_row, self.k_row = off_b, off_h, desc_b, q_row, k_row
+            self.start, self.n_q, self.n_k, self.off = start, n_q, n_k, off
 
     @aggregate
     class Buffers:
@@ -146,11 +182,58 @@ if HAVE_GLUON:
         return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty)
 
     @gluon.jit
-    def _call(n_blocks, n_heads, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out):
+    def _call(n_blocks, n_heads, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+              total_q, out_stride_row, out_stride_head):
         return Call(gl.to_tensor(n_blocks), gl.to_tensor(n_heads), gl.to_tensor(kv_group), gl.to_tensor(n_q),
                     gl.to_tensor(n_k), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
                     gl.to_tensor(qk_scale), gl.to_tensor(sm_scale), gl.to_tensor(softcap_in),
-                    gl.to_tensor(softcap_out))
+                    gl.to_tensor(softcap_out), gl.to_tensor(total_q), gl.to_tensor(out_stride_row),
+                    gl.to_tensor(out_stride_head))
+
+    @gluon.jit
+    def _work(call, cu_seqlens_q, cu_seqlens_k, OWN: gl.constexpr, REVERSE: gl.constexpr, cfg):
+        # This CTA's Work: CTA t takes own-row block t % n_blocks of (sequence, head) t // n_blocks
+        # (REVERSE: the blocks last to first, so that under a right edge the dQ kernel's blocks with
+        # the most keys start first and the shortest fill the last wave), OWN rows a block; the
+        # sequence's rows from seqlen.sequence (shared with the forward kernels). A varlen CTA
+        # past its sequence's own rows has no work (start >= its length).
+        t = gl.program_id(0)
+        pid = t % call.n_blocks
+        if REVERSE:
+            pid = call.n_blocks - 1 - pid
+        bh = t // call.n_blocks
+        off_h = bh % call.n_heads
+        off_b = bh // call.n_heads
+        q_row, k_row, n_q, n_k, off = sequence(off_b, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, call.n_q, call.n_k,
+                                               call.off, cfg.IS_VARLEN, False, cfg.TOP_LEFT)
+        if cfg.IS_VARLEN:
+            desc_b = gl.to_tensor(0)
+            q_row = q_row.to(gl.int32)
+            k_row = k_row.to(gl.int32)
+        else:
+            desc_b = off_b
+            q_row = gl.to_tensor(0)
+            k_row = gl.to_tensor(0)
+        return Work(off_b, off_h, desc_b, q_row, k_row, pid * OWN, gl.to_tensor(n_q), gl.to_tensor(n_k),
+                    gl.to_tensor(off))
+
+    @gluon.jit
+    def _has_work(start, rows, cfg):
+        # Whether a CTA's first own row is inside its sequence: varlen's grid covers the longest
+        # sequence; a dense grid has no CTA past the end (a constant, so no branch is compiled).
+        if cfg.IS_VARLEN:
+            return start < rows
+        else:
+            return True
+
+    @gluon.jit
+    def _stats_base(work, head, n_heads_q, call, cfg):
+        # Offset of query head `head`'s first row of this sequence in LSE / DELTA: [B, Hq, n_q]
+        # dense, [Hq, total_q] varlen.
+        if cfg.IS_VARLEN:
+            return head.to(gl.int64) * call.total_q + work.q_row
+        else:
+            return (work.off_b.to(gl.int64) * n_heads_q + head) * call.n_q
 
     @gluon.jit
     def _load_own(a_desc, b_desc, off_b, off_h, row, bufs, c):
@@ -171,35 +254,23 @@ if HAVE_GLUON:
         tma_load(desc, [off_b, off_h, row, 0], ready.index(slot), ring.index(slot))
 
     @gluon.jit
-    def _dq_work_tile(call, cfg):
-        # This CTA's (batch * Hq + head, first query row). REVERSE_M: a head's row blocks last to
-        # first, so that under a right edge the blocks with the most keys start first and the
-        # shortest fill the last wave.
-        t = gl.program_id(0)
-        pid_m = t % call.n_blocks
-        if cfg.REVERSE_M:
-            pid_m = call.n_blocks - 1 - pid_m
-        return t // call.n_blocks, pid_m * cfg.BLOCK_M
-
-    @gluon.jit
-    def _dq_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cfg):
+    def _dq_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg):
         # Producer: each consumer's Q and dO rows, then the work tile's K and V tiles.
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
-        bh, start_m = _dq_work_tile(call, cfg)
-        off_h = bh % call.n_heads
-        off_b = bh // call.n_heads
-        off_hk = off_h // call.kv_group
-        for c in gl.static_range(BLOCK_M // ROWS):
-            _load_own(q_desc, do_desc, off_b, off_h, start_m + c * ROWS, bufs, c)
-        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, BLOCK_M, BLOCK_N,
-                                             cfg.HAS_LEFT, cfg.HAS_RIGHT)
-        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
-        for i in range(n_tiles):
-            key = lo + i * BLOCK_N
-            _load_ring(k_desc, off_b, off_hk, key, bufs.ring_a, bufs.a_ready, bufs.a_empty, i, cfg.STAGES)
-            _load_ring(v_desc, off_b, off_hk, key, bufs.ring_b, bufs.b_ready, bufs.b_empty, i, cfg.STAGES)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg.REVERSE_M, cfg)
+        if _has_work(w.start, w.n_q, cfg):
+            off_hk = w.off_h // call.kv_group
+            for c in gl.static_range(BLOCK_M // ROWS):
+                _load_own(q_desc, do_desc, w.desc_b, w.off_h, w.q_row + w.start + c * ROWS, bufs, c)
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_k, w.off, call.left, call.right, BLOCK_M, BLOCK_N,
+                                                 cfg.HAS_LEFT, cfg.HAS_RIGHT)
+            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
+            for i in range(n_tiles):
+                row = w.k_row + lo + i * BLOCK_N
+                _load_ring(k_desc, w.desc_b, off_hk, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, i, cfg.STAGES)
+                _load_ring(v_desc, w.desc_b, off_hk, row, bufs.ring_b, bufs.b_ready, bufs.b_empty, i, cfg.STAGES)
 
     @gluon.jit
     def _skip_tiles(bufs, first, last, STAGES: gl.constexpr):
@@ -215,20 +286,29 @@ if HAVE_GLUON:
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
 
     @gluon.jit
-    def _score_products(own_a, own_b, bufs, slot, phase, RING_ROWS: gl.constexpr, layout: gl.constexpr,
-                        SECOND: gl.constexpr, cfg):
+    def _score_products(own_a, own_b, bufs, slot, phase, valid, RING_ROWS: gl.constexpr, layout: gl.constexpr,
+                        SECOND: gl.constexpr, TAIL: gl.constexpr, cfg):
         # The two products a tile pair starts with, own rows against the ring slot's tiles as they
         # land: own_a ring_a^T (dQ: S = Q K^T; dK / dV: S^T = K Q^T) and own_b ring_b^T (dP = dO V^T;
         # dP^T = V dO^T). Returns the first done and the second possibly still running (the caller
         # waits for it where it needs it), and the two ring tiles. Without SECOND (a dV-only dK / dV
         # kernel needs no dP^T) the second product is not issued and the first stands in for it.
+        # TAIL (varlen, masked tiles): ring rows from `valid` on belong to the next sequence and are
+        # zeroed before any product reads them (the products that weight them by zero would not
+        # cancel an inf or NaN).
         ROWS: gl.constexpr = 64
         mbarrier.wait(bufs.a_ready.index(slot), phase)
         a_tile = bufs.ring_a.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        if TAIL:
+            if valid < RING_ROWS:
+                zero_rows_from(a_tile, valid, RING_ROWS, cfg.HEAD_DIM)
         first = warpgroup_mma(own_a, a_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
                               use_acc=False, is_async=True)
         mbarrier.wait(bufs.b_ready.index(slot), phase)
-        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        if TAIL:
+            if valid < RING_ROWS:
+                zero_rows_from(b_tile, valid, RING_ROWS, cfg.HEAD_DIM)
         if SECOND:
             second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
                                    use_acc=False, is_async=True)
@@ -239,11 +319,37 @@ if HAVE_GLUON:
         return first, second, a_tile, b_tile
 
     @gluon.jit
-    def _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, first, last, lo, offs_m, call,
+    def _store_rows(acc, buf, desc, work, head, row0, end, Out, scale, call, acc_layout: gl.constexpr, cfg):
+        # One consumer's 64 output rows (dQ, dK or dV: acc * scale) from its own rows' buffer (no
+        # MMA reads it any more), rows [row0, row0 + 64) of the descriptor's, its sequence's ending
+        # at `end`: by TMA, which clips rows past a dense tensor's end; a varlen slab that crosses
+        # its sequence's end by pointer, its own rows alone (TMA would overwrite the next
+        # sequence's first rows).
+        ROWS: gl.constexpr = 64
+        tile = buf.reshape([ROWS, cfg.HEAD_DIM])
+        if cfg.IS_VARLEN:
+            if row0 + ROWS <= end:
+                tile.store((acc * scale).to(desc.dtype))
+                fence_async_shared()
+                tma_store(desc, [work.desc_b, head, row0, 0], buf)
+            else:
+                cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+                rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+                ptrs = (Out + head.to(gl.int64) * call.out_stride_head
+                        + rows.to(gl.int64)[:, None] * call.out_stride_row + cols[None, :])
+                gl.store(ptrs, (acc * scale).to(desc.dtype), mask=(rows < end)[:, None])
+        else:
+            tile.store((acc * scale).to(desc.dtype))
+            fence_async_shared()
+            tma_store(desc, [work.desc_b, head, row0, 0], buf)
+
+    @gluon.jit
+    def _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, first, last, lo, offs_m, n_k, off, call,
                   s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile (counted from its first key lo): S = Q K^T and
-        # dP = dO V^T issued together, P computed while dP runs, then dQ += dS K.
-        # S and dP [64, BLOCK_N], dQ [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
+        # dP = dO V^T issued together, P computed while dP runs, then dQ += dS K. n_k, off: the
+        # sequence's keys and band offset. S and dP [64, BLOCK_N], dQ [64, HEAD_DIM]: wgmma
+        # accumulators over the 4 warps.
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         STAGES: gl.constexpr = cfg.STAGES
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -251,9 +357,10 @@ if HAVE_GLUON:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             key = lo + i * BLOCK_N
-            s, dp, k_tile, v_tile = _score_products(q_tile, do_tile, bufs, slot, phase, BLOCK_N, s_layout, True, cfg)
+            s, dp, k_tile, v_tile = _score_products(q_tile, do_tile, bufs, slot, phase, n_k - key, BLOCK_N, s_layout,
+                                                    True, cfg.IS_VARLEN and MASKED, cfg)
             # Key indices relative to the tile, as the forward's (the shift goes into the bounds).
-            logits = masked_logits(s, offs_m, cols, call.n_k - key, call.off - key, call.left, call.right,
+            logits = masked_logits(s, offs_m, cols, n_k - key, off - key, call.left, call.right,
                                    call.softcap_in, call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT,
                                    cfg.SOFTCAP)
             p = probs(logits, lse2, call.qk_scale, 0, cfg.SOFTCAP)
@@ -267,119 +374,130 @@ if HAVE_GLUON:
         return dq
 
     @gluon.jit
-    def _dq_consumer_partition(dq_desc, LSE, DELTA, bufs, call, C: gl.constexpr, cfg):
-        # Consumer C: rows [start_m + 64 C, + 64) of the work tile against the key tiles they see
+    def _dq_consumer_partition(dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k, C: gl.constexpr,
+                               cfg):
+        # Consumer C: rows [start + 64 C, + 64) of the work tile against the key tiles they see
         # (row_tiles: masked edges, unmasked middle; the work tile's tiles past them skipped).
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        dtype: gl.constexpr = bufs.own_a.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-        bh, start_m = _dq_work_tile(call, cfg)
-        row0 = start_m + C * ROWS
-        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        row_base = bh.to(gl.int64) * call.n_q  # LSE / DELTA [B, Hq, n_q]
-        lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, call.n_q, True)
-        lo, full_lo, full_hi, hi = key_range(start_m, call.n_k, call.off, call.left, call.right, BLOCK_M, BLOCK_N,
-                                             cfg.HAS_LEFT, cfg.HAS_RIGHT)
-        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
-        c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_q, call.n_k, call.off, call.left, call.right,
-                                         ROWS, BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
-        q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
-        do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
-        mbarrier.wait(bufs.own_ready.index(C), 0)
-        dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
-        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, 0, c_left, lo, offs_m, call, s_layout, ds_layout,
-                       True, cfg)
-        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_left, c_mid, lo, offs_m, call, s_layout,
-                       ds_layout, False, cfg)
-        dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_mid, c_end, lo, offs_m, call, s_layout, ds_layout,
-                       True, cfg)
-        _skip_tiles(bufs, c_end, n_tiles, cfg.STAGES)
-        # dQ out through this consumer's Q buffer (no MMA reads it any more); TMA clips rows past n_q.
-        q_tile.store((dq * call.sm_scale).to(dtype))
-        fence_async_shared()
-        tma_store(dq_desc, [bh // call.n_heads, bh % call.n_heads, row0, 0], bufs.own_a.index(C))
-        tma.store_wait(0)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg.REVERSE_M, cfg)
+        if _has_work(w.start, w.n_q, cfg):
+            row0 = w.start + C * ROWS
+            offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            base = _stats_base(w, w.off_h, call.n_heads, call, cfg)
+            lse2, delta = row_stats(LSE + base, DELTA + base, offs_m, w.n_q, True)
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_k, w.off, call.left, call.right, BLOCK_M, BLOCK_N,
+                                                 cfg.HAS_LEFT, cfg.HAS_RIGHT)
+            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_q, w.n_k, w.off, call.left, call.right,
+                                             ROWS, BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
+            q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
+            do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
+            mbarrier.wait(bufs.own_ready.index(C), 0)
+            dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
+            dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, 0, c_left, lo, offs_m, w.n_k, w.off, call,
+                           s_layout, ds_layout, True, cfg)
+            dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_left, c_mid, lo, offs_m, w.n_k, w.off, call,
+                           s_layout, ds_layout, False, cfg)
+            dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_mid, c_end, lo, offs_m, w.n_k, w.off, call,
+                           s_layout, ds_layout, True, cfg)
+            _skip_tiles(bufs, c_end, n_tiles, cfg.STAGES)
+            if row0 < w.n_q:
+                _store_rows(dq, bufs.own_a.index(C), dq_desc, w, w.off_h, w.q_row + row0, w.q_row + w.n_q, DQ,
+                            call.sm_scale, call, dq_layout, cfg)
+            tma.store_wait(0)
 
     @gluon.jit
     def attention_bwd_dq_hopper_kernel(
-        q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA,
-        batch, n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+        q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DQ,
+        batch, n_heads_q, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
+        qk_scale, sm_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        REVERSE_M: gl.constexpr,
+        IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, REVERSE_M: gl.constexpr,
     ):
         # grid = (B * Hq * cdiv(n_q, BLOCK_M), 1, 1), num_warps = 4 (the producer); BLOCK_M / 64
-        # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D]: q, do, dq in
-        # blocks [1, 1, 64, HEAD_DIM], k, v in [1, 1, BLOCK_N, HEAD_DIM]. LSE and DELTA are
-        # [B, Hq, n_q] fp32 (the forward's natural-log LSE; rowsum(dO * O)).
+        # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D] (varlen: [1, H, total,
+        # D] views of the packed tensors): q, do, dq in blocks [1, 1, 64, HEAD_DIM], k, v in [1, 1,
+        # BLOCK_N, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32 (varlen: [Hq, total_q]; the
+        # forward's natural-log LSE; rowsum(dO * O)). Varlen: cu_seqlens_q / _k [B + 1] int32,
+        # n_q / n_k the longest sequence's, DQ the packed dq [total_q, Hq, D] with its row and head
+        # strides (a slab crossing its sequence's end is stored by pointer); dense: all None / 0.
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, REVERSE_M=REVERSE_M)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
+                     REVERSE_M=REVERSE_M)
         bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
-                     softcap_in, softcap_out)
+                     softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
+        load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg)
         # One warp_specialize per consumer count: the frontend takes the partition list only as a literal.
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
-                (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
+                (_dq_load_partition, load),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
-                (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
+                (_dq_load_partition, load),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(0), cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
-                (_dq_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
-                (_dq_consumer_partition, (dq_desc, LSE, DELTA, bufs, call, gl.constexpr(2), cfg)),
+                (_dq_load_partition, load),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(0), cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(1), cfg)),
+                (_dq_consumer_partition, (dq_desc, LSE, DELTA, DQ, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                          gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
     @gluon.jit
-    def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cfg):
+    def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg):
         # Producer: each consumer's K and V rows, then for each query head of the group and each
         # query tile that sees the block, Q and dO.
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M  # query rows a ring tile
         BLOCK_N: gl.constexpr = cfg.BLOCK_N  # keys a CTA
-        t = gl.program_id(0)
-        bh = t // call.n_blocks
-        start_n = (t % call.n_blocks) * BLOCK_N
-        off_hk = bh % call.n_heads
-        off_b = bh // call.n_heads
-        for c in gl.static_range(BLOCK_N // ROWS):
-            _load_own(k_desc, v_desc, off_b, off_hk, start_n + c * ROWS, bufs, c)
-        lo, full_lo, full_hi, hi = key_range(start_n, call.n_q, -call.off, call.right, call.left, BLOCK_N, BLOCK_M,
-                                             cfg.HAS_RIGHT, cfg.HAS_LEFT)
-        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
-        j = 0
-        for g in range(call.kv_group):
-            off_h = off_hk * call.kv_group + g
-            for i in range(n_tiles):
-                row = lo + i * BLOCK_M
-                _load_ring(q_desc, off_b, off_h, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, j, cfg.STAGES)
-                _load_ring(do_desc, off_b, off_h, row, bufs.ring_b, bufs.b_ready, bufs.b_empty, j, cfg.STAGES)
-                j += 1
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, False, cfg)
+        if _has_work(w.start, w.n_k, cfg):
+            for c in gl.static_range(BLOCK_N // ROWS):
+                _load_own(k_desc, v_desc, w.desc_b, w.off_h, w.k_row + w.start + c * ROWS, bufs, c)
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, BLOCK_N, BLOCK_M,
+                                                 cfg.HAS_RIGHT, cfg.HAS_LEFT)
+            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
+            j = 0
+            for g in range(call.kv_group):
+                off_h = w.off_h * call.kv_group + g
+                for i in range(n_tiles):
+                    row = w.q_row + lo + i * BLOCK_M
+                    _load_ring(q_desc, w.desc_b, off_h, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, j, cfg.STAGES)
+                    _load_ring(do_desc, w.desc_b, off_h, row, bufs.ring_b, bufs.b_ready, bufs.b_empty, j,
+                               cfg.STAGES)
+                    j += 1
 
     @gluon.jit
-    def _dkdv_tiles(dk, dv, k_tile, v_tile, lse_base, delta_base, bufs, ring, first, last, lo, offs_n, call,
-                    st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
+    def _dkdv_tiles(dk, dv, k_tile, v_tile, lse_base, delta_base, bufs, ring, first, last, lo, offs_n, n_q, off,
+                    call, st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
         # Query tiles [first, last) of the key block (counted from its first query lo), ring tile
         # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
         # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
-        # S^T and dP^T [64, BLOCK_M], dK and dV [64, HEAD_DIM]: wgmma accumulators over the 4 warps.
-        # cfg.WANT_DK / WANT_DV: only one of the gradients (and only the products it needs), when
-        # both accumulators do not fit in registers (D 256).
+        # n_q, off: the sequence's query rows and band offset. S^T and dP^T [64, BLOCK_M], dK and dV
+        # [64, HEAD_DIM]: wgmma accumulators over the 4 warps. cfg.WANT_DK / WANT_DV: only one of
+        # the gradients (and only the products it needs), when both accumulators do not fit in
+        # registers (D 256).
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         STAGES: gl.constexpr = cfg.STAGES
         dtype: gl.constexpr = k_tile.dtype
@@ -389,13 +507,13 @@ if HAVE_GLUON:
             slot = j % STAGES
             phase = (j // STAGES) & 1
             row = lo + i * BLOCK_M
-            lse2, delta = row_stats(lse_base, delta_base, row + cols, call.n_q, MASKED)
-            st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, BLOCK_M, st_layout,
-                                                       cfg.WANT_DK, cfg)
+            lse2, delta = row_stats(lse_base, delta_base, row + cols, n_q, MASKED)
+            st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, n_q - row, BLOCK_M,
+                                                       st_layout, cfg.WANT_DK, cfg.IS_VARLEN and MASKED, cfg)
             # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
             # masked_logits' band with the edges exchanged and the offset negated, the query
             # indices relative to the tile (the shift goes into the bounds).
-            logits = masked_logits(st, offs_n, cols, call.n_q - row, -call.off - row, call.right, call.left,
+            logits = masked_logits(st, offs_n, cols, n_q - row, -off - row, call.right, call.left,
                                    call.softcap_in, call.softcap_out, MASKED, cfg.HAS_RIGHT, cfg.HAS_LEFT,
                                    cfg.SOFTCAP)
             pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
@@ -423,96 +541,99 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consumer_partition(dk_desc, dv_desc, LSE, DELTA, bufs, call, C: gl.constexpr, cfg):
-        # Consumer C: keys [start_n + 64 C, + 64) against the query tiles they see, for each
-        # query head of the group in order (row_tiles with the roles exchanged: masked edges,
-        # unmasked middle; the block's tiles past them skipped).
+    def _dkdv_consumer_partition(dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                 C: gl.constexpr, cfg):
+        # Consumer C: keys [start + 64 C, + 64) against the query tiles they see, for each query
+        # head of the group in order (row_tiles with the roles exchanged: masked edges, unmasked
+        # middle; the block's tiles past them skipped).
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        dtype: gl.constexpr = bufs.own_a.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        t = gl.program_id(0)
-        bh = t // call.n_blocks
-        start_n = (t % call.n_blocks) * BLOCK_N
-        off_hk = bh % call.n_heads
-        off_b = bh // call.n_heads
-        row0 = start_n + C * ROWS
-        offs_n = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
-        lo, full_lo, full_hi, hi = key_range(start_n, call.n_q, -call.off, call.right, call.left, BLOCK_N, BLOCK_M,
-                                             cfg.HAS_RIGHT, cfg.HAS_LEFT)
-        n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
-        c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, call.n_k, call.n_q, -call.off, call.right, call.left,
-                                         ROWS, BLOCK_M, cfg.HAS_RIGHT, cfg.HAS_LEFT)
-        k_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
-        v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
-        mbarrier.wait(bufs.own_ready.index(C), 0)
-        dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-        for g in range(call.kv_group):
-            # LSE / DELTA [B, Hq, n_q]: query head off_hk * group + g
-            row_base = (off_b * call.n_heads * call.kv_group + off_hk * call.kv_group + g).to(gl.int64) * call.n_q
-            ring = g * n_tiles
-            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, 0, c_left,
-                                 lo, offs_n, call, st_layout, op_layout, True, cfg)
-            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, c_left,
-                                 c_mid, lo, offs_n, call, st_layout, op_layout, False, cfg)
-            dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + row_base, DELTA + row_base, bufs, ring, c_mid,
-                                 c_end, lo, offs_n, call, st_layout, op_layout, True, cfg)
-            _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
-        # dK and dV out through this consumer's K and V buffers (no MMA reads them any more);
-        # TMA clips rows past n_k.
-        if cfg.WANT_DK:
-            k_tile.store((dk * call.sm_scale).to(dtype))
-        if cfg.WANT_DV:
-            v_tile.store(dv.to(dtype))
-        fence_async_shared()
-        if cfg.WANT_DK:
-            tma_store(dk_desc, [off_b, off_hk, row0, 0], bufs.own_a.index(C))
-        if cfg.WANT_DV:
-            tma_store(dv_desc, [off_b, off_hk, row0, 0], bufs.own_b.index(C))
-        tma.store_wait(0)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, False, cfg)
+        if _has_work(w.start, w.n_k, cfg):
+            row0 = w.start + C * ROWS
+            offs_n = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, BLOCK_N, BLOCK_M,
+                                                 cfg.HAS_RIGHT, cfg.HAS_LEFT)
+            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_k, w.n_q, -w.off, call.right, call.left,
+                                             ROWS, BLOCK_M, cfg.HAS_RIGHT, cfg.HAS_LEFT)
+            k_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
+            v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
+            mbarrier.wait(bufs.own_ready.index(C), 0)
+            dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+            dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+            for g in range(call.kv_group):
+                base = _stats_base(w, w.off_h * call.kv_group + g, call.n_heads * call.kv_group, call, cfg)
+                ring = g * n_tiles
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, 0, c_left, lo,
+                                     offs_n, w.n_q, w.off, call, st_layout, op_layout, True, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, c_left, c_mid,
+                                     lo, offs_n, w.n_q, w.off, call, st_layout, op_layout, False, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, c_mid, c_end,
+                                     lo, offs_n, w.n_q, w.off, call, st_layout, op_layout, True, cfg)
+                _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
+            # dK and dV out through this consumer's K and V buffers; TMA clips rows past a dense n_k.
+            if row0 < w.n_k:
+                if cfg.WANT_DK:
+                    _store_rows(dk, bufs.own_a.index(C), dk_desc, w, w.off_h, w.k_row + row0, w.k_row + w.n_k, DK,
+                                call.sm_scale, call, acc_layout, cfg)
+                if cfg.WANT_DV:
+                    _store_rows(dv, bufs.own_b.index(C), dv_desc, w, w.off_h, w.k_row + row0, w.k_row + w.n_k, DV,
+                                1.0, call, acc_layout, cfg)
+            tma.store_wait(0)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
-        batch, n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DK, DV,
+        batch, n_heads_kv, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
+        qk_scale, sm_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
+        IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
-        # [B, H, N, D]: k, v, dk, dv in blocks [1, 1, 64, HEAD_DIM], q, do in [1, 1, BLOCK_M,
-        # HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32. WANT_DK / WANT_DV: the gradients it writes
-        # (at least one).
+        # [B, H, N, D] (varlen: [1, H, total, D] views): k, v, dk, dv in blocks [1, 1, 64,
+        # HEAD_DIM], q, do in [1, 1, BLOCK_M, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32
+        # (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK / DV the packed dk / dv [total_k,
+        # Hkv, D] (the same strides). WANT_DK / WANT_DV: the gradients it writes (at least one).
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, WANT_DK, WANT_DV)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK,
+                     WANT_DV)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
-                     softcap_in, softcap_out)
+                     softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
+        load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
-                (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
+                (_dkdv_load_partition, load),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
-                (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
+                (_dkdv_load_partition, load),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
-                (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, bufs, call, cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(0), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(1), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, bufs, call, gl.constexpr(2), cfg)),
+                (_dkdv_load_partition, load),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(1), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
+                                            cu_seqlens_k, gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

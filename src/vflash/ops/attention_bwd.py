@@ -33,8 +33,8 @@ def attention_backward(
     top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q].
     Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
-    kernel "sm90" (dense, TMA-ready q, k, v: dispatch.sm90_backward_refusal) runs the Gluon dK/dV
-    and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key, dense
+    kernel "sm90" (TMA-ready q, k, v: dispatch.sm90_backward_refusal; dense or varlen) runs the Gluon
+    dK/dV and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key, dense
     calls): the three launches are recorded as that key's plan, where they took the inputs as they came."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
@@ -75,11 +75,12 @@ def attention_backward(
                             Slot(3, "delta")))
     if kernel == "sm90":
         do = do if hopper.tma_ready(do) else do.contiguous()
+        packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
         dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
-                                       tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs)
+                                       tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed)
                 for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",))]
         dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, softcap, tiles.dq.block_m,
-                                         tiles.dq.block_n, tiles.dq.num_stages)
+                                         tiles.dq.block_n, tiles.dq.num_stages, varlen=packed)
     else:
         dkdv = [KernelLaunch(
             attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
