@@ -354,7 +354,21 @@ HOPPER_VARLEN_BWD_CASES = {
     "top_left_d64": ([70, 200, 3], [140, 90, 3], 4, 1, 64, dict(causal="top_left")),
     "full_d128": ([100, 257], [33, 129], 2, 2, 128, dict()),
     "window_softcap_d64": ([190, 64], [190, 64], 4, 4, 64, dict(window=(50, 20), softcap=15.0)),
+    "causal_d256": ([90, 33, 160], [120, 33, 100], 2, 1, 256, dict(causal=True)),
 }
+
+
+def _varlen_tile_sets(d):
+    # the dispatch table's tiles and one consumer a CTA (D 64 also three; D 256: dK and dV apart)
+    from vflash.dispatch import tables
+    from vflash.ops.tiles import BackwardLaunch as L, BackwardTiles
+    if d == 256:
+        return [BackwardTiles(dkdv=L(32, 128, 4, 2), dq=L(128, 32, 4, 2), dkdv_apart=True)]
+    table = tables.HOPPER_BACKWARD[d]
+    sets = [table, table._replace(dkdv=table.dkdv._replace(block_n=64), dq=table.dq._replace(block_m=64))]
+    if d == 64:
+        sets.append(table._replace(dkdv=L(64, 192, 4, 2), dq=L(192, 64, 4, 2)))
+    return sets
 
 
 def _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles, poison=False):
@@ -400,12 +414,9 @@ def _per_sequence_reference(q, k, v, do, cq, ck, opts, first_only=False):
 @needs_hopper
 @pytest.mark.parametrize("case", sorted(HOPPER_VARLEN_BWD_CASES))
 def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
-    from vflash.dispatch import tables
     lens_q, lens_k, hq, hkv, d, opts = HOPPER_VARLEN_BWD_CASES[case]
     dev = torch.device("cuda")
-    for tiles in (tables.HOPPER_BACKWARD[d], tables.HOPPER_BACKWARD[d]._replace(
-            dkdv=tables.HOPPER_BACKWARD[d].dkdv._replace(block_n=64), dq=tables.HOPPER_BACKWARD[d].dq._replace(
-                block_m=64))):
+    for tiles in _varlen_tile_sets(d):
         got, (q, k, v, do, cq, ck) = _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles)
         ref, same, _ = _per_sequence_reference(q, k, v, do, cq, ck, opts)
         for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
