@@ -271,11 +271,12 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
                                       dq_n), q.device)
     launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, D ** -0.5,
                                         opts.get("softcap"), kv_m, kv_n), q.device)
-    if band.has_right:  # row blocks launched last to first: the same CTAs' arithmetic, the same bits
+    # the dQ kernel's schedule variants: the same arithmetic, the same bits
+    for variant in (dict(reverse_m=True), dict(late_dp_wait=True)):
         again = torch.full_like(q, float("nan"))
         launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, again, band, D ** -0.5, opts.get("softcap"),
-                                          dq_m, dq_n, reverse_m=True), q.device)
-        assert torch.equal(again, got[0])
+                                          dq_m, dq_n, **variant), q.device)
+        assert torch.equal(again, got[0]), variant
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)

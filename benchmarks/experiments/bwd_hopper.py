@@ -5,8 +5,9 @@ kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the d
 products, 2x), each timed alone (`time_call`), and the whole backward (delta, dK / dV, dQ; 2.5x, the count
 `vflash bench --mode bwd` uses) with the portable kernels and with the sm_90 ones. The sm_90 kernels'
 gradients are compared with the portable ones' (a difference above 2 % of the largest value prints WRONG).
-Variants timed beside: causal rows' dQ with its row blocks last to first (reverse_m), and the whole
-backward with dQ on a second stream beside dK / dV. Prints one line a measurement and writes a CSV.
+Variants timed beside: dQ with its dP wait held after P's exp2s (late_dp_wait), causal rows' dQ with
+its row blocks last to first (reverse_m), and the whole backward with dQ on a second stream beside dK /
+dV. Prints one line a measurement and writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
   D 256: --rows 256:4096:0 256:4096:1 --tiles 128:32 --dkdv-tiles 32:128 --apart
@@ -81,6 +82,10 @@ def main() -> int:
                 print(f"D{d} N{n} dq {t}: {e}")
                 continue
             record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
+            sm90_dq_late = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn,
+                                                late_dp_wait=True)
+            record("dq", "sm90 late_dp_wait", (bm, bn), lambda: launches.run(sm90_dq_late, dev), 1.5 * fwd, (dq,),
+                   want[:1])
             if s.causal:  # the row blocks with the most keys first
                 sm90_dq_rev = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn,
                                                    reverse_m=True)
