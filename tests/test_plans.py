@@ -413,6 +413,62 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(monkeypatch
     assert recorded == {}
 
 
+def test_recorded_varlen_backward_plan_binds_cu_seqlens(monkeypatch):
+    # packed sequences: the dK / dV and dQ launches take the new call's cu_seqlens too
+    from vflash.dispatch import tables
+    from vflash.ops import attention_bwd as bwd
+    calls = []
+
+    class FakeCompiled:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append((self.kernel, args))
+
+    recorded = {}
+    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
+    monkeypatch.setattr(bwd.launches, "run", lambda launch, device: FakeCompiled(launch.kernel))
+    q, do, out = (torch.randn(12, 4, 16) for _ in range(3))
+    k, v = torch.randn(20, 2, 16), torch.randn(20, 2, 16)
+    lse = torch.randn(4, 12)
+    cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 9, 20], dtype=torch.int32)
+    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), scale=0.25, softcap=None,
+                           tiles=tables.BACKWARD_INTERPRETER, varlen=(cu_q, cu_k, 7, 11, False), plan_key="kv")
+    new = [torch.randn_like(t) for t in (do, q, k, v, out, lse)]
+    cu_q2, cu_k2 = torch.tensor([0, 7, 12], dtype=torch.int32), torch.tensor([0, 11, 20], dtype=torch.int32)
+    dq, dk, dv = recorded["kv"](new[0], None, *new[1:], cu_q2, cu_k2)
+    (_, delta_args), (_, dkdv_args), (_, dq_args) = calls
+    assert dkdv_args[6] is dk and dkdv_args[7] is dv and dkdv_args[8] is cu_q2 and dkdv_args[9] is cu_k2
+    assert dq_args[6] is dq and dq_args[7] is cu_q2 and dq_args[8] is cu_k2
+    assert delta_args[0] is new[4] and delta_args[1] is new[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
+def test_gpu_planned_varlen_training_matches_the_full_path():
+    # attention_varlen's forward and backward ops replay their plans with new lengths in the same shapes
+    def grads(seed, lens):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        total = sum(lens)
+        q, k, v, w = (torch.randn(total, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        out = vflash.attention_varlen(*leaves, cu, cu, 600, 600, causal=True)
+        return torch.autograd.grad((out.float() * w.float()).sum(), leaves)
+
+    plans.clear()
+    first = grads(0, [600, 200, 224])
+    assert sorted(key[0] for key in plans._plans) == ["attention_varlen_bwd", "attention_varlen_fwd"]
+    again = grads(0, [600, 200, 224])
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    planned = grads(1, [100, 600, 324])  # other lengths, the same totals and longest: the same plans
+    assert len(plans._plans) == 2
+    plans.clear()
+    full = grads(1, [100, 600, 324])
+    assert all(torch.equal(a, b) for a, b in zip(planned, full))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
 @pytest.mark.parametrize("n,d,opts", [(1100, 128, dict(causal=True)),  # sm_90 backward on an H200

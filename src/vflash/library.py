@@ -91,11 +91,16 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
                          max_seqlen_q: int, max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
                          softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
     """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api)."""
+    key = plans.op_plan_key("attention_varlen_fwd", (q, k, v, cu_seqlens_q, cu_seqlens_k),
+                            (max_seqlen_q, max_seqlen_k, left, right, top_left, scale, softcap))
+    plan = plans.lookup(key)
+    if plan is not None:
+        return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
     band = Band(0, left, right)
     choice = dispatch.select(dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k,
                                                         band, kv=(k, v)))
     return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band, top_left=top_left,
-                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles)
+                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles, plan_key=key)
 
 
 @attention_varlen_fwd.register_fake
@@ -110,12 +115,17 @@ def attention_varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Ten
                          lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
                          softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    key = plans.op_plan_key("attention_varlen_bwd", (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k),
+                            (max_seqlen_q, max_seqlen_k, left, right, top_left, scale, softcap))
+    plan = plans.lookup(key)
+    if plan is not None:
+        return plan(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     band = Band(0, left, right)
     problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band)
     choice = dispatch.select_backward(problem)  # packed sequences: the portable kernels
     return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap,
                               tiles=choice.tiles, dlse=dlse, kernel=choice.kernel,
-                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left))
+                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left), plan_key=key)
 
 
 @attention_varlen_bwd.register_fake

@@ -20,6 +20,7 @@ from vflash.ops.scales import score_scales
 from vflash.ops.tiles import CombineTiles, HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
+VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 KVCACHE_INPUTS = ("q", "k_cache", "v_cache", "cache_seqlens", "cu_seqlens_q", "block_table")
 RETURNS = ("out", "lse")
 
@@ -73,12 +74,15 @@ def attention_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, *, band: Band, top_left: bool, scale: float, softcap: Optional[float], return_lse: bool,
     tiles: Union[PortableTiles, HopperTiles], out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+    plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
     (or None). `band` is `ops.band.sequence_band`'s; each sequence's offset comes
     from its own lengths (Nk - Nq, or 0 with `top_left`). `tiles` picks the kernel
     as in attention_forward. `out` (any strides; unit last stride with HopperTiles)
-    and `lse` (contiguous) may be passed preallocated."""
+    and `lse` (contiguous) may be passed preallocated. With a `plan_key` the launch
+    is recorded as attention_forward's is, its inputs VARLEN_INPUTS."""
+    fresh_out = out is None
     total_q, Hq, D = q.shape
     if out is None:
         out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
@@ -92,11 +96,18 @@ def attention_varlen_forward(
             lse.fill_(float("-inf"))
         return out, lse
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left)
+    allocs = [Alloc("out", tuple(out.shape), q.dtype)]
+    if lse is not None:
+        allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if isinstance(tiles, HopperTiles):
+        if tiles.dynamic:
+            allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
         launch = _hopper_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
     else:
         launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
-    launches.run(launch, q.device)
+    compiled = launches.run(launch, q.device)
+    if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
+        launches.record(plan_key, launch, compiled, VARLEN_INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
 
 

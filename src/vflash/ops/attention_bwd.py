@@ -18,7 +18,8 @@ from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
 
 
-# A dense backward plan's inputs, in the order vflash.library.attention_bwd passes them (dlse may be None)
+# A backward plan's inputs, in the order vflash.library's backward ops pass them (dlse may be None;
+# varlen adds cu_seqlens_q and cu_seqlens_k)
 PLAN_INPUTS = ("do", "dlse", "q", "k", "v", "out", "lse")
 
 
@@ -34,8 +35,8 @@ def attention_backward(
     Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
     kernel "sm90" (TMA-ready q, k, v: dispatch.sm90_backward_refusal; dense or varlen) runs the Gluon
-    dK/dV and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key, dense
-    calls): the three launches are recorded as that key's plan, where they took the inputs as they came."""
+    dK/dV and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key): the
+    launches are recorded as that key's plan, where they took the inputs as they came."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
@@ -68,6 +69,7 @@ def attention_backward(
                   IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
     scalars = (band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     names = ("q", "k", "v", "do", "lse", "delta")
+    cu_names = () if varlen is None else ("cu_seqlens_q", "cu_seqlens_k")  # right after the outputs
     delta_launch = KernelLaunch(
         attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
         dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.dq.block_m, HAS_DLSE=dlse is not None),
@@ -88,17 +90,17 @@ def attention_backward(
              *out_strides[0], *out_strides[1], Hq, Nq, Nk, *scalars),
             dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
             dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
-            tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv"))))]
+            tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv") + cu_names)))]
         dq_launch = KernelLaunch(
             attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
             (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
              Hq, Hq // Hkv, Nq, Nk, *scalars),
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
-            tuple(Slot(i, n) for i, n in enumerate(names + ("dq",))))
+            tuple(Slot(i, n) for i, n in enumerate(names + ("dq",) + cu_names)))
     run = [(launch, launches.run(launch, q.device)) for launch in (delta_launch, *dkdv, dq_launch)]
-    if plan_key is not None and varlen is None and all(a is b for a, b in zip(given, (do, lse, dlse))):
+    if plan_key is not None and all(a is b for a, b in zip(given, (do, lse, dlse))):
         allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
                   Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32))
-        launches.record_sequence(plan_key, run, PLAN_INPUTS, allocs, ("dq", "dk", "dv"), q.device.index)
+        launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names, allocs, ("dq", "dk", "dv"), q.device.index)
     return dq, dk, dv
