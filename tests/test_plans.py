@@ -358,6 +358,25 @@ def test_gpu_cuda_graph_replays_match_the_oracle(n):
         assert (out.float() - ref.float()).abs().max().item() < 2e-2
 
 
+@pytest.fixture
+def fake_backward_launches(monkeypatch):
+    # ops.attention_backward's launches run as fakes that log (kernel, arguments), and plans are
+    # recorded into a dict: (calls, recorded)
+    from vflash.ops import attention_bwd as bwd
+    calls, recorded = [], {}
+
+    class FakeCompiled:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append((self.kernel, args))
+
+    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
+    monkeypatch.setattr(bwd.launches, "run", lambda launch, device: FakeCompiled(launch.kernel))
+    return calls, recorded
+
+
 def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     monkeypatch.setattr(plans, "_planned", lambda q: True)
     q, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
@@ -372,23 +391,12 @@ def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     assert plans.op_plan_key("attention_bwd", (q, None, "q"), (0,)) is None
 
 
-def test_recorded_backward_plan_binds_its_three_launches_to_the_call(monkeypatch):
+def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backward_launches):
     # the dense backward's plan (what library.attention_bwd replays): delta, dK / dV and dQ launched
     # in order with the new call's tensors in every slot and fresh outputs
     from vflash.dispatch import tables
     from vflash.ops import attention_bwd as bwd
-    calls = []
-
-    class FakeCompiled:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            return lambda *args: calls.append((self.kernel, args))
-
-    recorded = {}
-    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
-    monkeypatch.setattr(bwd.launches, "run", lambda launch, device: FakeCompiled(launch.kernel))
+    calls, recorded = fake_backward_launches
     q, k, v, do = (torch.randn(1, 2, 8, 16) for _ in range(4))
     out, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
     bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), scale=0.25, softcap=None,
@@ -413,22 +421,11 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(monkeypatch
     assert recorded == {}
 
 
-def test_recorded_varlen_backward_plan_binds_cu_seqlens(monkeypatch):
+def test_recorded_varlen_backward_plan_binds_cu_seqlens(fake_backward_launches):
     # packed sequences: the dK / dV and dQ launches take the new call's cu_seqlens too
     from vflash.dispatch import tables
     from vflash.ops import attention_bwd as bwd
-    calls = []
-
-    class FakeCompiled:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            return lambda *args: calls.append((self.kernel, args))
-
-    recorded = {}
-    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
-    monkeypatch.setattr(bwd.launches, "run", lambda launch, device: FakeCompiled(launch.kernel))
+    calls, recorded = fake_backward_launches
     q, do, out = (torch.randn(12, 4, 16) for _ in range(3))
     k, v = torch.randn(20, 2, 16), torch.randn(20, 2, 16)
     lse = torch.randn(4, 12)

@@ -189,6 +189,17 @@ if HAVE_GLUON:
             anchor = gl.allocate_shared_memory(gl.float32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty, anchor)
 
+    @gluon.constexpr_function
+    def _acc_layout(cols):
+        # a consumer warpgroup's wgmma accumulator [64, cols] over its 4 warps: S / dP (cols the
+        # streamed tile's rows) or a gradient (cols = HEAD_DIM)
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
+
+    @gluon.constexpr_function
+    def _operand_layout(head_dim):
+        # P^T, dS^T or dS in registers as the A operand of a product into a [64, head_dim] accumulator
+        return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(head_dim), k_width=2)
+
     @gluon.jit
     def _call(n_blocks, n_heads, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
               total_q, out_stride_row, out_stride_head):
@@ -396,11 +407,9 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HEAD_DIM, 16])
-        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+        dq_layout: gl.constexpr = _acc_layout(HEAD_DIM)
+        ds_layout: gl.constexpr = _operand_layout(HEAD_DIM)
         w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg.REVERSE_M, cfg)
         if _has_work(w.start, w.n_q, cfg):
             row0 = w.start + C * ROWS
@@ -564,11 +573,9 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, HEAD_DIM, 16])
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        st_layout: gl.constexpr = _acc_layout(BLOCK_M)
+        acc_layout: gl.constexpr = _acc_layout(HEAD_DIM)
+        op_layout: gl.constexpr = _operand_layout(HEAD_DIM)
         w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, False, cfg)
         if _has_work(w.start, w.n_k, cfg):
             row0 = w.start + C * ROWS
