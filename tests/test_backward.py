@@ -484,3 +484,38 @@ def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
                                outputs="dq")
     assert hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1,
                                   None, outputs="dv").constexprs["WANT_DK"] is False
+
+
+def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
+    # packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse / delta [Hq, total_q]: the grid covers the
+    # longest sequence, the pointer parameters are the packed outputs and cu_seqlens, the strides theirs
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    q, do = torch.randn(300, 4, 64, dtype=torch.bfloat16), torch.randn(300, 4, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(250, 2, 64, dtype=torch.bfloat16), torch.randn(250, 2, 64, dtype=torch.bfloat16)
+    lse, delta = torch.randn(4, 300), torch.randn(4, 300)
+    cu_q, cu_k = torch.tensor([0, 100, 300], dtype=torch.int32), torch.tensor([0, 50, 250], dtype=torch.int32)
+    varlen = (cu_q, cu_k, 200, 200, False)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    band = Band(0, -1, 0)
+    dq_l = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, 0.125, None, varlen=varlen)
+    dkdv_l = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, 0.125, None, varlen=varlen)
+    for launch, kernel in ((dq_l, "attention_bwd_dq_hopper_kernel"), (dkdv_l, "attention_bwd_dkdv_hopper_kernel")):
+        names = getattr(hopper_bwd.kernels, kernel).arg_names
+        assert len(launch.params()) == len(names)
+        by_name = dict(zip(names, launch.params()))
+        assert by_name["cu_seqlens_q"] is cu_q and by_name["cu_seqlens_k"] is cu_k and by_name["IS_VARLEN"]
+        assert (by_name["n_q"], by_name["n_k"], by_name["total_q"]) == (200, 200, 300)
+        assert by_name["out_stride_row"] == (4 * 64 if kernel.startswith("attention_bwd_dq") else 2 * 64)
+        assert by_name["out_stride_head"] == 64 and by_name["batch"] == 2
+        slots = {s.name: s.position for s in launch.slots}
+        assert names[slots["cu_seqlens_q"]] == "cu_seqlens_q" and names[slots["lse"]] == "LSE"
+    assert dict(zip(hopper_bwd.kernels.attention_bwd_dq_hopper_kernel.arg_names, dq_l.params()))["DQ"] is dq
+    by_name = dict(zip(hopper_bwd.kernels.attention_bwd_dkdv_hopper_kernel.arg_names, dkdv_l.params()))
+    assert by_name["DK"] is dk and by_name["DV"] is dv
+    assert [s.position for s in dkdv_l.slots if s.name in ("dk", "dv")] == [4, 5, 10, 11]
+    assert dq_l.grid == (2 * 4 * 2, 1, 1) and dkdv_l.grid == (2 * 2 * 2, 1, 1)  # cdiv(200, 128), cdiv(200, 128)
+    with pytest.raises(ValueError, match=r"lse must be contiguous fp32 \[4, 300\]"):
+        hopper_bwd.dq_launch(q, k, v, do, lse.t().contiguous(), delta, dq, band, 0.125, None, varlen=varlen)
