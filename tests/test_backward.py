@@ -303,6 +303,34 @@ def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, H
     _check(B, Hq, Hkv, Nq, Nk, D, "bf16", torch.device("cuda"), layout=layout, **opts)
 
 
+@pytest.mark.parametrize("kernel,kw", [("dq", dict(head_dim=128)), ("dkdv", dict(head_dim=128)),
+                                       ("dkdv", dict(head_dim=128, varlen=True)),
+                                       ("dq", dict(head_dim=128, late_dp_wait=True))],
+                         ids=["dq", "dkdv", "dkdv_varlen", "dq_late_dp_wait"])
+def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
+    # ptxas serializes every wgmma of a kernel (info C7514) when other instructions read an
+    # accumulator while its products are in flight: correct, and several times slower; a
+    # restructuring of the pipelines can cause it (a cross-tile dK / dV pipeline did)
+    import os
+    import subprocess
+    import tempfile
+    from vflash.ops import hopper_bwd
+    from vflash.ops.band import Band
+    if not hopper_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from triton.backends.nvidia.compiler import get_ptxas
+    ptxas = get_ptxas(90).path  # the ptxas this Triton assembles sm_90 with
+    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
+    ptx = compile_sm90(band=Band(0, -1, 0), **kw).asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")],
+                             capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Compiling entry function" in run.stderr and "C7514" not in run.stderr, run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("outputs,causal", [("dk", True), ("dv", False)])
 def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
     from vflash.ops import hopper_bwd
