@@ -305,12 +305,13 @@ if HAVE_GLUON:
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
 
     @gluon.jit
-    def _issue_scores(own_a, own_b, bufs, slot, phase, valid, RING_ROWS: gl.constexpr, layout: gl.constexpr,
-                      SECOND: gl.constexpr, TAIL: gl.constexpr, cfg):
-        # The two products a tile pair starts with, own rows against the ring slot's tiles, each
-        # issued as its tile lands: own_a ring_a^T (dQ: S = Q K^T; dK / dV: S^T = K Q^T) and own_b
-        # ring_b^T (dP = dO V^T; dP^T = V dO^T). Returns both in flight. Without SECOND (a dV-only
-        # dK / dV kernel needs no dP^T) the second is not issued and the first stands in for it.
+    def _score_products(own_a, own_b, bufs, slot, phase, valid, RING_ROWS: gl.constexpr, layout: gl.constexpr,
+                        SECOND: gl.constexpr, TAIL: gl.constexpr, cfg):
+        # The two products a tile pair starts with, own rows against the ring slot's tiles as they
+        # land: own_a ring_a^T (dQ: S = Q K^T; dK / dV: S^T = K Q^T) and own_b ring_b^T (dP = dO V^T;
+        # dP^T = V dO^T). Returns the first done and the second possibly still running (the caller
+        # waits for it where it needs it), and the two ring tiles. Without SECOND (a dV-only dK / dV
+        # kernel needs no dP^T) the second product is not issued and the first stands in for it.
         # TAIL (varlen, masked tiles): ring rows from `valid` on belong to the next sequence and are
         # zeroed before any product reads them (the products that weight them by zero would not
         # cancel an inf or NaN).
@@ -330,19 +331,6 @@ if HAVE_GLUON:
         if SECOND:
             second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
                                    use_acc=False, is_async=True)
-        else:
-            second = first
-        return first, second
-
-    @gluon.jit
-    def _score_products(own_a, own_b, bufs, slot, phase, valid, RING_ROWS: gl.constexpr, layout: gl.constexpr,
-                        SECOND: gl.constexpr, TAIL: gl.constexpr, cfg):
-        # _issue_scores, then the first product waited for (the second may still run: the caller
-        # waits for it where it needs it); also returns the slot's two ring tiles.
-        first, second = _issue_scores(own_a, own_b, bufs, slot, phase, valid, RING_ROWS, layout, SECOND, TAIL, cfg)
-        a_tile = bufs.ring_a.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
-        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
-        if SECOND:
             first, a_tile = warpgroup_mma_wait(1, deps=(first, a_tile))
         else:
             first, a_tile = warpgroup_mma_wait(0, deps=(first, a_tile))
