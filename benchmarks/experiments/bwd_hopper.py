@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from benchmarks.experiments.common import backward_launches, backward_row, write_rows
+from benchmarks.experiments.common import backward_launches, backward_row, graphed, write_rows
 from vflash import dispatch
 from vflash.harness.bench import attention_flops, time_call
 from vflash.ops import hopper_bwd
@@ -35,6 +35,8 @@ def main() -> int:
                     help="the sm_90 dQ kernel's block_m:block_n")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="time each call as a CUDA graph replay (the kernels alone, without the launch path)")
     ap.add_argument("--apart", action="store_true",
                     help="dK and dV from two launches of the dK / dV kernel (one accumulator each; D 256)")
     args = ap.parse_args()
@@ -58,7 +60,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 err = max((float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
                            for a, b in zip(got, want)), default=0.0)
-                ms = time_call(call, dev, rep_ms=40, warmup_ms=20)[0]
+                ms = time_call(graphed(call) if args.graphs else call, dev, rep_ms=40, warmup_ms=20)[0]
             except Exception as e:  # noqa: BLE001 - out of resources and the like: report, go on
                 print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}: {type(e).__name__} {str(e)[:200]}", flush=True)
                 return
