@@ -7,8 +7,8 @@ fake (meta) implementation, so `torch.compile(fullgraph=True)` traces them as si
 nodes, and `register_autograd` linking the two: the forward saves q, k, v, out and
 lse only. CPU tensors run the kernels through Triton's interpreter, as the rest of
 vflash does. The kernels are chosen inside the ops (vflash.dispatch), so the traced
-graph holds no launch details. Repeated dense calls replay launch plans
-(vflash.ops.plans.op_plan_key) recorded by their first call.
+graph holds no launch details. Repeated calls (dense or packed) replay the launch plans
+(vflash.ops.plans.op_plan_key) their first call recorded.
 """
 
 from typing import Optional, Tuple

@@ -94,10 +94,10 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     rows, keys = describers(block_n, sh.head_dim, q.dtype)
     view = None if varlen is None else sh.view
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
-    packed = () if varlen is None else (dq.stride(0), dq.stride(1))
+    out_strides = (0, 0) if varlen is None else (dq.stride(0), dq.stride(1))  # the crossing slabs' pointer stores
     args = (rows(sh.view(q)), keys(sh.view(k)), keys(sh.view(v)), rows(sh.view(do)), rows(sh.view(dq)), lse, delta,
             *sh.cu, None if varlen is None else dq,
-            sh.batch, sh.heads_q, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *(packed or (0, 0)),
+            sh.batch, sh.heads_q, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
             band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_q * -(-sh.n_q // block_m), 1, 1)
     slots = (_described("q", 0, rows, view), _described("k", 1, keys, view), _described("v", 2, keys, view),
@@ -124,10 +124,10 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     if varlen is not None and dk.stride() != dv.stride():
         raise ValueError("the sm90 dK / dV kernel stores packed dk and dv with one set of strides")
-    packed = () if varlen is None else (dk.stride(0), dk.stride(1))
+    out_strides = (0, 0) if varlen is None else (dk.stride(0), dk.stride(1))
     args = (streamed(sh.view(q)), rows(sh.view(k)), rows(sh.view(v)), streamed(sh.view(do)), rows(sh.view(dk)),
             rows(sh.view(dv)), lse, delta, *sh.cu, *((None, None) if varlen is None else (dk, dv)),
-            sh.batch, sh.heads_k, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *(packed or (0, 0)),
+            sh.batch, sh.heads_k, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
             band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_k * -(-sh.n_k // block_n), 1, 1)
     slots = (_described("q", 0, streamed, view), _described("k", 1, rows, view), _described("v", 2, rows, view),
