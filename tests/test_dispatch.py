@@ -109,18 +109,19 @@ def test_select_backward_takes_the_sm90_kernels_on_dense_16bit_calls(h200, d, ca
 def test_select_backward_refusals_and_forcing(h200, monkeypatch):
     # where the sm90 backward cannot run, the portable tables serve, and the reason is in `why`;
     # a forced sm90 raises with it
-    varlen = dataclasses.replace(problem(128, True, 4096, 32), varlen=True)
     for p, reason in [(problem(128, False, 4096, 32, dtype=torch.float32), "float16"),
                       (problem(128, False, 4096, 32, device=torch.device("cpu")), "interpreter"),
                       (problem(256, False, 4096, 32), "head dims"),
                       (problem(32, False, 4096, 32), "head dims"),
-                      (problem(128, False, 4096, 32, tma=False), "TMA"),
-                      (varlen, "packed sequences")]:
+                      (problem(128, False, 4096, 32, tma=False), "TMA")]:
         choice = dispatch.select_backward(p)
         assert choice.kernel == "portable" and reason in choice.why, choice.why
         assert choice.tiles == dispatch.backward_tiles(p)
         with pytest.raises(ValueError, match=reason):
             dispatch.select_backward(p, kernel="sm90")
+    # packed sequences take the same kernels and tiles as dense ones of their longest lengths
+    varlen = dataclasses.replace(problem(128, True, 4096, 32), varlen=True)
+    assert dispatch.select_backward(varlen) == dispatch.select_backward(problem(128, True, 4096, 32))
     short = dispatch.select_backward(problem(64, True, 1024, 32))
     assert short.kernel == "portable" and "not ahead" in short.why, short.why
     assert dispatch.select_backward(problem(64, True, 1024, 32), kernel="sm90").kernel == "sm90"

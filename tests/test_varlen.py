@@ -217,7 +217,8 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
-    # the public call, dispatched: mixed lengths up to 2k at D 128, and autograd through it
+    # the public call, dispatched: mixed lengths up to 2k at D 128, and autograd through it (the
+    # sm90 backward kernels too), gradients against the per-sequence oracle
     lens = [2048, 0, 700, 1500, 33]
     dev = torch.device("cuda")
     q, k, v = _inputs(lens, lens, 8, 2, 128, torch.bfloat16, dev, seed=1)
@@ -225,9 +226,21 @@ def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
     band = sequence_band("bottom_right" if causal else None, (-1, -1))
     assert dispatch.select(dispatch.varlen_problem_of(q, len(lens), 2048, 2048, band, kv=(k, v))).kernel == "sm90"
     _check(lens, lens, dev, hq=8, hkv=2, d=128, dtype="bf16", causal=causal)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    vflash.attention_varlen(*leaves, cu, cu, 2048, 2048, causal=causal).float().square().sum().backward()
-    assert all(t.grad is not None and t.grad.isfinite().all() for t in leaves)
+    assert dispatch.select_backward(dispatch.varlen_problem_of(q, len(lens), 2048, 2048, band,
+                                                               kv=(k, v))).kernel == "sm90"
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(q)
+    grads = []
+    for compute_dtype, dtype in ((None, torch.bfloat16), (torch.float64, torch.float64), (None, None)):
+        leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+        if dtype is None:  # vflash, dispatched
+            out = vflash.attention_varlen(*leaves, cu, cu, 2048, 2048, causal=causal)
+        else:
+            out = attention_varlen_reference(*leaves, cu, cu, causal=causal, compute_dtype=compute_dtype)[0]
+        out.backward(do.to(out.dtype))
+        grads.append([t.grad for t in leaves])
+    for name, s, r, g in zip(("dq", "dk", "dv"), *grads):
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
 
 
 def _neighbour_inf_case(lens, d, dtype, device):

@@ -5,9 +5,8 @@ kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the d
 products, 2x), each timed alone (`time_call`), and the whole backward (delta, dK / dV, dQ; 2.5x, the count
 `vflash bench --mode bwd` uses) with the portable kernels and with the sm_90 ones. The sm_90 kernels'
 gradients are compared with the portable ones' (a difference above 2 % of the largest value prints WRONG).
-Variants timed beside: dQ with its dP wait held after P's exp2s (late_dp_wait), causal rows' dQ with
-its row blocks last to first (reverse_m), and the whole backward with dQ on a second stream beside dK /
-dV. Prints one line a measurement and writes a CSV.
+The whole sm_90 backward takes the first --tiles and --dkdv-tiles. Prints one line a measurement and
+writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
   D 256: --rows 256:4096:0 256:4096:1 --tiles 128:32 --dkdv-tiles 32:128 --apart
@@ -84,15 +83,6 @@ def main() -> int:
                 print(f"D{d} N{n} dq {t}: {e}")
                 continue
             record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
-            sm90_dq_late = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn,
-                                                late_dp_wait=True)
-            record("dq", "sm90 late_dp_wait", (bm, bn), lambda: launches.run(sm90_dq_late, dev), 1.5 * fwd, (dq,),
-                   want[:1])
-            if s.causal:  # the row blocks with the most keys first
-                sm90_dq_rev = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn,
-                                                   reverse_m=True)
-                record("dq", "sm90 reverse_m", (bm, bn), lambda: launches.run(sm90_dq_rev, dev), 1.5 * fwd, (dq,),
-                       want[:1])
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_launches(bm, bn):
@@ -114,19 +104,6 @@ def main() -> int:
                     hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
             record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
                    (dq, dk, dv), want)
-            # dQ on a second stream beside dK / dV (both read only delta's output): one kernel's last
-            # wave can share the SMs with the other's first
-            side = torch.cuda.Stream(dev)
-
-            def two_streams():
-                launches.run(sm90[0], dev)
-                side.wait_stream(torch.cuda.current_stream(dev))
-                with torch.cuda.stream(side):
-                    launches.run(sm90[-1], dev)
-                for x in sm90[1:-1]:
-                    launches.run(x, dev)
-                torch.cuda.current_stream(dev).wait_stream(side)
-            record("bwd", "sm90 two streams", "first tiles", two_streams, 2.5 * fwd, (dq, dk, dv), want)
         except ValueError as e:
             print(f"D{d} N{n} bwd: {e}")
     write_rows(args.out, rows)

@@ -121,8 +121,8 @@ def attention_varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Ten
     if plan is not None:
         return plan(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     band = Band(0, left, right)
-    problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band)
-    choice = dispatch.select_backward(problem)  # packed sequences: the portable kernels
+    problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band, kv=(k, v))
+    choice = dispatch.select_backward(problem)
     return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap,
                               tiles=choice.tiles, dlse=dlse, kernel=choice.kernel,
                               varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left), plan_key=key)

@@ -246,8 +246,6 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
-    if p.varlen:
-        return "it takes dense [B, H, N, D] tensors, not packed sequences"
     if p.head_dim not in tables.HOPPER_BACKWARD:
         return f"it has tiles for head dims {sorted(tables.HOPPER_BACKWARD)}, not {p.head_dim}"
     return None

@@ -68,17 +68,14 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
-        REVERSE_M: gl.constexpr  # dQ kernel: row blocks last to first (dK / dV kernel: False, unread)
-        LATE_DP_WAIT: gl.constexpr  # dQ kernel: P's row maxima to shared memory before the dP wait
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     WANT_DK=True, WANT_DV=True, REVERSE_M=False, LATE_DP_WAIT=False):
+                     WANT_DK=True, WANT_DV=True):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
                                 ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
-                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV), ("REVERSE_M", REVERSE_M),
-                                ("LATE_DP_WAIT", LATE_DP_WAIT)):
+                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -149,14 +146,12 @@ if HAVE_GLUON:
         b_ready: gl.shared_memory_descriptor
         a_empty: gl.shared_memory_descriptor
         b_empty: gl.shared_memory_descriptor
-        anchor: gl.shared_memory_descriptor  # LATE_DP_WAIT's scratch rows (one element otherwise)
 
         @gluon.constexpr_function
-        def __init__(self, own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty, anchor):
+        def __init__(self, own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty):
             self.own_a, self.own_b, self.ring_a, self.ring_b = own_a, own_b, ring_a, ring_b
             self.own_ready, self.a_ready, self.b_ready, self.a_empty, self.b_empty = (own_ready, a_ready, b_ready,
                                                                                       a_empty, b_empty)
-            self.anchor = anchor
 
     @gluon.jit
     def _buffers(own_a_desc, own_b_desc, ring_a_desc, ring_b_desc, NUM_CONSUMERS: gl.constexpr,
@@ -183,11 +178,7 @@ if HAVE_GLUON:
             mbarrier.init(a_empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
             mbarrier.init(b_empty.index(i), count=NUM_CONSUMERS)
         fence_async_shared()
-        if cfg.LATE_DP_WAIT:
-            anchor = gl.allocate_shared_memory(gl.float32, [4 * ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        else:
-            anchor = gl.allocate_shared_memory(gl.float32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty, anchor)
+        return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty)
 
     @gluon.constexpr_function
     def _acc_layout(cols):
@@ -210,16 +201,13 @@ if HAVE_GLUON:
                     gl.to_tensor(out_stride_head))
 
     @gluon.jit
-    def _work(call, cu_seqlens_q, cu_seqlens_k, OWN: gl.constexpr, REVERSE: gl.constexpr, cfg):
-        # This CTA's Work: CTA t takes own-row block t % n_blocks of (sequence, head) t // n_blocks
-        # (REVERSE: the blocks last to first, so that under a right edge the dQ kernel's blocks with
-        # the most keys start first and the shortest fill the last wave), OWN rows a block; the
+    def _work(call, cu_seqlens_q, cu_seqlens_k, OWN: gl.constexpr, cfg):
+        # This CTA's Work: CTA t takes own-row block t % n_blocks of (sequence, head) t // n_blocks,
+        # OWN rows a block; the
         # sequence's rows from seqlen.sequence (shared with the forward kernels). A varlen CTA
         # past its sequence's own rows has no work (start >= its length).
         t = gl.program_id(0)
         pid = t % call.n_blocks
-        if REVERSE:
-            pid = call.n_blocks - 1 - pid
         bh = t // call.n_blocks
         off_h = bh % call.n_heads
         off_b = bh // call.n_heads
@@ -278,7 +266,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
-        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg.REVERSE_M, cfg)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg)
         if _has_work(w.start, w.n_q, cfg):
             off_hk = w.off_h // call.kv_group
             for c in gl.static_range(BLOCK_M // ROWS):
@@ -364,7 +352,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, first, last, lo, offs_m, n_k, off, call,
-                  s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr, C: gl.constexpr, cfg):
+                  s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile (counted from its first key lo): S = Q K^T and
         # dP = dO V^T issued together, P computed while dP runs, then dQ += dS K. n_k, off: the
         # sequence's keys and band offset. S and dP [64, BLOCK_N], dQ [64, HEAD_DIM]: wgmma
@@ -383,12 +371,6 @@ if HAVE_GLUON:
                                    call.softcap_in, call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT,
                                    cfg.SOFTCAP)
             p = probs(logits, lse2, call.qk_scale, 0, cfg.SOFTCAP)
-            if cfg.LATE_DP_WAIT:
-                # ptxas otherwise hoists the dP wait below above most of P's exp2s (it fills a
-                # latency gap with it), so P would not overlap dP; it keeps the wait after a shared-
-                # memory store, here P's row maxima to a scratch row nothing reads (the forward's
-                # LATE_PV_WAIT)
-                bufs.anchor.slice(C * 64, 64).store(gl.max(p, 1))
             dp, v_tile = warpgroup_mma_wait(0, deps=(dp, v_tile))
             mbarrier.arrive(bufs.b_empty.index(slot), count=1)
             ds = softcap_grad(p * (dp - delta[:, None]), s, call.softcap_in, cfg.SOFTCAP)
@@ -410,7 +392,7 @@ if HAVE_GLUON:
         s_layout: gl.constexpr = _acc_layout(BLOCK_N)
         dq_layout: gl.constexpr = _acc_layout(HEAD_DIM)
         ds_layout: gl.constexpr = _operand_layout(HEAD_DIM)
-        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg.REVERSE_M, cfg)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_M, cfg)
         if _has_work(w.start, w.n_q, cfg):
             row0 = w.start + C * ROWS
             offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -426,11 +408,11 @@ if HAVE_GLUON:
             mbarrier.wait(bufs.own_ready.index(C), 0)
             dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
             dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, 0, c_left, lo, offs_m, w.n_k, w.off, call,
-                           s_layout, ds_layout, True, C, cfg)
+                           s_layout, ds_layout, True, cfg)
             dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_left, c_mid, lo, offs_m, w.n_k, w.off, call,
-                           s_layout, ds_layout, False, C, cfg)
+                           s_layout, ds_layout, False, cfg)
             dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, c_mid, c_end, lo, offs_m, w.n_k, w.off, call,
-                           s_layout, ds_layout, True, C, cfg)
+                           s_layout, ds_layout, True, cfg)
             _skip_tiles(bufs, c_end, n_tiles, cfg.STAGES)
             if row0 < w.n_q:
                 _store_rows(dq, bufs.own_a.index(C), dq_desc, w, w.off_h, w.q_row + row0, w.q_row + w.n_q, DQ,
@@ -444,7 +426,7 @@ if HAVE_GLUON:
         qk_scale, sm_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, REVERSE_M: gl.constexpr, LATE_DP_WAIT: gl.constexpr,
+        IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr,
     ):
         # grid = (B * Hq * cdiv(n_q, BLOCK_M), 1, 1), num_warps = 4 (the producer); BLOCK_M / 64
         # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D] (varlen: [1, H, total,
@@ -455,8 +437,7 @@ if HAVE_GLUON:
         # strides (a slab crossing its sequence's end is stored by pointer); dense: all None / 0.
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     REVERSE_M=REVERSE_M, LATE_DP_WAIT=LATE_DP_WAIT)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT)
         bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
@@ -494,7 +475,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M  # query rows a ring tile
         BLOCK_N: gl.constexpr = cfg.BLOCK_N  # keys a CTA
-        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, False, cfg)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, cfg)
         if _has_work(w.start, w.n_k, cfg):
             for c in gl.static_range(BLOCK_N // ROWS):
                 _load_own(k_desc, v_desc, w.desc_b, w.off_h, w.k_row + w.start + c * ROWS, bufs, c)
@@ -576,7 +557,7 @@ if HAVE_GLUON:
         st_layout: gl.constexpr = _acc_layout(BLOCK_M)
         acc_layout: gl.constexpr = _acc_layout(HEAD_DIM)
         op_layout: gl.constexpr = _operand_layout(HEAD_DIM)
-        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, False, cfg)
+        w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, cfg)
         if _has_work(w.start, w.n_k, cfg):
             row0 = w.start + C * ROWS
             offs_n = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))

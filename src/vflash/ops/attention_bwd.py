@@ -47,15 +47,18 @@ def attention_backward(
         Hkv, Nk = k.shape[1], k.shape[2]
         strides = [t.stride() for t in (q, k, v, do, out)]
         rows_q, rows_k, cu, top_left = Nq, Nk, (None, None), False
-        delta_grid = (-(-Nq // tiles.dq.block_m), Hq, B)
+        batches = B
     else:
         cu_q, cu_k, rows_q, rows_k, top_left = varlen
         (Nq, Hq, D), (Nk, Hkv) = q.shape, k.shape[:2]  # totals: n_q is LSE's head stride
         B = cu_q.numel() - 1
         strides = [packed_strides(t) for t in (q, k, v, do, out)]
         cu = (cu_q, cu_k)
-        delta_grid = (-(-Nq // tiles.dq.block_m), Hq, 1)  # packed_strides' batch stride is 0
-    # delta = rowsum(dO * O) - dlse: lse's layout, [B, Hq, Nq] or [Hq, total_q] packed
+        batches = 1  # packed_strides' batch stride is 0
+    # delta = rowsum(dO * O) - dlse: lse's layout, [B, Hq, Nq] or [Hq, total_q] packed; rows a program:
+    # dQ's block_m's power of two (arange's), a memory-bound row sum
+    delta_rows = 1 << (tiles.dq.block_m.bit_length() - 1)
+    delta_grid = (-(-Nq // delta_rows), Hq, batches)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     given = (do, lse, dlse)
     lse = lse.float().contiguous()
@@ -72,7 +75,7 @@ def attention_backward(
     cu_names = () if varlen is None else ("cu_seqlens_q", "cu_seqlens_k")  # right after the outputs
     delta_launch = KernelLaunch(
         attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
-        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.dq.block_m, HAS_DLSE=dlse is not None),
+        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None),
         dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), *([] if dlse is None else [Slot(2, "dlse")]),
                             Slot(3, "delta")))
     if kernel == "sm90":

@@ -82,14 +82,11 @@ def _described(name: str, position: int, describe: Callable, view: Callable) -> 
 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
-              block_n: int = 64, stages: int = STAGES, reverse_m: bool = False,
-              varlen: Optional[tuple] = None, late_dp_wait: bool = False) -> KernelLaunch:
+              block_n: int = 64, stages: int = STAGES, varlen: Optional[tuple] = None) -> KernelLaunch:
     """attention_bwd_dq_hopper_kernel over TMA-ready tensors (ops.hopper.tma_ready): dq from q, k, v, do,
     the forward's lse and delta = rowsum(do * out), fp32. Dense: q, do, dq [B, Hq, Nq, D], k, v [B, Hkv,
     Nk, D], lse / delta [B, Hq, Nq]. varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    top_left): packed q, do, dq [total_q, Hq, D], k, v [total_k, Hkv, D], lse / delta [Hq, total_q].
-    reverse_m: each head's row blocks launched last to first (under a right edge, longest first).
-    late_dp_wait: the dP wait kept after P's exp2s (a shared-memory anchor; the forward's LATE_PV_WAIT)."""
+    top_left): packed q, do, dq [total_q, Hq, D], k, v [total_k, Hkv, D], lse / delta [Hq, total_q]."""
     sh = _shape(q, k, lse, delta, block_m, block_n, stages, varlen)
     rows, keys = describers(block_n, sh.head_dim, q.dtype)
     view = None if varlen is None else sh.view
@@ -105,7 +102,7 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     if varlen is not None:
         slots += (Slot(7, "cu_seqlens_q"), Slot(8, "cu_seqlens_k"), Slot(9, "dq"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_m, band, softcap is not None, stages,
-                                  varlen is not None, sh.top_left), REVERSE_M=reverse_m, LATE_DP_WAIT=late_dp_wait)
+                                  varlen is not None, sh.top_left))
     return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
@@ -154,15 +151,15 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
-                    band: Band = Band(0, -1, 0), softcap: bool = False, reverse_m: bool = False,
-                    varlen: bool = False, top_left: bool = False, late_dp_wait: bool = False):
+                    band: Band = Band(0, -1, 0), softcap: bool = False, varlen: bool = False,
+                    top_left: bool = False):
     """Compile the dQ kernel for sm_90 without a GPU (varlen: the packed sequences' build); returns
     Triton's CompiledKernel."""
     rows, keys = _block_shapes(block_n, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
     return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), ("DQ",),
                     "n_heads_q", head_dim, dtype, block_m, block_n, block_m, band, softcap, varlen, top_left,
-                    dict(REVERSE_M=reverse_m, LATE_DP_WAIT=late_dp_wait))
+                    {})
 
 
 def _compile(fn, descs: dict, outs, heads: str, head_dim, dtype, block_m, block_n, own, band, softcap, varlen,

@@ -46,7 +46,7 @@ class BackwardLaunch(NamedTuple):
 
 class BackwardTiles(NamedTuple):
     """The backward's launches: the dK/dV kernel's key tiles walk query tiles, the dQ kernel's
-    query tiles walk key tiles; the delta kernel takes dq.block_m rows. dkdv_apart (sm_90 only):
+    query tiles walk key tiles; the delta kernel takes dq.block_m's power of two rows. dkdv_apart (sm_90 only):
     dK and dV from two launches of the dK/dV kernel, one accumulator a consumer each (D 256)."""
     dkdv: BackwardLaunch
     dq: BackwardLaunch
