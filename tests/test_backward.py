@@ -285,7 +285,8 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     (1, 4, 4, 2100, 2500, 64, "bhnd", dict(window=(100, 50), softcap=15.0)),
     (1, 6, 1, 1100, 1300, 128, "bnhd", dict(causal="top_left")),
     (1, 2, 2, 4096, 4096, 64, "bhnd", dict()),
-], ids=["gqa_causal_bnhd", "window_softcap_d64", "mqa_top_left", "long_d64"])
+    (1, 4, 2, 1100, 1300, 256, "bhnd", dict(causal=True)),
+], ids=["gqa_causal_bnhd", "window_softcap_d64", "mqa_top_left", "long_d64", "gqa_causal_d256"])
 def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, Hkv, Nq, Nk, D, layout, opts):
     from vflash import dispatch
     from vflash.ops import mask_band
@@ -344,11 +345,12 @@ def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
 @needs_hopper
 @pytest.mark.parametrize("case", ["plain", "causal_gqa", "window_softcap", "rows_without_keys"])
 def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
-    # D 256 through ops.attention_backward with the sm90 kernels: dQ 128 x 32, dK and dV from two
-    # launches of the dK / dV kernel (dkdv_apart), against fp64 autograd of the explicit reference
+    # D 256 through ops.attention_backward with the dispatch table's sm90 tiles: dQ 128 x 32, dK and
+    # dV from two launches of the dK / dV kernel (dkdv_apart), against fp64 autograd of the explicit
+    # reference
+    from vflash.dispatch import tables
     from vflash.ops import mask_band
     from vflash.ops.attention_bwd import attention_backward
-    from vflash.ops.tiles import BackwardLaunch, BackwardTiles
     B, Hq, Hkv, Nq, Nk, opts = {"plain": (1, 2, 2, 300, 300, dict()),
                                 "causal_gqa": (2, 4, 1, 200, 333, dict(causal=True)),
                                 "window_softcap": (1, 2, 2, 130, 257, dict(window=(64, 32), softcap=20.0)),
@@ -357,7 +359,8 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
     causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
-    tiles = BackwardTiles(dkdv=BackwardLaunch(32, 128, 4, 2), dq=BackwardLaunch(128, 32, 4, 2), dkdv_apart=True)
+    tiles = tables.HOPPER_BACKWARD[256]
+    assert tiles.dkdv_apart
     got = attention_backward(do, q, k, v, out, lse, band=band, scale=256 ** -0.5, softcap=opts.get("softcap"),
                              tiles=tiles, kernel="sm90")
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
@@ -369,7 +372,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
         assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
 
 
-# Packed sequences through the sm_90 kernels (not dispatched yet: ops.attention_backward with kernel="sm90"):
+# Packed sequences through the sm_90 kernels (ops.attention_backward with kernel="sm90"):
 # (query lengths, key lengths, Hq, Hkv, D, options); empty sequences, lengths around 64-row slabs and
 # 64 / 128-key tiles, Nq != Nk both ways
 HOPPER_VARLEN_BWD_CASES = {
@@ -382,15 +385,16 @@ HOPPER_VARLEN_BWD_CASES = {
 
 
 def _varlen_tile_sets(d):
-    # the dispatch table's tiles and one consumer a CTA (D 64 also three; D 256: dK and dV apart)
+    # the dispatch table's tiles (D 256: dK and dV apart) and one consumer a CTA (D 64 also three
+    # dK / dV consumers)
     from vflash.dispatch import tables
-    from vflash.ops.tiles import BackwardLaunch as L, BackwardTiles
-    if d == 256:
-        return [BackwardTiles(dkdv=L(32, 128, 4, 2), dq=L(128, 32, 4, 2), dkdv_apart=True)]
+    from vflash.ops.tiles import BackwardLaunch as L
     table = tables.HOPPER_BACKWARD[d]
+    if d == 256:
+        return [table]
     sets = [table, table._replace(dkdv=table.dkdv._replace(block_n=64), dq=table.dq._replace(block_m=64))]
     if d == 64:
-        sets.append(table._replace(dkdv=L(64, 192, 4, 2), dq=L(192, 64, 4, 2)))
+        sets.append(table._replace(dkdv=L(64, 192, 4, 2)))
     return sets
 
 

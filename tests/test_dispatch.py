@@ -97,13 +97,15 @@ def test_forced_kernels(h200, monkeypatch):
     assert select(problem(128, False, 4096, 32)).kernel == "portable"
 
 
-@pytest.mark.parametrize("d,causal,dq", [(64, False, (128, 128)), (64, True, (128, 128)), (128, False, (128, 64)),
-                                         (128, True, (128, 64))])
-def test_select_backward_takes_the_sm90_kernels_on_dense_16bit_calls(h200, d, causal, dq):
+@pytest.mark.parametrize("d,causal,dq,dkdv", [(64, False, (192, 64), (64, 128)), (64, True, (192, 64), (64, 128)),
+                                              (128, False, (192, 64), (64, 128)), (128, True, (192, 64), (64, 128)),
+                                              (256, True, (128, 32), (32, 128))])
+def test_select_backward_takes_the_sm90_kernels_on_dense_16bit_calls(h200, d, causal, dq, dkdv):
     choice = dispatch.select_backward(problem(d, causal, 4096, 32))
     assert choice.kernel == "sm90" and "HOPPER_BACKWARD" in choice.why, choice.why
     assert (choice.tiles.dq.block_m, choice.tiles.dq.block_n) == dq
-    assert (choice.tiles.dkdv.block_m, choice.tiles.dkdv.block_n) == (64, 128)
+    assert (choice.tiles.dkdv.block_m, choice.tiles.dkdv.block_n) == dkdv
+    assert choice.tiles.dkdv_apart == (d == 256)  # two accumulators a consumer do not fit at D 256
 
 
 def test_select_backward_refusals_and_forcing(h200, monkeypatch):
@@ -111,7 +113,7 @@ def test_select_backward_refusals_and_forcing(h200, monkeypatch):
     # a forced sm90 raises with it
     for p, reason in [(problem(128, False, 4096, 32, dtype=torch.float32), "float16"),
                       (problem(128, False, 4096, 32, device=torch.device("cpu")), "interpreter"),
-                      (problem(256, False, 4096, 32), "head dims"),
+                      (problem(96, False, 4096, 32), "head dims"),
                       (problem(32, False, 4096, 32), "head dims"),
                       (problem(128, False, 4096, 32, tma=False), "TMA")]:
         choice = dispatch.select_backward(p)

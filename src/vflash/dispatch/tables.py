@@ -189,15 +189,18 @@ BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # smal
 # dkdv: block_n keys a CTA (64 a consumer warpgroup), block_m-row Q / dO tiles through a ring of
 # num_stages; dq: block_m rows a CTA (64 a consumer), block_n-key K / V tiles. num_warps is the
 # producer's warpgroup. Picked by benchmarks/experiments/bwd_hopper.py on the H200 (bf16, N 1k-16k,
-# causal and not; docs/performance.md, "The sm_90 backward"). D 256 spills (dK / dV 2-8 KB at
-# ptxas) and D 16 / 32 are untimed: the portable backward serves them.
+# causal and not; docs/performance.md, "The sm_90 backward"). dQ: three consumers of 64 rows (192);
+# dK / dV: 64-row query tiles (a third faster than 64 x 64). D 256: dK and dV from two launches, one
+# fp32 accumulator a consumer (both spill 2-8 KB), 32-row query tiles and 32-key dQ tiles for the
+# registers. D 16 / 32 are untimed: the portable backward serves them.
 HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
-    64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 128, 4, 2)),  # dQ 128 x 128 +7-11 % over 128 x 64
-    128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(128, 64, 4, 2)),  # 64-row dK / dV tiles: 24 % over 64 x 64
+    64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
+    128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
+    256: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
 }
 # Shorter sequences (the smaller of n_q and n_k) take the portable kernels, ahead there in the same run
-# (`vflash bench --mode bwd`, bf16): N 512 0.56-0.95x them at both head dims, D 64 N 1024 0.85-0.98x.
-HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 1024}
+# (`vflash bench --mode bwd`, bf16): N 512 0.56-0.95x them at D 64 and 128, D 64 N 1024 0.85-0.98x.
+HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 1024, 256: 1024}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
