@@ -199,8 +199,9 @@ HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
     256: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
 }
 # Shorter sequences (the smaller of n_q and n_k) take the portable kernels, ahead there in the same run
-# (`vflash bench --mode bwd`, bf16): N 512 0.56-0.95x them at D 64 and 128, D 64 N 1024 0.85-0.98x.
-HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 1024, 256: 1024}
+# (bwd_hopper.py as CUDA graphs, bf16): D 64 N 512-1024 0.93-0.96x their time. D 128's sm_90 kernels
+# lead from N 512 (0.77-0.86x the portable time); D 256's are timed from N 1024.
+HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 512, 256: 1024}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
