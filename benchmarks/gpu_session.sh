@@ -106,11 +106,16 @@ for step in "$@"; do
                tail -40 "$R/hopper_variants.txt" ;;
     profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers[:tiles]]]",
              # PROFILE_SHAPES; e.g. 128:512:causal:2, or 128:1024:causal::short for one consumer a CTA).
+             # PROFILE_BACKWARD=1: forward and backward calls, the kernel PROFILE_KERNEL (default
+             # dkdv_hopper; dq_hopper the other) profiled.
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
                IFS=: read -r d n c qb tl <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}${tl:+_$tl}
-               timeout 240 ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 \
+               kernel=hopper
+               if [ -n "${PROFILE_BACKWARD:-}" ]; then kernel=${PROFILE_KERNEL:-dkdv_hopper}; name=${name}_$kernel; fi
+               timeout 240 ncu --clock-control none --set full --import-source yes -k regex:$kernel --launch-skip 3 \
                  --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_hopper --d "$d" \
-                 --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} > "$R/$name.log" 2>&1
+                 --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} \
+                 ${PROFILE_BACKWARD:+--backward} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1

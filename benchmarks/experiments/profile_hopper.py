@@ -2,7 +2,8 @@
 times, for Nsight Compute to profile one launch of the Gluon Hopper kernel
 (pipe use, warp stalls, per-instruction samples). The launcher picks the kernel
 and tiles as it does for users, unless --tiles or --q-buffers force the Hopper
-kernel's tiles.
+kernel's tiles. --backward: each call is a forward and a backward through
+autograd (the dispatched backward kernels; ncu's -k picks dq or dkdv's).
 
 GPU only, under ncu, e.g. (from the repository root, PYTHONPATH=src:.):
   ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 --launch-count 1 \
@@ -61,6 +62,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--backward", action="store_true", help="a backward after each forward (bf16 inputs)")
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the tiles')")
     ap.add_argument("--tiles", choices=sorted(TILES),
                     help="force these Hopper tiles whatever the length and mask: "
@@ -77,7 +79,9 @@ def main() -> int:
             ap.error(str(exc))
     if not require_cuda("profile_hopper"):
         return 1
-    q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=torch.float16) for _ in range(3))
+    dtype = torch.bfloat16 if a.backward else torch.float16
+    q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=dtype, requires_grad=a.backward)
+               for _ in range(3))
     causal = "bottom_right" if a.causal else None
     band = mask_band(s.Nq, s.Nk, causal, (-1, -1))
     tiles = None
@@ -86,7 +90,10 @@ def main() -> int:
         tiles = forced_tiles(a.tiles, a.q_buffers, a.d, a.causal, launcher)
         print(f"profile_hopper: {tiles}", flush=True)
     for _ in range(a.calls):
-        if tiles is None:
+        if a.backward:
+            out = vflash.attention(q, k, v, causal=causal)
+            out.backward(torch.ones_like(out))
+        elif tiles is None:
             vflash.attention(q, k, v, causal=causal)
         else:
             attention_forward(q, k, v, band=band, scale=a.d ** -0.5, softcap=None, return_lse=False, tiles=tiles)
