@@ -68,14 +68,15 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
+        STATS_SMEM: gl.constexpr  # dK / dV kernel: the producer stages each Q tile's LSE and delta
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     WANT_DK=True, WANT_DV=True):
+                     WANT_DK=True, WANT_DV=True, STATS_SMEM=False):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
                                 ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
-                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
+                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV), ("STATS_SMEM", STATS_SMEM)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -136,7 +137,10 @@ if HAVE_GLUON:
     class Buffers:
         """Shared memory: each consumer's own rows of two tensors (own_a, own_b: dQ's Q and dO,
         dK / dV's K and V) under one ready barrier, and STAGES tiles of the two it streams (ring_a,
-        ring_b: dQ's K and V, dK / dV's Q and dO), each with ready / empty barriers."""
+        ring_b: dQ's K and V, dK / dV's Q and dO), each with ready / empty barriers. stats
+        (STATS_SMEM): each ring slot's LSE (log2 units) and delta rows [2 * STAGES, RING_ROWS] fp32 (slot s:
+        rows 2 s and 2 s + 1),
+        written by the producer under the slot's b_ready (one element otherwise)."""
         own_a: gl.shared_memory_descriptor
         own_b: gl.shared_memory_descriptor
         ring_a: gl.shared_memory_descriptor
@@ -146,12 +150,14 @@ if HAVE_GLUON:
         b_ready: gl.shared_memory_descriptor
         a_empty: gl.shared_memory_descriptor
         b_empty: gl.shared_memory_descriptor
+        stats: gl.shared_memory_descriptor
 
         @gluon.constexpr_function
-        def __init__(self, own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty):
+        def __init__(self, own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty, stats):
             self.own_a, self.own_b, self.ring_a, self.ring_b = own_a, own_b, ring_a, ring_b
             self.own_ready, self.a_ready, self.b_ready, self.a_empty, self.b_empty = (own_ready, a_ready, b_ready,
                                                                                       a_empty, b_empty)
+            self.stats = stats
 
     @gluon.jit
     def _buffers(own_a_desc, own_b_desc, ring_a_desc, ring_b_desc, NUM_CONSUMERS: gl.constexpr,
@@ -174,11 +180,16 @@ if HAVE_GLUON:
             mbarrier.init(own_ready.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(a_ready.index(i), count=1)
-            mbarrier.init(b_ready.index(i), count=1)
+            mbarrier.init(b_ready.index(i), count=2 if cfg.STATS_SMEM else 1)  # STATS_SMEM: dO's TMA, the stats
             mbarrier.init(a_empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
             mbarrier.init(b_empty.index(i), count=NUM_CONSUMERS)
         fence_async_shared()
-        return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty)
+        stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        if cfg.STATS_SMEM:
+            stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, RING_ROWS], stats_layout)
+        else:
+            stats = gl.allocate_shared_memory(gl.float32, [1, 1], stats_layout)
+        return Buffers(own_a, own_b, ring_a, ring_b, own_ready, a_ready, b_ready, a_empty, b_empty, stats)
 
     @gluon.constexpr_function
     def _acc_layout(cols):
@@ -469,9 +480,11 @@ if HAVE_GLUON:
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
     @gluon.jit
-    def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg):
+    def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, LSE, DELTA,
+                             cfg):
         # Producer: each consumer's K and V rows, then for each query head of the group and each
-        # query tile that sees the block, Q and dO.
+        # query tile that sees the block, Q and dO (STATS_SMEM: and the tile's LSE and delta rows,
+        # row_stats' masked values, stored to the slot's stats before the second b_ready arrival).
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M  # query rows a ring tile
         BLOCK_N: gl.constexpr = cfg.BLOCK_N  # keys a CTA
@@ -482,14 +495,23 @@ if HAVE_GLUON:
             lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, BLOCK_N, BLOCK_M,
                                                  cfg.HAS_RIGHT, cfg.HAS_LEFT)
             n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
+            # the stats rows over the producer's 4 warps
+            rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             j = 0
             for g in range(call.kv_group):
                 off_h = w.off_h * call.kv_group + g
+                base = _stats_base(w, off_h, call.n_heads * call.kv_group, call, cfg)
                 for i in range(n_tiles):
                     row = w.q_row + lo + i * BLOCK_M
                     _load_ring(q_desc, w.desc_b, off_h, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, j, cfg.STAGES)
                     _load_ring(do_desc, w.desc_b, off_h, row, bufs.ring_b, bufs.b_ready, bufs.b_empty, j,
                                cfg.STAGES)
+                    if cfg.STATS_SMEM:
+                        offs = lo + i * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+                        lse2, delta = row_stats(LSE + base, DELTA + base, offs, w.n_q, True)
+                        bufs.stats.index(2 * (j % cfg.STAGES)).store(lse2)
+                        bufs.stats.index(2 * (j % cfg.STAGES) + 1).store(delta)
+                        mbarrier.arrive(bufs.b_ready.index(j % cfg.STAGES), count=1)
                     j += 1
 
     @gluon.jit
@@ -511,9 +533,13 @@ if HAVE_GLUON:
             slot = j % STAGES
             phase = (j // STAGES) & 1
             row = lo + i * BLOCK_M
-            lse2, delta = row_stats(lse_base, delta_base, row + cols, n_q, MASKED)
+            if not cfg.STATS_SMEM:
+                lse2, delta = row_stats(lse_base, delta_base, row + cols, n_q, MASKED)
             st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, n_q - row, BLOCK_M,
                                                        st_layout, cfg.WANT_DK, cfg.IS_VARLEN and MASKED, cfg)
+            if cfg.STATS_SMEM:  # landed with dO (b_ready); released with it (b_empty)
+                lse2 = bufs.stats.index(2 * slot).load(gl.SliceLayout(0, st_layout))
+                delta = bufs.stats.index(2 * slot + 1).load(gl.SliceLayout(0, st_layout))
             # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
             # masked_logits' band with the edges exchanged and the offset negated, the query
             # indices relative to the tile (the shift goes into the bounds).
@@ -599,6 +625,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
+        STATS_SMEM: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
@@ -606,15 +633,17 @@ if HAVE_GLUON:
         # HEAD_DIM], q, do in [1, 1, BLOCK_M, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32
         # (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK / DV the packed dk / dv [total_k,
         # Hkv, D] (the same strides). WANT_DK / WANT_DV: the gradients it writes (at least one).
+        # STATS_SMEM: the producer loads each Q tile's LSE and delta rows into shared memory (else
+        # each consumer loads its columns' from global memory).
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK,
-                     WANT_DV)
+                     WANT_DV, STATS_SMEM)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
-        load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg)
+        load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, LSE, DELTA, cfg)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_dkdv_load_partition, load),
