@@ -36,7 +36,9 @@ products take as their register A operand: dV += P^T dO and dK += dS^T Q, both
 B operands straight from the ring. dK and dV [64, HEAD_DIM] fp32 stay in
 registers across the group's heads (a fixed order: deterministic, no atomics)
 and leave by TMA through the K / V buffers. Keys past n_k need no mask: their
-rows are never stored.
+rows are never stored. Each query tile's LSE and delta rows come from global
+memory in the consumers, or (STATS_SMEM) staged in shared memory by the
+producer beside the tile's dO.
 
 Gluon does not run under the Triton interpreter: the CPU suite compiles these
 kernels for sm_90 (ops/hopper_bwd.py) and the GPU tests check their numbers.
