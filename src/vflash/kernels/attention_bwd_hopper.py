@@ -238,6 +238,34 @@ if HAVE_GLUON:
                     gl.to_tensor(off))
 
     @gluon.jit
+    def _streamed_tiles(w, call, OWN: gl.constexpr, STREAMED: gl.constexpr, OWN_KEYS: gl.constexpr, cfg):
+        # The work tile's streamed rows: the first that any of its OWN rows sees (lo, counted in
+        # the sequence) and the number of STREAMED-row tiles from there. The dQ kernel owns queries
+        # and streams keys (key_range as the forward's); the dK / dV kernel (OWN_KEYS) owns keys and
+        # streams queries: the band with its edges exchanged and its offset negated.
+        if OWN_KEYS:
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, OWN, STREAMED,
+                                                 cfg.HAS_RIGHT, cfg.HAS_LEFT)
+        else:
+            lo, full_lo, full_hi, hi = key_range(w.start, w.n_k, w.off, call.left, call.right, OWN, STREAMED,
+                                                 cfg.HAS_LEFT, cfg.HAS_RIGHT)
+        return lo, key_tiles(lo, full_lo, full_hi, hi, STREAMED)[2]
+
+    @gluon.jit
+    def _consumer_tiles(w, call, row0, lo, n_tiles, STREAMED: gl.constexpr, OWN_KEYS: gl.constexpr, cfg):
+        # A consumer's 64 own rows from row0 against the work tile's n_tiles streamed tiles, as
+        # row_tiles splits them (masked left edge, unmasked middle, masked right edge; tiles from
+        # the last one on unseen), the roles as _streamed_tiles'.
+        ROWS: gl.constexpr = 64
+        if OWN_KEYS:
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_k, w.n_q, -w.off, call.right, call.left, ROWS,
+                                             STREAMED, cfg.HAS_RIGHT, cfg.HAS_LEFT)
+        else:
+            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_q, w.n_k, w.off, call.left, call.right, ROWS,
+                                             STREAMED, cfg.HAS_LEFT, cfg.HAS_RIGHT)
+        return c_left, c_mid, c_end
+
+    @gluon.jit
     def _has_work(start, rows, cfg):
         # Whether a CTA's first own row is inside its sequence: varlen's grid covers the longest
         # sequence; a dense grid has no CTA past the end (a constant, so no branch is compiled).
@@ -284,9 +312,7 @@ if HAVE_GLUON:
             off_hk = w.off_h // call.kv_group
             for c in gl.static_range(BLOCK_M // ROWS):
                 _load_own(q_desc, do_desc, w.desc_b, w.off_h, w.q_row + w.start + c * ROWS, bufs, c)
-            lo, full_lo, full_hi, hi = key_range(w.start, w.n_k, w.off, call.left, call.right, BLOCK_M, BLOCK_N,
-                                                 cfg.HAS_LEFT, cfg.HAS_RIGHT)
-            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
+            lo, n_tiles = _streamed_tiles(w, call, BLOCK_M, BLOCK_N, False, cfg)
             for i in range(n_tiles):
                 row = w.k_row + lo + i * BLOCK_N
                 _load_ring(k_desc, w.desc_b, off_hk, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, i, cfg.STAGES)
@@ -411,11 +437,8 @@ if HAVE_GLUON:
             offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             base = _stats_base(w, w.off_h, call.n_heads, call, cfg)
             lse2, delta = row_stats(LSE + base, DELTA + base, offs_m, w.n_q, True)
-            lo, full_lo, full_hi, hi = key_range(w.start, w.n_k, w.off, call.left, call.right, BLOCK_M, BLOCK_N,
-                                                 cfg.HAS_LEFT, cfg.HAS_RIGHT)
-            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_N)[2]
-            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_q, w.n_k, w.off, call.left, call.right,
-                                             ROWS, BLOCK_N, cfg.HAS_LEFT, cfg.HAS_RIGHT)
+            lo, n_tiles = _streamed_tiles(w, call, BLOCK_M, BLOCK_N, False, cfg)
+            c_left, c_mid, c_end = _consumer_tiles(w, call, row0, lo, n_tiles, BLOCK_N, False, cfg)
             q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
             do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
             mbarrier.wait(bufs.own_ready.index(C), 0)
@@ -494,9 +517,7 @@ if HAVE_GLUON:
         if _has_work(w.start, w.n_k, cfg):
             for c in gl.static_range(BLOCK_N // ROWS):
                 _load_own(k_desc, v_desc, w.desc_b, w.off_h, w.k_row + w.start + c * ROWS, bufs, c)
-            lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, BLOCK_N, BLOCK_M,
-                                                 cfg.HAS_RIGHT, cfg.HAS_LEFT)
-            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
+            lo, n_tiles = _streamed_tiles(w, call, BLOCK_N, BLOCK_M, True, cfg)
             # the stats rows over the producer's 4 warps
             rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             j = 0
@@ -589,11 +610,8 @@ if HAVE_GLUON:
         if _has_work(w.start, w.n_k, cfg):
             row0 = w.start + C * ROWS
             offs_n = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, st_layout))
-            lo, full_lo, full_hi, hi = key_range(w.start, w.n_q, -w.off, call.right, call.left, BLOCK_N, BLOCK_M,
-                                                 cfg.HAS_RIGHT, cfg.HAS_LEFT)
-            n_tiles = key_tiles(lo, full_lo, full_hi, hi, BLOCK_M)[2]
-            c_left, c_mid, c_end = row_tiles(row0, lo, n_tiles, w.n_k, w.n_q, -w.off, call.right, call.left,
-                                             ROWS, BLOCK_M, cfg.HAS_RIGHT, cfg.HAS_LEFT)
+            lo, n_tiles = _streamed_tiles(w, call, BLOCK_N, BLOCK_M, True, cfg)
+            c_left, c_mid, c_end = _consumer_tiles(w, call, row0, lo, n_tiles, BLOCK_M, True, cfg)
             k_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
             v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
             mbarrier.wait(bufs.own_ready.index(C), 0)
