@@ -39,6 +39,8 @@ def main() -> int:
                     help="time each call as a CUDA graph replay (the kernels alone, without the launch path)")
     ap.add_argument("--apart", action="store_true",
                     help="dK and dV from two launches of the dK / dV kernel (one accumulator each; D 256)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the with / without stats_smem pairs R times, the order alternating per round")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -54,7 +56,7 @@ def main() -> int:
         dk_portable, dv_portable = dkdv_launch.args[6], dkdv_launch.args[7]
         fwd = attention_flops(s)
 
-        def record(what, kernel, tiles, call, flops, got=(), want=()):
+        def record(what, kernel, tiles, call, flops, got=(), want=(), rnd=0):
             try:
                 call()
                 torch.cuda.synchronize()
@@ -64,9 +66,10 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - out of resources and the like: report, go on
                 print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}: {type(e).__name__} {str(e)[:200]}", flush=True)
                 return
-            rows.append(dict(D=d, N=n, causal=c, what=what, kernel=kernel, tiles=tiles, ms=ms,
+            rows.append(dict(D=d, N=n, causal=c, what=what, kernel=kernel, tiles=tiles, round=rnd, ms=ms,
                              tflops=flops / ms / 1e9, rel_err=err))
-            print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s"
+            print(f"D{d} N{n} causal={c} {what} {kernel} {tiles}{f' round {rnd}' if rnd else ''}: "
+                  f"{ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s"
                   + (f" rel_err {err:.1e}{'' if err < 2e-2 else ' WRONG'}" if got else ""), flush=True)
 
         table = dispatch.backward_tiles(problem)
@@ -89,26 +92,32 @@ def main() -> int:
         def dkdv_launches(bm, bn, stats_smem):
             return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, outputs=o,
                                            stats_smem=stats_smem) for o in outputs]
+        # Round r times the pair in the order (off, on) for even r and (on, off) for odd r: a clock that drifts
+        # during a row then favours neither.
+        orders = [(False, True) if r % 2 == 0 else (True, False) for r in range(args.rounds)]
         for t in args.dkdv_tiles:
             bm, bn = (int(x) for x in t.split(":"))
-            for stats_smem in (False, True):
-                try:
-                    sm90_dkdv = dkdv_launches(bm, bn, stats_smem)
-                except ValueError as e:
-                    print(f"D{d} N{n} dkdv {t}: {e}")
-                    continue
-                record("dkdv", "sm90" + (" apart" if args.apart else "") + (" stats_smem" if stats_smem else ""),
-                       (bm, bn), lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv), want[1:])
+            for rnd, order in enumerate(orders):
+                for stats_smem in order:
+                    try:
+                        sm90_dkdv = dkdv_launches(bm, bn, stats_smem)
+                    except ValueError as e:
+                        print(f"D{d} N{n} dkdv {t}: {e}")
+                        continue
+                    record("dkdv", "sm90" + (" apart" if args.apart else "") + (" stats_smem" if stats_smem else ""),
+                           (bm, bn), lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv),
+                           want[1:], rnd)
         bm, bn = (int(x) for x in args.tiles[0].split(":"))
         km, kn = (int(x) for x in args.dkdv_tiles[0].split(":"))
-        for stats_smem in (False, True):
-            try:
-                sm90 = (delta_launch, *dkdv_launches(km, kn, stats_smem),
-                        hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
-                record("bwd", "sm90" + (" stats_smem" if stats_smem else ""), "first tiles",
-                       lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd, (dq, dk, dv), want)
-            except ValueError as e:
-                print(f"D{d} N{n} bwd: {e}")
+        for rnd, order in enumerate(orders):
+            for stats_smem in order:
+                try:
+                    sm90 = (delta_launch, *dkdv_launches(km, kn, stats_smem),
+                            hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
+                    record("bwd", "sm90" + (" stats_smem" if stats_smem else ""), "first tiles",
+                           lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd, (dq, dk, dv), want, rnd)
+                except ValueError as e:
+                    print(f"D{d} N{n} bwd: {e}")
     write_rows(args.out, rows)
     return 0
 
