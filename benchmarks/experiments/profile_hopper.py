@@ -91,10 +91,10 @@ def main() -> int:
         print(f"profile_hopper: {tiles}", flush=True)
     for _ in range(a.calls):
         if a.backward:
-            out = vflash.attention(q, k, v, causal=causal)
+            out = vflash.attention(q, k, v, causal=causal or False)
             out.backward(torch.ones_like(out))
         elif tiles is None:
-            vflash.attention(q, k, v, causal=causal)
+            vflash.attention(q, k, v, causal=causal or False)
         else:
             attention_forward(q, k, v, band=band, scale=a.d ** -0.5, softcap=None, return_lse=False, tiles=tiles)
     torch.cuda.synchronize()
