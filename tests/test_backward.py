@@ -271,11 +271,6 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
                                       dq_n), q.device)
     launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, D ** -0.5,
                                         opts.get("softcap"), kv_m, kv_n), q.device)
-    # the producer staging LSE and delta in shared memory: the same arithmetic, the same bits
-    staged = [torch.full_like(t, float("nan")) for t in (k, v)]
-    launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, *staged, band, D ** -0.5, opts.get("softcap"), kv_m,
-                                        kv_n, stats_smem=True), q.device)
-    assert torch.equal(staged[0], got[1]) and torch.equal(staged[1], got[2])
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)
@@ -305,10 +300,8 @@ def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, H
 
 @pytest.mark.parametrize("kernel,kw", [("dq", dict(head_dim=128)), ("dkdv", dict(head_dim=128)),
                                        ("dkdv", dict(head_dim=128, varlen=True)),
-                                       ("dq", dict(head_dim=128, varlen=True)),
-                                       ("dkdv", dict(head_dim=128, stats_smem=True)),
-                                       ("dkdv", dict(head_dim=128, varlen=True, stats_smem=True))],
-                         ids=["dq", "dkdv", "dkdv_varlen", "dq_varlen", "dkdv_stats_smem", "dkdv_varlen_stats_smem"])
+                                       ("dq", dict(head_dim=128, varlen=True))],
+                         ids=["dq", "dkdv", "dkdv_varlen", "dq_varlen"])
 def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
     # ptxas serializes every wgmma of a kernel (info C7514) when other instructions read an
     # accumulator while its products are in flight: correct, and several times slower; a
@@ -398,9 +391,8 @@ def _varlen_tile_sets(d):
     from vflash.ops.tiles import BackwardLaunch as L
     table = tables.HOPPER_BACKWARD[d]
     if d == 256:
-        return [table, table._replace(stats_smem=not table.stats_smem)]
-    sets = [table, table._replace(dkdv=table.dkdv._replace(block_n=64), dq=table.dq._replace(block_m=64),
-                                  stats_smem=not table.stats_smem)]
+        return [table]
+    sets = [table, table._replace(dkdv=table.dkdv._replace(block_n=64), dq=table.dq._replace(block_m=64))]
     if d == 64:
         sets.append(table._replace(dkdv=L(64, 192, 4, 2)))
     return sets
@@ -461,15 +453,14 @@ def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
 
 
 @needs_hopper
-@pytest.mark.parametrize("stats_smem", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d, stats_smem):
+def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
     # TMA loads rows past a sequence's end from the next sequence: the kernels zero them in the
-    # ring tiles that cross the end and store a crossing slab's own rows alone (stats_smem: the
-    # producer's LSE / delta rows past the end masked as the consumers' are)
+    # ring tiles that cross the end and store a crossing slab's own rows alone (the dK / dV
+    # producer's LSE / delta rows past the end masked as the dQ consumers' are)
     from vflash.dispatch import tables
     lens = [100, 70]
-    tiles = tables.HOPPER_BACKWARD[d]._replace(stats_smem=stats_smem)
+    tiles = tables.HOPPER_BACKWARD[d]
     got, (q, k, v, do, cq, ck) = _packed_backward(lens, lens, 4, 2, d, dict(causal=True), torch.device("cuda"),
                                                   tiles, poison=True)
     ref, same, (nq, nk) = _per_sequence_reference(q, k, v, do, cq, ck, dict(causal=True), first_only=True)

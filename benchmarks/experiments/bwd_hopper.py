@@ -5,9 +5,9 @@ kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the d
 products, 2x), each timed alone (`time_call`), and the whole backward (delta, dK / dV, dQ; 2.5x, the count
 `vflash bench --mode bwd` uses) with the portable kernels and with the sm_90 ones. The sm_90 kernels'
 gradients are compared with the portable ones' (a difference above 2 % of the largest value prints WRONG).
-The dK / dV kernel is timed with its LSE / delta rows from global memory and staged by its producer
-(stats_smem). The whole sm_90 backward takes the first --tiles and --dkdv-tiles, both ways. Prints one
-line a measurement and writes a CSV.
+The whole sm_90 backward takes the first --tiles and --dkdv-tiles. --rounds R times the dK / dV tiles and
+the whole backward R times, the tiles in turn each round (one pass is not evidence for a few per cent).
+Prints one line a measurement and writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
   D 256: --rows 256:4096:0 256:4096:1 --tiles 128:32 --dkdv-tiles 32:128 --apart
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--apart", action="store_true",
                     help="dK and dV from two launches of the dK / dV kernel (one accumulator each; D 256)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time the with / without stats_smem pairs R times, the order alternating per round")
+                    help="time the dK / dV tiles and the whole backward R times, in turn")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -89,35 +89,28 @@ def main() -> int:
             record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
-        def dkdv_launches(bm, bn, stats_smem):
-            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, outputs=o,
-                                           stats_smem=stats_smem) for o in outputs]
-        # Round r times the pair in the order (off, on) for even r and (on, off) for odd r: a clock that drifts
-        # during a row then favours neither.
-        orders = [(False, True) if r % 2 == 0 else (True, False) for r in range(args.rounds)]
-        for t in args.dkdv_tiles:
-            bm, bn = (int(x) for x in t.split(":"))
-            for rnd, order in enumerate(orders):
-                for stats_smem in order:
-                    try:
-                        sm90_dkdv = dkdv_launches(bm, bn, stats_smem)
-                    except ValueError as e:
-                        print(f"D{d} N{n} dkdv {t}: {e}")
-                        continue
-                    record("dkdv", "sm90" + (" apart" if args.apart else "") + (" stats_smem" if stats_smem else ""),
-                           (bm, bn), lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv),
-                           want[1:], rnd)
+        def dkdv_launches(bm, bn):
+            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, outputs=o)
+                    for o in outputs]
         bm, bn = (int(x) for x in args.tiles[0].split(":"))
         km, kn = (int(x) for x in args.dkdv_tiles[0].split(":"))
-        for rnd, order in enumerate(orders):
-            for stats_smem in order:
+        for rnd in range(args.rounds):
+            for t in args.dkdv_tiles:
+                tm, tn = (int(x) for x in t.split(":"))
                 try:
-                    sm90 = (delta_launch, *dkdv_launches(km, kn, stats_smem),
-                            hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
-                    record("bwd", "sm90" + (" stats_smem" if stats_smem else ""), "first tiles",
-                           lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd, (dq, dk, dv), want, rnd)
+                    sm90_dkdv = dkdv_launches(tm, tn)
                 except ValueError as e:
-                    print(f"D{d} N{n} bwd: {e}")
+                    print(f"D{d} N{n} dkdv {t}: {e}")
+                    continue
+                record("dkdv", "sm90" + (" apart" if args.apart else ""), (tm, tn),
+                       lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv), want[1:], rnd)
+            try:
+                sm90 = (delta_launch, *dkdv_launches(km, kn),
+                        hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
+                record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
+                       (dq, dk, dv), want, rnd)
+            except ValueError as e:
+                print(f"D{d} N{n} bwd: {e}")
     write_rows(args.out, rows)
     return 0
 

@@ -36,9 +36,9 @@ products take as their register A operand: dV += P^T dO and dK += dS^T Q, both
 B operands straight from the ring. dK and dV [64, HEAD_DIM] fp32 stay in
 registers across the group's heads (a fixed order: deterministic, no atomics)
 and leave by TMA through the K / V buffers. Keys past n_k need no mask: their
-rows are never stored. Each query tile's LSE and delta rows come from global
-memory in the consumers, or (STATS_SMEM) staged in shared memory by the
-producer beside the tile's dO.
+rows are never stored. Each query tile's LSE and delta rows are staged in
+shared memory by the producer beside the tile's dO (the dQ kernel's consumers
+load their own rows' once, from global memory).
 
 Gluon does not run under the Triton interpreter: the CPU suite compiles these
 kernels for sm_90 (ops/hopper_bwd.py) and the GPU tests check their numbers.
@@ -70,15 +70,14 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
-        STATS_SMEM: gl.constexpr  # dK / dV kernel: the producer stages each Q tile's LSE and delta
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     WANT_DK=True, WANT_DV=True, STATS_SMEM=False):
+                     WANT_DK=True, WANT_DV=True):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
                                 ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
-                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV), ("STATS_SMEM", STATS_SMEM)):
+                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -140,9 +139,8 @@ if HAVE_GLUON:
         """Shared memory: each consumer's own rows of two tensors (own_a, own_b: dQ's Q and dO,
         dK / dV's K and V) under one ready barrier, and STAGES tiles of the two it streams (ring_a,
         ring_b: dQ's K and V, dK / dV's Q and dO), each with ready / empty barriers. stats
-        (STATS_SMEM): each ring slot's LSE (log2 units) and delta rows [2 * STAGES, RING_ROWS] fp32 (slot s:
-        rows 2 s and 2 s + 1),
-        written by the producer under the slot's b_ready (one element otherwise)."""
+        (dK / dV): each ring slot's LSE (log2 units) and delta rows [2 * STAGES, RING_ROWS] fp32 (slot s:
+        rows 2 s and 2 s + 1), written by the producer under the slot's b_ready (dQ: one unused element)."""
         own_a: gl.shared_memory_descriptor
         own_b: gl.shared_memory_descriptor
         ring_a: gl.shared_memory_descriptor
@@ -163,8 +161,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _buffers(own_a_desc, own_b_desc, ring_a_desc, ring_b_desc, NUM_CONSUMERS: gl.constexpr,
-                 RING_ROWS: gl.constexpr, cfg):
-        # Buffers and their barriers, initialised: own tiles of 64 rows, ring tiles of RING_ROWS.
+                 RING_ROWS: gl.constexpr, STATS: gl.constexpr, cfg):
+        # Buffers and their barriers, initialised: own tiles of 64 rows, ring tiles of RING_ROWS;
+        # STATS: the ring tiles' LSE and delta rows beside them (the dK / dV kernel).
         ROWS: gl.constexpr = 64
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         STAGES: gl.constexpr = cfg.STAGES
@@ -182,12 +181,12 @@ if HAVE_GLUON:
             mbarrier.init(own_ready.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(a_ready.index(i), count=1)
-            mbarrier.init(b_ready.index(i), count=2 if cfg.STATS_SMEM else 1)  # STATS_SMEM: dO's TMA, the stats
+            mbarrier.init(b_ready.index(i), count=2 if STATS else 1)  # STATS: dO's TMA, the stats' store
             mbarrier.init(a_empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
             mbarrier.init(b_empty.index(i), count=NUM_CONSUMERS)
         fence_async_shared()
         stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        if cfg.STATS_SMEM:
+        if STATS:
             stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, RING_ROWS], stats_layout)
         else:
             stats = gl.allocate_shared_memory(gl.float32, [1, 1], stats_layout)
@@ -474,7 +473,7 @@ if HAVE_GLUON:
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT)
-        bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, cfg)
+        bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, False, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
         load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, cfg)
@@ -508,8 +507,9 @@ if HAVE_GLUON:
     def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, LSE, DELTA,
                              cfg):
         # Producer: each consumer's K and V rows, then for each query head of the group and each
-        # query tile that sees the block, Q and dO (STATS_SMEM: and the tile's LSE and delta rows,
-        # row_stats' masked values, stored to the slot's stats before the second b_ready arrival).
+        # query tile that sees the block, Q and dO, and the tile's LSE and delta rows (row_stats'
+        # masked values, stored to the slot's stats before the second b_ready arrival: the consumers
+        # read them with dO, and a row past n_q holds finite values).
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = cfg.BLOCK_M  # query rows a ring tile
         BLOCK_N: gl.constexpr = cfg.BLOCK_N  # keys a CTA
@@ -529,17 +529,16 @@ if HAVE_GLUON:
                     _load_ring(q_desc, w.desc_b, off_h, row, bufs.ring_a, bufs.a_ready, bufs.a_empty, j, cfg.STAGES)
                     _load_ring(do_desc, w.desc_b, off_h, row, bufs.ring_b, bufs.b_ready, bufs.b_empty, j,
                                cfg.STAGES)
-                    if cfg.STATS_SMEM:
-                        offs = lo + i * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
-                        lse2, delta = row_stats(LSE + base, DELTA + base, offs, w.n_q, True)
-                        bufs.stats.index(2 * (j % cfg.STAGES)).store(lse2)
-                        bufs.stats.index(2 * (j % cfg.STAGES) + 1).store(delta)
-                        mbarrier.arrive(bufs.b_ready.index(j % cfg.STAGES), count=1)
+                    offs = lo + i * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+                    lse2, delta = row_stats(LSE + base, DELTA + base, offs, w.n_q, True)
+                    bufs.stats.index(2 * (j % cfg.STAGES)).store(lse2)
+                    bufs.stats.index(2 * (j % cfg.STAGES) + 1).store(delta)
+                    mbarrier.arrive(bufs.b_ready.index(j % cfg.STAGES), count=1)
                     j += 1
 
     @gluon.jit
-    def _dkdv_tiles(dk, dv, k_tile, v_tile, lse_base, delta_base, bufs, ring, first, last, lo, offs_n, n_q, off,
-                    call, st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
+    def _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, first, last, lo, offs_n, n_q, off, call,
+                    st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
         # Query tiles [first, last) of the key block (counted from its first query lo), ring tile
         # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
         # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
@@ -556,13 +555,11 @@ if HAVE_GLUON:
             slot = j % STAGES
             phase = (j // STAGES) & 1
             row = lo + i * BLOCK_M
-            if not cfg.STATS_SMEM:
-                lse2, delta = row_stats(lse_base, delta_base, row + cols, n_q, MASKED)
             st, dpt, q_tile, do_tile = _score_products(k_tile, v_tile, bufs, slot, phase, n_q - row, BLOCK_M,
                                                        st_layout, cfg.WANT_DK, cfg.IS_VARLEN and MASKED, cfg)
-            if cfg.STATS_SMEM:  # landed with dO (b_ready); released with it (b_empty)
-                lse2 = bufs.stats.index(2 * slot).load(gl.SliceLayout(0, st_layout))
-                delta = bufs.stats.index(2 * slot + 1).load(gl.SliceLayout(0, st_layout))
+            # the tile's LSE and delta rows: landed with dO (b_ready), released with it (b_empty)
+            lse2 = bufs.stats.index(2 * slot).load(gl.SliceLayout(0, st_layout))
+            delta = bufs.stats.index(2 * slot + 1).load(gl.SliceLayout(0, st_layout))
             # Key j (row) sees query i (column) when j - off - right <= i <= j - off + left:
             # masked_logits' band with the edges exchanged and the offset negated, the query
             # indices relative to the tile (the shift goes into the bounds).
@@ -594,8 +591,8 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consumer_partition(dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
-                                 C: gl.constexpr, cfg):
+    def _dkdv_consumer_partition(dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k, C: gl.constexpr,
+                                 cfg):
         # Consumer C: keys [start + 64 C, + 64) against the query tiles they see, for each query
         # head of the group in order (row_tiles with the roles exchanged: masked edges, unmasked
         # middle; the block's tiles past them skipped).
@@ -618,14 +615,13 @@ if HAVE_GLUON:
             dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
             dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
             for g in range(call.kv_group):
-                base = _stats_base(w, w.off_h * call.kv_group + g, call.n_heads * call.kv_group, call, cfg)
                 ring = g * n_tiles
-                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, 0, c_left, lo,
-                                     offs_n, w.n_q, w.off, call, st_layout, op_layout, True, cfg)
-                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, c_left, c_mid,
-                                     lo, offs_n, w.n_q, w.off, call, st_layout, op_layout, False, cfg)
-                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, LSE + base, DELTA + base, bufs, ring, c_mid, c_end,
-                                     lo, offs_n, w.n_q, w.off, call, st_layout, op_layout, True, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, 0, c_left, lo, offs_n, w.n_q, w.off, call,
+                                     st_layout, op_layout, True, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_left, c_mid, lo, offs_n, w.n_q, w.off,
+                                     call, st_layout, op_layout, False, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_mid, c_end, lo, offs_n, w.n_q, w.off,
+                                     call, st_layout, op_layout, True, cfg)
                 _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
             # dK and dV out through this consumer's K and V buffers; TMA clips rows past a dense n_k.
             if row0 < w.n_k:
@@ -645,7 +641,6 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
-        STATS_SMEM: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
@@ -653,38 +648,36 @@ if HAVE_GLUON:
         # HEAD_DIM], q, do in [1, 1, BLOCK_M, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32
         # (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK / DV the packed dk / dv [total_k,
         # Hkv, D] (the same strides). WANT_DK / WANT_DV: the gradients it writes (at least one).
-        # STATS_SMEM: the producer loads each Q tile's LSE and delta rows into shared memory (else
-        # each consumer loads its columns' from global memory).
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK,
-                     WANT_DV, STATS_SMEM)
-        bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, cfg)
+                     WANT_DV)
+        bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, True, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
         load = (q_desc, k_desc, v_desc, do_desc, bufs, call, cu_seqlens_q, cu_seqlens_k, LSE, DELTA, cfg)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_dkdv_load_partition, load),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_dkdv_load_partition, load),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(0), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(1), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_dkdv_load_partition, load),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(0), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(1), cfg)),
-                (_dkdv_consumer_partition, (dk_desc, dv_desc, LSE, DELTA, DK, DV, bufs, call, cu_seqlens_q,
-                                            cu_seqlens_k, gl.constexpr(2), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(0), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(1), cfg)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k,
+                                            gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

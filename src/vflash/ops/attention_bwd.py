@@ -82,8 +82,7 @@ def attention_backward(
         do = do if hopper.tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
         dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
-                                       tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed,
-                                       stats_smem=tiles.stats_smem)
+                                       tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed)
                 for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",))]
         dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, softcap, tiles.dq.block_m,
                                          tiles.dq.block_n, tiles.dq.num_stages, varlen=packed)

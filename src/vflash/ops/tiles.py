@@ -47,12 +47,10 @@ class BackwardLaunch(NamedTuple):
 class BackwardTiles(NamedTuple):
     """The backward's launches: the dK/dV kernel's key tiles walk query tiles, the dQ kernel's
     query tiles walk key tiles; the delta kernel takes dq.block_m's power of two rows. dkdv_apart (sm_90 only):
-    dK and dV from two launches of the dK/dV kernel, one accumulator a consumer each (D 256). stats_smem
-    (sm_90 only): the dK/dV kernel's producer stages each query tile's LSE and delta in shared memory."""
+    dK and dV from two launches of the dK/dV kernel, one accumulator a consumer each (D 256)."""
     dkdv: BackwardLaunch
     dq: BackwardLaunch
     dkdv_apart: bool = False
-    stats_smem: bool = False
 
 
 class KVCacheTiles(NamedTuple):
