@@ -378,9 +378,7 @@ SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 # The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
 # the fa sweep (its four last shapes in a second file), D 256, and D 128 N 512 on the sm_90 kernels after
 # the sweep (session 23).
-# bf16 only: session 24's device calls ended before its fp16 sweep (the last fp16 rows, on the kernels before
-# the staged LSE / delta: 2026-12-02-h200-s23-backward/REPORT.md)
-BACKWARD = (("benchmarks/results/2026-12-02-h200-s24-backward", ("bwd.csv", "bwd_d256.csv")),)
+BACKWARD = (("benchmarks/results/2026-12-02-h200-s24-backward", ("bwd.csv", "bwd_fp16.csv", "bwd_d256.csv")),)
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
