@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode bwd_hopper bwd_host ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -131,6 +131,9 @@ for step in "$@"; do
                ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
                >> "$R/bwd_hopper${BWD_APART:+_apart}.txt" 2>&1
              tail -30 "$R/bwd_hopper${BWD_APART:+_apart}.txt" ;;
+    decode_host) # a planned decode call's host time in pieces (key, lookup, allocations, launches; DECODE_ROWS "B:KV")
+             timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.decode_host ${DECODE_ROWS:+--rows $DECODE_ROWS} \
+               --out "$R/decode_host.csv" > "$R/decode_host.txt" 2>&1; tail -20 "$R/decode_host.txt" ;;
     bwd_host) # a short backward's host cost and GPU time (eager, CUDA graph, per-call host us; BWD_ROWS "D:N:causal")
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.bwd_host ${BWD_ROWS:+--rows $BWD_ROWS} \
                --out "$R/bwd_host.csv" > "$R/bwd_host.txt" 2>&1; tail -20 "$R/bwd_host.txt" ;;

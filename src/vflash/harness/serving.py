@@ -131,11 +131,14 @@ def _shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.
 
 
 def _host_us(call: Callable[[], object], device: torch.device, n: int = 300) -> float:
-    """Host time a call: n calls back to back, the GPU kept ahead by short kernels."""
+    """Host time a call: n calls back to back behind a sleep kernel longer than them, so the
+    calls only queue their kernels and the timer sees the host's work alone (without it a call
+    whose kernels outlast its host path is timed at the GPU's pace)."""
     for _ in range(10):
         call()
     if device.type == "cuda":
         torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU clock cycles: longer than the n calls
     t0 = time.perf_counter()
     for _ in range(n):
         call()

@@ -1,0 +1,70 @@
+"""Where a planned decode call's host time goes (issue 22's 20 us goal). For rows (B, KV; bf16, Hq 32 /
+Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
+kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call; its plan key alone; key
+and lookup; the plan's call (allocations and launches); its allocations alone; its launches alone on
+tensors allocated once. The split count the dispatch chose is printed beside them. Writes a CSV.
+
+  PYTHONPATH=src:. python3 -m benchmarks.experiments.decode_host [--out decode_host.csv] [--rows B:KV ...]
+"""
+
+import argparse
+
+import torch
+
+import vflash
+from benchmarks.experiments.common import per_call_us, require_cuda, write_rows
+from vflash.ops import plans
+
+ROWS = ["1:1024", "1:32768", "8:8192", "32:1024", "128:1024", "128:32768"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="decode_host.csv")
+    ap.add_argument("--rows", nargs="*", default=ROWS, help="B:KV")
+    ap.add_argument("--page", type=int, default=16)
+    args = ap.parse_args()
+    if not require_cuda("decode_host"):
+        return 0
+    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, (32, 8, 128)
+    out_rows = []
+    for row in args.rows:
+        b, kv = (int(x) for x in row.split(":"))
+        pages = -(-kv // args.page)
+        q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
+        kc = torch.randn(b * pages, args.page, hkv, d, device=dev, dtype=dtype)
+        vc = torch.randn_like(kc)
+        table = torch.randperm(b * pages, device=dev).to(torch.int32).view(b, pages)
+        seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+        opts = (True, None, None, None, None, False, False, False)  # causal .. check_metadata, as the API's
+
+        def call():
+            return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
+
+        def key():
+            return plans.kvcache_plan_key(q, kc, vc, seqlens, table, None, None, *opts)
+
+        call()
+        k = key()
+        plan = plans.lookup(k, q, kc, vc)
+        if plan is None:
+            print(f"{row}: no plan recorded", flush=True)
+            continue
+        rows = q.reshape(-1, hq, d)
+        made = [rows.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]
+        pieces = [("call", call), ("key", key), ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
+                  ("plan", lambda: plan(rows, kc, vc, seqlens, None, table)),
+                  ("allocs", lambda: [rows.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
+                  ("launches", lambda: plan.launch(rows, kc, vc, seqlens, None, table, *made))]
+        rec = dict(B=b, KV=kv, page=args.page, allocs=len(plan.allocs),
+                   splits=plan.allocs[-1].shape[0] if len(plan.allocs) > 1 else 1)
+        for name, fn in pieces:
+            rec[f"{name}_us"] = round(per_call_us(fn, n=2000, rounds=10), 2)
+        out_rows.append(rec)
+        print(" ".join(f"{k}={v}" for k, v in rec.items()), flush=True)
+    write_rows(args.out, out_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
