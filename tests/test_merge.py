@@ -4,9 +4,12 @@ to the dense oracle's rule). -inf rows, garbage in empty parts, shapes, strides,
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import vflash
 from vflash.harness.oracle import compare
+from vflash.kernels.combine import fold_splits
 from vflash.reference import attention_explicit, attention_varlen_reference, merge_states_reference
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -120,21 +123,41 @@ def test_bad_input_is_refused(change, error, match, device):
         vflash.merge_states(**args)
 
 
-def _combine(o_part, lse_part, head_dim_dtype=torch.float32, want_lse=True):
-    # split-KV's combine kernel alone over partials [splits, rows, H, D] / [splits, H, rows]
-    from vflash import dispatch
+@triton.jit
+def _fold_kernel(O_PART, LSE_PART, OUT, LSE, stride_ps, stride_pm, stride_ph, stride_ls, stride_lh, n_rows, num_splits,
+                 ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                 SPLIT_CHUNK: tl.constexpr):
+    # one program: every (row, head) pair of the partials a merged row
+    r = tl.arange(0, ROWS)
+    row, head = r // HEADS, r % HEADS
+    ok = row < n_rows
+    offs = row * stride_pm + head * stride_ph
+    lse_offs = head * stride_lh + row
+    out, lse = fold_splits(O_PART + offs, LSE_PART + lse_offs, stride_ps, stride_ls, 1, num_splits, ok, ROWS, HEAD_DIM,
+                           HEAD_DIM_PAD, SPLIT_CHUNK)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    tl.store(OUT + offs[:, None] + d[None, :], out, mask=ok[:, None] & (d[None, :] < HEAD_DIM))
+    tl.store(LSE + lse_offs, lse, mask=ok)
+
+
+def _fold(o_part, lse_part, split_chunk=16):
+    # split-KV's merge (kernels/combine.py:fold_splits, what each row tile's last split runs inside
+    # attention_kvcache_kernel) alone over partials [splits, rows, H, D] / [splits, H, rows]
     from vflash.ops import launch as launches
-    from vflash.ops.attention import _combine_launch
     splits, rows, heads, d = o_part.shape
-    out = torch.empty(rows, heads, d, dtype=head_dim_dtype, device=o_part.device)
-    lse = torch.empty(heads, rows, dtype=torch.float32, device=o_part.device) if want_lse else None
-    launches.run(_combine_launch(o_part, lse_part, out, lse, dispatch.combine_tiles()), o_part.device)
+    out = torch.empty(rows, heads, d, dtype=torch.float32, device=o_part.device)
+    lse = torch.empty(heads, rows, dtype=torch.float32, device=o_part.device)
+    args = (o_part, lse_part, out, lse, *o_part.stride()[:3], *lse_part.stride()[:2], rows, splits)
+    constexprs = dict(ROWS=1 << (rows * heads - 1).bit_length(), HEADS=heads, HEAD_DIM=d,
+                      HEAD_DIM_PAD=max(16, 1 << (d - 1).bit_length()), SPLIT_CHUNK=split_chunk)
+    launches.run(launches.KernelLaunch(_fold_kernel, (1, 1, 1), args, constexprs, dict(num_warps=4), ()),
+                 o_part.device)
     return out, lse
 
 
-@pytest.mark.parametrize("splits", [1, 5, 16, 64, 65, 150])  # one chunk, one group, groups of 64 and more
-def test_split_combine_matches_the_lse_formula(splits, device):
-    # the combine folds any number of splits, -inf (empty) ones included, to the logsumexp merge in fp64
+@pytest.mark.parametrize("splits", [1, 5, 16, 17, 64, 150])  # one chunk, a chunk's edge, many chunks
+def test_split_merge_matches_the_lse_formula(splits, device):
+    # the merge folds any number of splits, -inf (empty) ones included, to the logsumexp merge in fp64
     g = torch.Generator().manual_seed(splits)
     rows, heads, d = 3, 2, 40
     o_part = torch.randn(splits, rows, heads, d, generator=g)
@@ -142,7 +165,7 @@ def test_split_combine_matches_the_lse_formula(splits, device):
     lse_part[::3] = float("-inf")  # every third split saw no key
     o_part[::3] = float("nan")  # and holds garbage
     lse_part[:, 0, 0] = float("-inf")  # a row no split saw
-    out, lse = _combine(o_part.to(device), lse_part.to(device))
+    out, lse = _fold(o_part.to(device), lse_part.to(device))
     l64 = lse_part.double()
     ref_lse = torch.logsumexp(l64, 0)  # [H, rows]
     w = torch.exp(l64 - torch.where(ref_lse.isinf(), 0.0, ref_lse)).nan_to_num(0.0)  # [splits, H, rows]
@@ -152,15 +175,15 @@ def test_split_combine_matches_the_lse_formula(splits, device):
     assert out[0, 0].eq(0).all() and lse[0, 0] == float("-inf")
 
 
-def test_split_combine_ignores_trailing_empty_splits_bitwise(device):
+def test_split_merge_ignores_trailing_empty_splits_bitwise(device):
     # batch-invariance's premise: a row's result is the same bits whatever number of empty splits
-    # follow its own, within its group of 64 and past it
+    # follow its own, within its chunk and past it
     g = torch.Generator().manual_seed(1)
     o_part = torch.randn(20, 2, 2, 16, generator=g)
     lse_part = torch.randn(20, 2, 2, generator=g)
-    alone = _combine(o_part.to(device), lse_part.to(device))
+    alone = _fold(o_part.to(device), lse_part.to(device))
     for total in (40, 64, 130):
         o_more = torch.cat([o_part, torch.full((total - 20, 2, 2, 16), float("nan"))])
         lse_more = torch.cat([lse_part, torch.full((total - 20, 2, 2), float("-inf"))])
-        more = _combine(o_more.to(device), lse_more.to(device))
+        more = _fold(o_more.to(device), lse_more.to(device))
         assert torch.equal(more[0], alone[0]) and torch.equal(more[1], alone[1]), total

@@ -7,8 +7,7 @@ rotating cache copies (vflash.harness.serving). Prints one line a candidate and 
 
 --grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
-pages of 64 and a contiguous cache, and split-KV's combine kernel timed alone at the row's best split
-count, 64 launches a graph (what fusing it into the split kernel could save at most).
+pages of 64 and a contiguous cache.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
 """
@@ -20,8 +19,7 @@ import torch
 from benchmarks.experiments.common import write_rows
 from vflash import dispatch
 from vflash.harness.serving import _copies, _graph_time, _shuffled_table
-from vflash.ops import launch as launches
-from vflash.ops.attention import _combine_launch, attention_kvcache_forward
+from vflash.ops.attention import attention_kvcache_forward
 from vflash.ops.band import sequence_band
 from vflash.ops.tiles import KVCacheTiles
 
@@ -68,7 +66,7 @@ def main() -> int:
         def time_tiles(t: KVCacheTiles) -> float:
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
                 q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
-                tiles=t, combine=dispatch.combine_tiles()) for kc, vc in caches]
+                tiles=t) for kc, vc in caches]
             return _graph_time(calls, dev)[0]
 
         def record(kind, t, us):
@@ -81,7 +79,7 @@ def main() -> int:
         record("dispatch", chosen, time_tiles(chosen))
         best, best_gbps = chosen, 0.0
         for tl in TILES:
-            t = KVCacheTiles(*tl, num_splits=chosen.num_splits)
+            t = KVCacheTiles(*tl, num_splits=chosen.num_splits, split_chunk=chosen.split_chunk)
             try:
                 g = record("tile", t, time_tiles(t))
             except Exception as exc:  # out of shared memory, say
@@ -125,7 +123,7 @@ def grid(out_path: str, smoke: bool = False) -> int:
         def time_tiles(caches, table, t):
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
                 q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
-                tiles=t, combine=dispatch.combine_tiles()) for kc, vc in caches]
+                tiles=t) for kc, vc in caches]
             return _graph_time(calls, dev)[0]
 
         def record(kind, page, t, us):
@@ -145,7 +143,7 @@ def grid(out_path: str, smoke: bool = False) -> int:
             for s in GRID_SPLITS:
                 if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
                     continue
-                t = KVCacheTiles(*tl_, num_splits=s)
+                t = KVCacheTiles(*tl_, num_splits=s, split_chunk=chosen.split_chunk)
                 try:
                     us = record("grid", 16, t, time_tiles(caches, table, t))
                 except Exception as exc:  # out of shared memory, say
@@ -159,13 +157,6 @@ def grid(out_path: str, smoke: bool = False) -> int:
             caches, table = layout(page)
             record("best", page, best, time_tiles(caches, table, best))
             caches = None
-        if best.num_splits > 1:
-            o_part = torch.randn(best.num_splits, B, Hq, D, device=dev, dtype=torch.float32)
-            lse_part = torch.randn(best.num_splits, Hq, B, device=dev, dtype=torch.float32)
-            out = torch.empty(B, Hq, D, device=dev, dtype=dt)
-            launch = _combine_launch(o_part, lse_part, out, None, dispatch.combine_tiles())
-            # 64 launches in one graph, so the graph's own launch cost is spread over them
-            record("combine", 0, best, _graph_time([lambda: launches.run(launch, dev)] * 64, dev)[0])
     write_rows(out_path, rows)
     print(f"wrote {out_path}")
     return 0

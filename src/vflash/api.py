@@ -301,8 +301,7 @@ def attention_with_kvcache(
                                      k_cache.shape[1] if block_table is not None else 0)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                         return_lse=return_lse, tiles=choice.tiles,
-                                         combine=dispatch.combine_tiles(), plan_key=key)
+                                         return_lse=return_lse, tiles=choice.tiles, plan_key=key)
     return _kvcache_result(out, lse, q_shape, dense_q, return_lse)
 
 

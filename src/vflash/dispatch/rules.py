@@ -11,7 +11,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles, KVCacheTiles, MergeTiles,
+from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
                               PortableTiles, head_dim_pad)
 
 KERNELS = ("portable", "sm90")
@@ -216,8 +216,14 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         base, why = tables.KVCACHE_PREFILL[d], "KVCACHE_PREFILL"
     # The packed rows' power of two, at least 16 and the group, at most the table's (batch_invariant: fixed).
     def rows_of(t: KVCacheTiles) -> KVCacheTiles:
-        return t._replace(block_m=max(_pow2(group), tables.INVARIANT_ROWS if batch_invariant else
-                                      min(t.block_m, max(16, _pow2(rows)))))
+        block_m = max(_pow2(group), tables.INVARIANT_ROWS if batch_invariant else min(t.block_m, max(16, _pow2(rows))))
+        # the merge's rows: the power of two holding a tile's real (query, head) rows (batch-invariant: the
+        # whole tile, whatever the batch's new queries); as many splits a load as fit tables.MERGE_VALUES
+        queries = block_m // group
+        merge_rows = block_m if batch_invariant else _pow2(min(queries, max(1, p.n_q)) * group)
+        chunk = 1 << max(0, (tables.MERGE_VALUES // (merge_rows * d)).bit_length() - 1)
+        return t._replace(block_m=block_m, split_chunk=max(1, min(tables.MERGE_MAX_CHUNK, chunk)),
+                          merge_rows=merge_rows)
     tiles = rows_of(base)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS
@@ -275,11 +281,6 @@ def backward_tiles(p: Problem) -> BackwardTiles:
     if p.dtype == torch.float32:
         return tables.BACKWARD_FP32[p.head_dim_pad]
     return tables.BACKWARD[p.head_dim_pad]
-
-
-def combine_tiles() -> CombineTiles:
-    """Split-KV's combine tiles (one table entry for every device for now)."""
-    return tables.COMBINE
 
 
 def merge_tiles(head_dim: int, device: torch.device) -> MergeTiles:

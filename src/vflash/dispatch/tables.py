@@ -8,7 +8,7 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, CombineTiles, HopperTiles,
+from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles,
                               KVCacheTiles, MergeTiles, PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
@@ -161,12 +161,12 @@ KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_
 INVARIANT_SPLIT_KEYS = 512
 INVARIANT_ROWS = 16
 
-# Split-KV's combine: one (query row, head) a program, 16 splits a load, four such chunks loaded at once, so up
-# to 64 splits (every count the split rule picks) cost one load round trip. A loop over single splits waited a
-# round trip a split (at B 1, KV 8k, 33 splits the H200 took 33 us a call, cuDNN 15); one over 16-split
-# chunks, two passes each, still took 6.7 us under Nsight Compute beside the split kernel's 18.0 there. Fixed on
-# every device: batch-invariant results depend on it.
-COMBINE = CombineTiles(split_chunk=16, chunks=4, num_warps=4)
+# Split-KV's merge, done by each row tile's last split in the split kernel (no combine launch): it loads
+# split_chunk splits' partials of the tile's rows at once, one load round trip a chunk, MERGE_VALUES fp32
+# values a load (64 registers a thread at 4 warps): decode's 4-8 packed rows at D 128 take 16 or 8 splits a
+# load. Fixed on every device: batch-invariant results depend on the chunk.
+MERGE_VALUES = 8192
+MERGE_MAX_CHUNK = 64
 
 # --- backward (kernels/attention_bwd.py), by padded head dim -------------------------------------
 # dkdv: a program's block_n keys hold dK and dV [block_n, D] fp32 in registers while block_m-row

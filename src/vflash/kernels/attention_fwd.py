@@ -14,6 +14,7 @@ masked stretch at each edge and an unmasked middle, each a loop compiled for its
 import triton
 import triton.language as tl
 
+from vflash.kernels.combine import fold_splits
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
@@ -274,7 +275,7 @@ def _split_range(lo, full_lo, full_hi, hi, k_lo, k_hi):
 
 @triton.jit
 def attention_kvcache_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS,
     stride_qm, stride_qh, stride_qd,
     stride_kp, stride_kn, stride_kh, stride_kd,
     stride_vp, stride_vn, stride_vh, stride_vd,
@@ -287,6 +288,7 @@ def attention_kvcache_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    IS_SPLIT: tl.constexpr, COMBINE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -301,8 +303,12 @@ def attention_kvcache_kernel(
     # Split-KV: program (tile, split) sees keys [split * part, (split + 1) * part) of
     # its sequence, part = split_keys if > 0 (fixed: a sequence's splits depend only
     # on its own length), else its length over num_splits, rounded up to BLOCK_N.
-    # O / LSE: the output [total_q, Hq, D] / [Hq, total_q] (num_splits 1), or fp32
-    # partials [splits, total_q, Hq, D] / [splits, Hq, total_q] for combine_splits_kernel.
+    # O / LSE: the output [total_q, Hq, D] / [Hq, total_q]. IS_SPLIT (num_splits > 1): each
+    # program writes its split's fp32 partials to O_PART [splits, total_q, Hq, D] / LSE_PART
+    # [splits, Hq, total_q] (O's strides within a split) and arrives on its tile's counter in
+    # ARRIVALS [B, Hkv, row tiles] int32 (zero at launch); the tile's last split to arrive merges
+    # them all (fold_splits, in split order: who merges does not change the bits), writes O / LSE
+    # and sets the counter back to 0 for the next launch. One launch, no combine kernel.
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
     split = (pid % num_splits).to(tl.int64)
@@ -366,11 +372,36 @@ def attention_kvcache_kernel(
             PAGE_SIZE)
 
     LN2: tl.constexpr = 0.6931471805599453
-    empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the combine gives it weight 0)
+    empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the merge gives it weight 0)
     out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
-    o_rows = O + split * stride_os + (q_start + offs_q) * stride_om + heads * stride_oh
-    tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-    if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        tl.store(LSE + split * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    o_rows = (q_start + offs_q) * stride_om + heads * stride_oh  # [BLOCK_M] row offsets, O's and a split's
+    d_ok = offs_d < HEAD_DIM
+    if IS_SPLIT:
+        tl.store(O_PART + split * stride_os + o_rows[:, None] + offs_d[None, :] * stride_od, out,
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE_PART + split * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial stores before the arrival releases them
+        tile = (off_b * tl.num_programs(1) + off_hk) * (tl.num_programs(0) // num_splits) + pid // num_splits
+        arrived = tl.atomic_add(ARRIVALS + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:  # the tile's last split: every partial has landed
+            tl.debug_barrier()  # the acquire before any thread's loads
+            tl.store(ARRIVALS + tile, 0)
+            # the tile's real rows only: COMBINE_ROWS, the power of two holding QUERIES x GROUP
+            c = tl.arange(0, COMBINE_ROWS)
+            c_q = start_q + tl.minimum(c // GROUP, QUERIES - 1)
+            c_heads = off_hk * GROUP + c % GROUP
+            c_ok = (c < QUERIES * GROUP) & (c_q < n_q)
+            c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
+            c_lse = c_heads * stride_lh + q_start + c_q
+            merged, merged_lse = fold_splits(O_PART + c_rows, LSE_PART + c_lse, stride_os, stride_ls, stride_od,
+                                             num_splits, c_ok, COMBINE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
+            tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, merged.to(O.dtype.element_ty),
+                     mask=c_ok[:, None] & d_ok[None, :])
+            if STORE_LSE:
+                tl.store(LSE + c_lse, merged_lse, mask=c_ok)
+    else:
+        tl.store(O + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        if STORE_LSE:
+            tl.store(LSE + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)

@@ -51,60 +51,39 @@ def merge_states_kernel(
 
 
 @triton.jit
-def combine_splits_kernel(
-    O_PART, LSE_PART, OUT, LSE,
-    stride_ps, stride_pm, stride_ph, stride_pd,
-    stride_ls, stride_lh,
-    stride_om, stride_oh, stride_od,
-    num_splits,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-    STORE_LSE: tl.constexpr,
-):
-    # grid = (total_q, Hq): split-KV's fp32 partials O_PART [splits, total_q, Hq, D] and
-    # LSE_PART [splits, Hq, total_q] (row stride 1) of one (query row, head) into OUT
-    # [total_q, Hq, D] and LSE [Hq, total_q]. The splits go by in groups of CHUNKS x SPLIT_CHUNK,
-    # each group's LSEs and partials loaded at once (one load round trip for a group: decode's
-    # split counts fit in one), folded into a running max, weight sum and output: each chunk
-    # ([SPLIT_CHUNK, HEAD_DIM_PAD]) reduced by a fixed tree, the chunks and groups in order. The
-    # same bits from run to run; a split that saw no key (-inf) adds an exact zero and a group of
-    # them rescales by exactly 1, so a sequence's result does not depend on how many empty splits
-    # the grid has beyond its own.
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
+def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, row_ok,
+                ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
+    # Split-KV's merge of ROWS rows' fp32 partials: o_rows [ROWS] points at each row's split-0
+    # output (split s at + s * stride_ps, column d at + d * stride_d), lse_rows [ROWS] at its split-0
+    # natural-log LSE (+ s * stride_ls). Returns out [ROWS, HEAD_DIM_PAD] fp32 and lse [ROWS].
+    # SPLIT_CHUNK splits a load ([SPLIT_CHUNK, ROWS, HEAD_DIM_PAD] at once, one load round trip),
+    # folded into a running max, weight sum and output, each chunk reduced by a fixed tree and the
+    # chunks in order: the same bits from run to run. A split that saw no key (-inf) adds an exact
+    # zero and a chunk of them rescales by exactly 1, so a sequence's result does not depend on how
+    # many empty splits the grid has beyond its own (batch invariance). The loads bypass L1 (.cg):
+    # other programs wrote the partials during this kernel.
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    lse_col = LSE_PART + head * stride_lh + row
-    part = O_PART + row * stride_pm + head * stride_ph
-    m_run = tl.full([1], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
-    GROUP: tl.constexpr = SPLIT_CHUNK * CHUNKS
-    for g0 in range(0, num_splits, GROUP):
-        lses = ()
-        parts = ()
-        m = tl.full([SPLIT_CHUNK], float("-inf"), dtype=tl.float32)
-        for c in tl.static_range(CHUNKS):
-            s = g0 + c * SPLIT_CHUNK + offs_s
-            ok = s < num_splits
-            lse_c = tl.load(lse_col + s * stride_ls, mask=ok, other=float("-inf"))
-            parts = parts + (tl.load(part + s[:, None] * stride_ps + offs_d[None, :] * stride_pd,
-                                     mask=ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0),)
-            lses = lses + (lse_c,)
-            m = tl.maximum(m, lse_c)
-        m_new = tl.maximum(m_run, tl.max(m, 0))
+    d_ok = offs_d < HEAD_DIM
+    m_run = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        split = (s0 + offs_s).to(tl.int64)  # [SPLIT_CHUNK]
+        ok = (split < num_splits)[:, None] & row_ok[None, :]  # [SPLIT_CHUNK, ROWS]
+        lse_c = tl.load(lse_rows[None, :] + split[:, None] * stride_ls, mask=ok, other=float("-inf"),
+                        cache_modifier=".cg")
+        part = tl.load(o_rows[None, :, None] + split[:, None, None] * stride_ps + offs_d[None, None, :] * stride_d,
+                       mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_run, tl.max(lse_c, 0))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp(-inf - 0) = 0 for empty splits, never NaN
-        scale = tl.exp(m_run - m_ref)  # 1 when the group moved nothing, 0 before the first key
-        total = total * scale
-        acc = acc * scale
-        for c in tl.static_range(CHUNKS):
-            w = tl.exp(lses[c] - m_ref)
-            total += tl.sum(w, 0)
-            acc += tl.sum(tl.where(w[:, None] > 0, parts[c] * w[:, None], 0.0), 0)
+        scale = tl.exp(m_run - m_ref)  # 1 when the chunk moved nothing, 0 before the first key
+        w = tl.exp(lse_c - m_ref[None, :])  # [SPLIT_CHUNK, ROWS]
+        total = total * scale + tl.sum(w, 0)
+        # a split that saw no key (weight 0) adds nothing, whatever its partial holds
+        acc = acc * scale[:, None] + tl.sum(tl.where(w[:, :, None] > 0, part * w[:, :, None], 0.0), 0)
         m_run = m_new
     empty = m_run == float("-inf")
-    inv = 1.0 / tl.where(empty, 1.0, total)
-    tl.store(OUT + row * stride_om + head * stride_oh + offs_d * stride_od, (acc * inv).to(OUT.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
-    if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), m_run + tl.log(tl.where(empty, 1.0, total)))
-        tl.store(LSE + head * stride_lh + row + tl.arange(0, 1), lse)
+    out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]
+    lse = tl.where(empty, float("-inf"), m_run + tl.log(tl.where(empty, 1.0, total)))
+    return out, lse

@@ -11,13 +11,12 @@ import torch
 
 from vflash import _backend
 from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
-from vflash.kernels.combine import combine_splits_kernel
 from vflash.ops import hopper as hopper_launch
 from vflash.ops import launch as launches
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.tiles import CombineTiles, HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
@@ -115,7 +114,7 @@ def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
     scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
-    combine: CombineTiles, plan_key: Optional[Hashable] = None,
+    plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -123,9 +122,12 @@ def attention_kvcache_forward(
     None), its queries the last of them (bottom-right alignment): rows from
     cu_seqlens_q, or with cu_seqlens_q None max_seqlen_q rows a sequence, in order.
     out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
-    writes fp32 partials of each split and combine_splits_kernel folds them. With a
-    `plan_key` both launches are recorded as one plan (vflash.ops.plans). HopperTiles
-    (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
+    writes fp32 partials of each split and each row tile's last split merges them, in
+    the same launch. With a `plan_key` the launch is recorded (vflash.ops.plans); a
+    plan keeps the first call's partials and arrival counters as its scratch (the
+    counters return to 0 at the end of every launch, and calls on one stream run in
+    order). HopperTiles (chunked prefill on sm_90): the Hopper kernel's KV_CACHE
+    build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
@@ -142,16 +144,25 @@ def attention_kvcache_forward(
         launches.run(launch, q.device)
         return out, lse
     group, splits = Hq // Hkv, tiles.num_splits
-    if splits == 1:
-        o_part, lse_part = out, lse
-    else:
+    queries = tiles.block_m // group
+    row_tiles = max(1, -(-max_seqlen_q // queries))
+    # the merge's rows must hold a tile's real rows (merge_rows 0: the whole tile)
+    merge_rows = tiles.merge_rows or _pow2(queries * group)
+    if merge_rows < min(queries, max_seqlen_q) * group or merge_rows & (merge_rows - 1):
+        raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
+                         "rows (a power of two at least that many, or 0)")
+    if splits > 1:  # O's strides within a split: both contiguous
         o_part = torch.empty((splits, total_q, Hq, D), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((splits, Hq, total_q), dtype=torch.float32, device=q.device)
-    lse_strides = (0, total_q) if lse_part is None else (lse_part.stride(0) if splits > 1 else 0, total_q)
-    o_strides = (o_part.stride(0) if splits > 1 else 0, *o_part.stride()[-3:])
+        arrivals = torch.zeros((batch, Hkv, row_tiles), dtype=torch.int32, device=q.device)
+        split_strides = (o_part.stride(0), lse_part.stride(0))
+    else:
+        o_part = lse_part = arrivals = None
+        split_strides = (0, 0)
     args = (
-        q, k_cache, v_cache, o_part, out if lse_part is None else lse_part, cu_seqlens_q, block_table, cache_seqlens,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides,
+        q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), split_strides[0], *out.stride(), split_strides[1],
+        total_q,
         band.left, band.right, *score_scales(scale, softcap),
         0 if block_table is None else block_table.stride(0), splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -159,30 +170,25 @@ def attention_kvcache_forward(
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
-        STORE_LSE=lse_part is not None, **_dot_flags(q),
+        STORE_LSE=lse is not None, **_dot_flags(q),
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
+        IS_SPLIT=splits > 1, COMBINE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk,
     )
-    queries = tiles.block_m // group
-    grid = (max(1, -(-max_seqlen_q // queries)) * splits, Hkv, batch)
-    slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out" if splits == 1 else "o_part"),
-             Slot(4, ("out" if lse is None else "lse") if splits == 1 else "lse_part"), Slot(7, "cache_seqlens"))
-    slots += ((Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
+    grid = (row_tiles * splits, Hkv, batch)
+    # o_part, lse_part and arrivals are no slots: a plan keeps this call's as its scratch
+    slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out"), Slot(7, "cache_seqlens"))
+    slots += ((Slot(4, "lse"),) if lse is not None else ()) + (
+        (Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
         (Slot(6, "block_table"),) if block_table is not None else ())
     launch = KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
-    launched = [(launch, launches.run(launch, q.device))]
-    if splits > 1:
-        combine_launch = _combine_launch(o_part, lse_part, out, lse, combine)
-        launched.append((combine_launch, launches.run(combine_launch, q.device)))
+    compiled = launches.run(launch, q.device)
     if plan_key is not None and q.device.index == torch.cuda.current_device():
         allocs = [Alloc("out", tuple(out.shape), q.dtype)]
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
-        if splits > 1:
-            allocs += [Alloc("o_part", tuple(o_part.shape), torch.float32),
-                       Alloc("lse_part", tuple(lse_part.shape), torch.float32)]
-        launches.record_sequence(plan_key, launched, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
+        launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
 
 
@@ -195,16 +201,8 @@ def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optiona
                                _backend.device_properties(q.device.index).multi_processor_count, **kv)
 
 
-def _combine_launch(o_part, lse_part, out, lse, tiles: CombineTiles) -> KernelLaunch:
-    """combine_splits_kernel over the partials [splits, total_q, Hq, D] / [splits, Hq, total_q]."""
-    splits, total_q, Hq, D = o_part.shape
-    args = (o_part, lse_part, out, lse if lse is not None else lse_part, *o_part.stride(), *lse_part.stride()[:2],
-            *out.stride(), splits)
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLIT_CHUNK=tiles.split_chunk, CHUNKS=tiles.chunks,
-                      STORE_LSE=lse is not None)
-    grid = (total_q, Hq, 1)
-    slots = (Slot(0, "o_part"), Slot(1, "lse_part"), Slot(2, "out"), Slot(3, "lse" if lse is not None else "lse_part"))
-    return KernelLaunch(combine_splits_kernel, grid, args, constexprs, dict(num_warps=tiles.num_warps), slots)
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _dot_flags(q: torch.Tensor) -> dict:

@@ -61,13 +61,10 @@ class KVCacheTiles(NamedTuple):
     num_stages: int
     num_splits: int = 1  # programs each sequence's keys are split across (split-KV), the grid's split count
     split_keys: int = 0  # > 0: a split's keys, fixed (batch-invariant); 0: each sequence's keys over num_splits
-
-
-class CombineTiles(NamedTuple):
-    """`kernels/combine.py:combine_splits_kernel`'s launch: one (query row, head) a program."""
-    split_chunk: int  # splits read a load (a fixed reduction tree each: batch-invariant results need it fixed)
-    chunks: int  # chunks loaded at once (one load round trip for split_chunk x chunks splits)
-    num_warps: int
+    # split-KV's merge in each row tile's last split: split_chunk splits a load, over merge_rows rows (a power of
+    # two holding the tile's real (query, head) rows; 0: all block_m). Batch-invariant calls need both fixed.
+    split_chunk: int = 1
+    merge_rows: int = 0
 
 
 class MergeTiles(NamedTuple):
