@@ -222,6 +222,37 @@ def test_split_kv_agrees_with_unsplit_and_repeats_bitwise(device):
         assert torch.equal(again, four) and torch.equal(again_lse, four_lse)
 
 
+def test_split_kv_scratch_is_reusable_call_after_call(device, monkeypatch):
+    # what a plan does: the same partials and arrival counters for every call; each launch leaves
+    # the counters at zero again (the last split of a tile resets its counter), so a repeat, even at
+    # other lengths, gives the same bits as a call on fresh scratch
+    from vflash.ops import attention as attention_ops
+    lens = [150, 64, 1]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = _q(3, 2, 8, 16, torch.float16, device)
+    run = lambda: vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=3,
+                                                return_lse=True)
+    fresh = [run()]
+    seqlens.sub_(1)
+    fresh.append(run())
+    seqlens.add_(1)
+    made = []
+    fresh_scratch = attention_ops.split_scratch
+
+    def shared(*args):
+        if not made:
+            made.extend(fresh_scratch(*args))
+            made[2].fill_(0)
+        return tuple(made)
+    monkeypatch.setattr(attention_ops, "split_scratch", shared)
+    for want in fresh + fresh[:1]:
+        got = run()
+        assert made[2].eq(0).all() and made[2].numel() == 3 * 2
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        seqlens.sub_(1) if seqlens[0] == 150 else seqlens.add_(1)
+
+
 def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):
     # sequence 0 alone, then batched with longer and shorter ones (more splits in the grid, other
     # row counts): its output and LSE are the same bits, and still attention's

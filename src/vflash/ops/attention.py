@@ -152,9 +152,7 @@ def attention_kvcache_forward(
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
     if splits > 1:  # O's strides within a split: both contiguous
-        o_part = torch.empty((splits, total_q, Hq, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((splits, Hq, total_q), dtype=torch.float32, device=q.device)
-        arrivals = torch.zeros((batch, Hkv, row_tiles), dtype=torch.int32, device=q.device)
+        o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device)
         split_strides = (o_part.stride(0), lse_part.stride(0))
     else:
         o_part = lse_part = arrivals = None
@@ -190,6 +188,16 @@ def attention_kvcache_forward(
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
+
+
+def split_scratch(splits: int, total_q: int, heads_q: int, head_dim: int, batch: int, heads_k: int,
+                  row_tiles: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split-KV's scratch: fp32 partials [splits, total_q, Hq, D], their LSEs [splits, Hq,
+    total_q] and each row tile's arrival counter [B, Hkv, row tiles] int32, zero (the kernel
+    leaves it zero again, so a plan reuses all three call after call)."""
+    return (torch.empty((splits, total_q, heads_q, head_dim), dtype=torch.float32, device=device),
+            torch.empty((splits, heads_q, total_q), dtype=torch.float32, device=device),
+            torch.zeros((batch, heads_k, row_tiles), dtype=torch.int32, device=device))
 
 
 def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float], tiles: HopperTiles,
