@@ -222,35 +222,31 @@ def test_split_kv_agrees_with_unsplit_and_repeats_bitwise(device):
         assert torch.equal(again, four) and torch.equal(again_lse, four_lse)
 
 
-def test_split_kv_scratch_is_reusable_call_after_call(device, monkeypatch):
-    # what a plan does: the same partials and arrival counters for every call; each launch leaves
-    # the counters at zero again (the last split of a tile resets its counter), so a repeat, even at
-    # other lengths, gives the same bits as a call on fresh scratch
-    from vflash.ops import attention as attention_ops
+def test_split_kv_scratch_is_reused_call_after_call(device):
+    # the stream's pool (ops.scratch) serves every split call: each launch leaves the arrival
+    # counters at zero (the last split of a tile takes its launch's arrivals back off), so repeats,
+    # at other lengths and after a larger call regrew the pool, give the bits of a fresh pool
+    from vflash.ops import scratch
     lens = [150, 64, 1]
     k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     q = _q(3, 2, 8, 16, torch.float16, device)
-    run = lambda: vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=3,
-                                                return_lse=True)
-    fresh = [run()]
-    seqlens.sub_(1)
-    fresh.append(run())
-    seqlens.add_(1)
-    made = []
-    fresh_scratch = attention_ops.split_scratch
 
-    def shared(*args):
-        if not made:
-            made.extend(fresh_scratch(*args))
-            made[2].fill_(0)
-        return tuple(made)
-    monkeypatch.setattr(attention_ops, "split_scratch", shared)
-    for want in fresh + fresh[:1]:
-        got = run()
-        assert made[2].eq(0).all() and made[2].numel() == 3 * 2
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        seqlens.sub_(1) if seqlens[0] == 150 else seqlens.add_(1)
+    def run(lens, splits=3):
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=q.device)
+        return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
+                                             return_lse=True)
+    calls = [(lens, 3), ([149, 63, 0], 3), ([150, 64, 1], 5), (lens, 3)]
+    fresh = []
+    for args in calls:
+        scratch.clear()
+        fresh.append(run(*args))
+    scratch.clear()
+    for args, want in zip(calls, fresh):
+        got = run(*args)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), args
+        pools = list(scratch._pools.values())
+        assert len(pools) == 1 and pools[0][2].eq(0).all()
+    assert pools[0][2].numel() >= 3 * 2  # the counters of the largest call's row tiles
 
 
 def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):

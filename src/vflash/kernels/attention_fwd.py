@@ -308,7 +308,9 @@ def attention_kvcache_kernel(
     # [splits, Hq, total_q] (O's strides within a split) and arrives on its tile's counter in
     # ARRIVALS [B, Hkv, row tiles] int32 (zero at launch); the tile's last split to arrive merges
     # them all (fold_splits, in split order: who merges does not change the bits), writes O / LSE
-    # and sets the counter back to 0 for the next launch. One launch, no combine kernel.
+    # and takes the launch's num_splits arrivals back off the counter (an atomic subtract, not a
+    # store: the count stays right modulo num_splits even if another launch shares the scratch).
+    # One launch, no combine kernel.
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
     split = (pid % num_splits).to(tl.int64)
@@ -384,9 +386,9 @@ def attention_kvcache_kernel(
         tl.debug_barrier()  # every thread's partial stores before the arrival releases them
         tile = (off_b * tl.num_programs(1) + off_hk) * (tl.num_programs(0) // num_splits) + pid // num_splits
         arrived = tl.atomic_add(ARRIVALS + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:  # the tile's last split: every partial has landed
+        if arrived % num_splits == num_splits - 1:  # the tile's last split: every partial has landed
             tl.debug_barrier()  # the acquire before any thread's loads
-            tl.store(ARRIVALS + tile, 0)
+            tl.atomic_add(ARRIVALS + tile, -num_splits, sem="relaxed", scope="gpu")
             # the tile's real rows only: COMBINE_ROWS, the power of two holding QUERIES x GROUP
             c = tl.arange(0, COMBINE_ROWS)
             c_q = start_q + tl.minimum(c // GROUP, QUERIES - 1)

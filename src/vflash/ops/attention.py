@@ -5,6 +5,7 @@ Inputs are validated (vflash._validate), the band is folded (vflash.ops.band)
 and the kernel and tiles chosen (vflash.dispatch) before this runs.
 """
 
+import functools
 from typing import Hashable, Optional, Tuple, Union
 
 import torch
@@ -16,12 +17,14 @@ from vflash.ops import launch as launches
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
+from vflash.ops.scratch import split_scratch
 from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 KVCACHE_INPUTS = ("q", "k_cache", "v_cache", "cache_seqlens", "cu_seqlens_q", "block_table")
 RETURNS = ("out", "lse")
+SCRATCH_NAMES = ("o_part", "lse_part", "arrivals")
 
 
 def attention_forward(
@@ -123,10 +126,8 @@ def attention_kvcache_forward(
     cu_seqlens_q, or with cu_seqlens_q None max_seqlen_q rows a sequence, in order.
     out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
     writes fp32 partials of each split and each row tile's last split merges them, in
-    the same launch. With a `plan_key` the launch is recorded (vflash.ops.plans); a
-    plan keeps the first call's partials and arrival counters as its scratch (the
-    counters return to 0 at the end of every launch, and calls on one stream run in
-    order). HopperTiles (chunked prefill on sm_90): the Hopper kernel's KV_CACHE
+    the same launch, in the stream's split scratch (ops.scratch). With a `plan_key` the
+    launch is recorded (vflash.ops.plans). HopperTiles (chunked prefill on sm_90): the Hopper kernel's KV_CACHE
     build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -175,29 +176,22 @@ def attention_kvcache_forward(
         IS_SPLIT=splits > 1, COMBINE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk,
     )
     grid = (row_tiles * splits, Hkv, batch)
-    # o_part, lse_part and arrivals are no slots: a plan keeps this call's as its scratch
     slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out"), Slot(7, "cache_seqlens"))
     slots += ((Slot(4, "lse"),) if lse is not None else ()) + (
         (Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
         (Slot(6, "block_table"),) if block_table is not None else ())
+    # split scratch: slots too, a plan fetching this stream's pool (ops.scratch) each call
+    slots += (Slot(8, "o_part"), Slot(9, "lse_part"), Slot(10, "arrivals")) if splits > 1 else ()
     launch = KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and q.device.index == torch.cuda.current_device():
         allocs = [Alloc("out", tuple(out.shape), q.dtype)]
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
-        launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index)
+        scratch = None if splits == 1 else (SCRATCH_NAMES, functools.partial(
+            split_scratch, splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
+        launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index, scratch)
     return out, lse
-
-
-def split_scratch(splits: int, total_q: int, heads_q: int, head_dim: int, batch: int, heads_k: int,
-                  row_tiles: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split-KV's scratch: fp32 partials [splits, total_q, Hq, D], their LSEs [splits, Hq,
-    total_q] and each row tile's arrival counter [B, Hkv, row tiles] int32, zero (the kernel
-    leaves it zero again, so a plan reuses all three call after call)."""
-    return (torch.empty((splits, total_q, heads_q, head_dim), dtype=torch.float32, device=device),
-            torch.empty((splits, heads_q, total_q), dtype=torch.float32, device=device),
-            torch.zeros((batch, heads_k, row_tiles), dtype=torch.int32, device=device))
 
 
 def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float], tiles: HopperTiles,

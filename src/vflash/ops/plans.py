@@ -33,24 +33,27 @@ class LaunchPlan:
     """A recorded launch: call with the inputs of the key's metadata (for
     attention q, k, v); returns the outputs `picks` names (None where absent).
 
-    launch(*inputs, *allocations) runs the kernel; `allocs` are the outputs
-    allocated per call (vflash.ops.launch.Alloc), zero-filled where asked (a
-    work-tile counter)."""
+    launch(*inputs, *allocations, *scratch) runs the kernel; `allocs` are the
+    outputs allocated per call (vflash.ops.launch.Alloc), zero-filled where asked
+    (a work-tile counter); `scratch()`, where given, returns the call's scratch
+    tensors (split-KV's, from vflash.ops.scratch: the current stream's pool)."""
 
-    __slots__ = ("launch", "device_index", "allocs", "picks")
+    __slots__ = ("launch", "device_index", "allocs", "picks", "scratch")
 
-    def __init__(self, launch: Callable, device_index: int, allocs: tuple, picks: Tuple[Optional[int], ...]):
+    def __init__(self, launch: Callable, device_index: int, allocs: tuple, picks: Tuple[Optional[int], ...],
+                 scratch: Optional[Callable[[], tuple]] = None):
         self.launch = launch
         self.device_index = device_index
         self.allocs = allocs
         self.picks = picks
+        self.scratch = scratch
 
     def __call__(self, *inputs: torch.Tensor):
         # The key fixes the first input's device: every allocation's.
         first = inputs[0]
         made = [first.new_zeros(a.shape, dtype=a.dtype) if a.zero else first.new_empty(a.shape, dtype=a.dtype)
                 for a in self.allocs]
-        tensors = inputs + tuple(made)
+        tensors = inputs + tuple(made) + (self.scratch() if self.scratch is not None else ())
         self.launch(*tensors)
         return tuple(None if i is None else tensors[i] for i in self.picks)
 
