@@ -249,6 +249,21 @@ def test_split_kv_scratch_is_reused_call_after_call(device):
     assert pools[0][2].numel() >= 3 * 2  # the counters of the largest call's row tiles
 
 
+def test_split_kv_scratch_past_the_pool_limit_is_allocated_per_call(device, monkeypatch):
+    # partials above POOL_MAX_BYTES get their own tensors (the pool does not grow to them): same bits
+    from vflash.ops import scratch
+    lens = [150, 64, 1]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    q = _q(3, 2, 8, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    run = lambda: vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=4)
+    scratch.clear()
+    pooled = run()
+    scratch.clear()
+    monkeypatch.setattr(scratch, "POOL_MAX_BYTES", 1024)  # below these partials' 4 x 6 x 8 x 16 x 4 bytes
+    assert torch.equal(run(), pooled) and not scratch._pools
+
+
 def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):
     # sequence 0 alone, then batched with longer and shorter ones (more splits in the grid, other
     # row counts): its output and LSE are the same bits, and still attention's

@@ -102,6 +102,30 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     assert l3 is None and calls[-1][1][4] is o3 is calls[-1][1][3]
 
 
+def test_recorded_plan_keeps_no_tensor_of_the_recording_call_alive(monkeypatch):
+    # a plan rebuilds its slots every call: the recording call's q, k, v, out and lse (a KV cache can be
+    # gigabytes) go when the caller drops them
+    import gc
+    import weakref
+
+    class FakeCompiled:
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    recorded = {}
+    monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
+    q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 8)
+    launch = ops._portable_launch(q, k, k, out, lse, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    launches.record("k", launch, FakeCompiled(), ops.INPUTS, [Alloc("out", (1, 2, 8, 16), q.dtype),
+                                                              Alloc("lse", (1, 2, 8), torch.float32)],
+                    ops.RETURNS, 0)
+    refs = [weakref.ref(t) for t in (q, k, out, lse)]
+    del q, k, out, lse, launch
+    gc.collect()
+    assert "k" in recorded and not any(r() is not None for r in refs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
 @pytest.mark.parametrize("n,opts", [(300, dict()), (300, dict(causal=True, return_lse=True)),

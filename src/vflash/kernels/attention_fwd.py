@@ -308,9 +308,9 @@ def attention_kvcache_kernel(
     # [splits, Hq, total_q] (O's strides within a split) and arrives on its tile's counter in
     # ARRIVALS [B, Hkv, row tiles] int32 (zero at launch); the tile's last split to arrive merges
     # them all (fold_splits, in split order: who merges does not change the bits), writes O / LSE
-    # and takes the launch's num_splits arrivals back off the counter (an atomic subtract, not a
-    # store: the count stays right modulo num_splits even if another launch shares the scratch).
-    # One launch, no combine kernel.
+    # and takes the launch's num_splits arrivals back off the counter, leaving it at zero for the
+    # next launch on the stream (whose scratch this is: ops/scratch.py). One launch, no combine
+    # kernel.
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
     split = (pid % num_splits).to(tl.int64)

@@ -5,7 +5,6 @@ Inputs are validated (vflash._validate), the band is folded (vflash.ops.band)
 and the kernel and tiles chosen (vflash.dispatch) before this runs.
 """
 
-import functools
 from typing import Hashable, Optional, Tuple, Union
 
 import torch
@@ -17,7 +16,7 @@ from vflash.ops import launch as launches
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.scratch import split_scratch
+from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
@@ -188,8 +187,8 @@ def attention_kvcache_forward(
     if plan_key is not None and q.device.index == torch.cuda.current_device():
         allocs = [Alloc("out", tuple(out.shape), q.dtype)]
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
-        scratch = None if splits == 1 else (SCRATCH_NAMES, functools.partial(
-            split_scratch, splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
+        scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
+            splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
         launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index, scratch)
     return out, lse
 

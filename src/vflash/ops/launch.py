@@ -74,12 +74,15 @@ def bind(launch: KernelLaunch, compiled, order: Sequence[str], device_index: int
         runner = compiled[launch.grid]
     except (TypeError, AttributeError):
         return None
-    sources = [order.index(s.name) for s in launch.slots]
+    slots = launch.slots
+    sources = [order.index(s.name) for s in slots]
     params = launch.params()
+    for s in slots:  # rebuilt every call: the plan keeps none of the recording call's tensors alive
+        params[s.position] = None
 
     def fallback(*tensors):  # Triton's own launcher, with this call's slots filled in
         p = list(params)
-        for slot, src in zip(launch.slots, sources):
+        for slot, src in zip(slots, sources):
             t = tensors[src]
             p[slot.position] = t if slot.describe is None else slot.describe(t)
         runner(*p)
