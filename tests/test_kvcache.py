@@ -440,3 +440,62 @@ def test_cache_rows_past_each_length_may_hold_nan(page, device):
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     for n_q in (1, 5):
         _check(_q(4, n_q, 4, 16, torch.float32, device), k_cache, v_cache, seqlens, table)
+
+
+@pytest.fixture
+def interpreted_plans(monkeypatch):
+    # launch plans for CPU tensors, their launches through Triton's interpreter: the plan path (key,
+    # lookup, slots rebuilt per call, split scratch fetched per call) on the CPU, which plans otherwise
+    # leave to the full path
+    from vflash import _backend
+    from vflash.ops import launch as launches
+    from vflash.ops import plans
+
+    real_run = launches.run
+
+    class Interpreted:
+        def __init__(self, launch, device):
+            self.launch, self.device = launch, device
+
+        def __getitem__(self, grid):
+            names = self.launch.kernel.arg_names
+            return lambda *params: _backend.launcher(self.launch.kernel, self.device)[grid](
+                **dict(zip(names, params)))
+
+    def run(launch, device):
+        real_run(launch, device)
+        return Interpreted(launch, device)
+    monkeypatch.setattr(launches, "run", run)
+    monkeypatch.setattr(plans, "_planned", lambda q: True)
+    monkeypatch.setattr(plans, "_current_device", lambda: None)  # a CPU tensor's device index
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    plans.clear()
+    yield plans
+    plans.clear()
+
+
+@pytest.mark.parametrize("splits,return_lse", [(1, False), (3, True), (4, False)])
+def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, splits, return_lse):
+    # a generation loop through the recorded plan: growing lengths, the same bits as the full path
+    lens = [150, 64, 1]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, "cpu")
+    q = _q(3, 1, 8, 16, torch.float16, "cpu")
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+
+    def call(check):
+        return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
+                                             return_lse=return_lse, check_metadata=check)
+    call(False)  # records the plan
+    (plan,) = interpreted_plans._plans.values()
+    used = []
+    plan_call = type(plan).__call__
+    type(plan).__call__ = lambda self, *t: used.append(1) or plan_call(self, *t)
+    try:
+        for step in range(3):
+            planned, full = call(False), call(True)  # the plan, and the full path with its checks
+            planned, full = (planned, full) if return_lse else ((planned,), (full,))
+            assert all(torch.equal(a, b) for a, b in zip(planned, full)), step
+            seqlens.add_(1)
+    finally:
+        type(plan).__call__ = plan_call
+    assert len(used) == 3 and (plan.scratch is None) == (splits == 1)
