@@ -474,17 +474,21 @@ def interpreted_plans(monkeypatch):
     plans.clear()
 
 
-@pytest.mark.parametrize("splits,return_lse", [(1, False), (3, True), (4, False)])
-def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, splits, return_lse):
-    # a generation loop through the recorded plan: growing lengths, the same bits as the full path
+@pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False), (3, True, False), (4, False, False),
+                                                     (3, True, True)])
+def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, splits, return_lse, packed):
+    # a generation loop through the recorded plan: growing lengths, the same bits as the full path (dense q
+    # [B, 1, Hq, D], whose plan takes q and allocates out in that layout, or packed rows)
     lens = [150, 64, 1]
     k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, "cpu")
     q = _q(3, 1, 8, 16, torch.float16, "cpu")
     seqlens = torch.tensor(lens, dtype=torch.int32)
+    extra = dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32), max_seqlen_q=1) if packed else {}
+    q = q.reshape(3, 8, 16) if packed else q
 
     def call(check):
         return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
-                                             return_lse=return_lse, check_metadata=check)
+                                             return_lse=return_lse, check_metadata=check, **extra)
     call(False)  # records the plan
     (plan,) = interpreted_plans._plans.values()
     used = []
@@ -499,3 +503,15 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, split
     finally:
         type(plan).__call__ = plan_call
     assert len(used) == 3 and (plan.scratch is None) == (splits == 1)
+
+
+def test_a_query_whose_rows_need_a_copy_is_not_planned(interpreted_plans):
+    # dense q [B, Nq, Hq, D] whose (batch, query) dims do not merge: the kernel reads a copy, which a
+    # plan taking q itself could not, so the call stays on the full path (and is still right)
+    lens = [40, 9]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, "cpu")
+    q = _q(2, 8, 2, 16, torch.float16, "cpu").transpose(1, 2)  # [2, 2, 8, 16], query stride 16, batch 256
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    got = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, check_metadata=False)
+    want = vflash.attention_with_kvcache(q.contiguous(), k_cache, v_cache, seqlens, block_table=table)
+    assert not interpreted_plans._plans and torch.equal(got, want)

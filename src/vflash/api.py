@@ -277,9 +277,8 @@ def attention_with_kvcache(
     key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
                                  scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata)
     plan = plans.lookup(key, q, k_cache, v_cache)
-    if plan is not None:
-        rows = q.reshape(-1, q.shape[-2], q.shape[-1]) if dense_q else q
-        out, lse = plan(rows, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table)
+    if plan is not None:  # it takes q and allocates out in the caller's layout (dense: rows of the same memory)
+        out, lse = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table)
         return _kvcache_result(out, lse, q.shape, dense_q, return_lse)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                               max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
@@ -293,7 +292,10 @@ def attention_with_kvcache(
     q_shape = q.shape
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         max_seqlen_q = q.shape[1]
-        q = q.reshape(-1, q.shape[2], q.shape[3])
+        rows = q.reshape(-1, q.shape[2], q.shape[3])
+        if rows.data_ptr() != q.data_ptr():
+            key = None  # reshape copied (strides that do not merge): a plan could not take q itself
+        q = rows
     band = sequence_band(causal_mode, window_lr)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band)
@@ -301,7 +303,8 @@ def attention_with_kvcache(
                                      k_cache.shape[1] if block_table is not None else 0)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                          max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                         return_lse=return_lse, tiles=choice.tiles, plan_key=key)
+                                         return_lse=return_lse, tiles=choice.tiles, plan_key=key,
+                                         plan_out_shape=tuple(q_shape))
     return _kvcache_result(out, lse, q_shape, dense_q, return_lse)
 
 
@@ -309,7 +312,8 @@ def _kvcache_result(out, lse, q_shape, dense_q: bool, return_lse: bool):
     # Packed rows back in q's layout: [B, Nq, Hq, D] and lse [B, Hq, Nq] for dense q.
     if dense_q:
         batch, n_q = q_shape[0], q_shape[1]
-        out = out.view(batch, n_q, out.shape[1], out.shape[2])
+        if out.dim() == 3:  # the full path's rows (a plan allocates out in q's layout)
+            out = out.view(batch, n_q, out.shape[1], out.shape[2])
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, n_q).transpose(0, 1).contiguous()
     return (out, lse) if return_lse else out

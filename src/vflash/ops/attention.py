@@ -116,7 +116,7 @@ def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
     scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
-    plan_key: Optional[Hashable] = None,
+    plan_key: Optional[Hashable] = None, plan_out_shape: Optional[Tuple[int, ...]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -126,8 +126,9 @@ def attention_kvcache_forward(
     out [total_q, Hq, D], lse [Hq, total_q]. With tiles.num_splits > 1 the kernel
     writes fp32 partials of each split and each row tile's last split merges them, in
     the same launch, in the stream's split scratch (ops.scratch). With a `plan_key` the
-    launch is recorded (vflash.ops.plans). HopperTiles (chunked prefill on sm_90): the Hopper kernel's KV_CACHE
-    build, unsplit and unplanned."""
+    launch is recorded (vflash.ops.plans), its out allocated as `plan_out_shape` (the
+    caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given. HopperTiles
+    (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
@@ -185,7 +186,7 @@ def attention_kvcache_forward(
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and q.device.index == torch.cuda.current_device():
-        allocs = [Alloc("out", tuple(out.shape), q.dtype)]
+        allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)]
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
             splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
