@@ -1,9 +1,9 @@
 """Decode's kernels one launch at a time, for Nsight Compute: where a split decode call's time goes.
 
 Runs attention_with_kvcache on one decode row (bf16, Hq 32 / Hkv 8, D 128, one query a sequence, a
-shuffled paged cache) a few times; under `ncu` each launch of the split kernel and of split-KV's combine is
-measured on its own (duration, DRAM bytes and throughput), which the CUDA-graph timing of
-`vflash bench --sweep decode` cannot separate.
+shuffled paged cache) a few times; under `ncu` each launch (the split kernel, which merges its splits
+itself) is measured on its own (duration, DRAM bytes and throughput), apart from the host and the graph
+overheads the CUDA-graph timing of `vflash bench --sweep decode` includes.
 
   ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
       python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16]

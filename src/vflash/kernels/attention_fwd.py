@@ -288,7 +288,7 @@ def attention_kvcache_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    IS_SPLIT: tl.constexpr, COMBINE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -389,15 +389,15 @@ def attention_kvcache_kernel(
         if arrived % num_splits == num_splits - 1:  # the tile's last split: every partial has landed
             tl.debug_barrier()  # the acquire before any thread's loads
             tl.atomic_add(ARRIVALS + tile, -num_splits, sem="relaxed", scope="gpu")
-            # the tile's real rows only: COMBINE_ROWS, the power of two holding QUERIES x GROUP
-            c = tl.arange(0, COMBINE_ROWS)
+            # the tile's real rows only: MERGE_ROWS, a power of two holding its (query, head) rows
+            c = tl.arange(0, MERGE_ROWS)
             c_q = start_q + tl.minimum(c // GROUP, QUERIES - 1)
             c_heads = off_hk * GROUP + c % GROUP
             c_ok = (c < QUERIES * GROUP) & (c_q < n_q)
             c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
             c_lse = c_heads * stride_lh + q_start + c_q
             merged, merged_lse = fold_splits(O_PART + c_rows, LSE_PART + c_lse, stride_os, stride_ls, stride_od,
-                                             num_splits, c_ok, COMBINE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
+                                             num_splits, c_ok, MERGE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
             tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, merged.to(O.dtype.element_ty),
                      mask=c_ok[:, None] & d_ok[None, :])
             if STORE_LSE:
