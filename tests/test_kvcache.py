@@ -476,7 +476,7 @@ def interpreted_plans(monkeypatch):
 
 @pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False), (3, True, False), (4, False, False),
                                                      (3, True, True)])
-def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, splits, return_lse, packed):
+def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monkeypatch, splits, return_lse, packed):
     # a generation loop through the recorded plan: growing lengths, the same bits as the full path (dense q
     # [B, 1, Hq, D], whose plan takes q and allocates out in that layout, or packed rows)
     lens = [150, 64, 1]
@@ -493,15 +493,12 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, split
     (plan,) = interpreted_plans._plans.values()
     used = []
     plan_call = type(plan).__call__
-    type(plan).__call__ = lambda self, *t: used.append(1) or plan_call(self, *t)
-    try:
-        for step in range(3):
-            planned, full = call(False), call(True)  # the plan, and the full path with its checks
-            planned, full = (planned, full) if return_lse else ((planned,), (full,))
-            assert all(torch.equal(a, b) for a, b in zip(planned, full)), step
-            seqlens.add_(1)
-    finally:
-        type(plan).__call__ = plan_call
+    monkeypatch.setattr(type(plan), "__call__", lambda self, *t: used.append(1) or plan_call(self, *t))
+    for step in range(3):
+        planned, full = call(False), call(True)  # the plan, and the full path with its checks
+        planned, full = (planned, full) if return_lse else ((planned,), (full,))
+        assert all(torch.equal(a, b) for a, b in zip(planned, full)), step
+        seqlens.add_(1)
     assert len(used) == 3 and (plan.scratch is None) == (splits == 1)
 
 

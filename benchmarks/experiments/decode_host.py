@@ -1,8 +1,9 @@
 """Where a planned decode call's host time goes (issue 22's 20 us goal). For rows (B, KV; bf16, Hq 32 /
 Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
 kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call; its plan key alone; key
-and lookup; the plan's call (allocations and launches); its allocations alone; its launches alone on
-tensors allocated once. The split count the dispatch chose is printed beside them. Writes a CSV.
+and lookup; the plan's call (allocations, split scratch, launch); its allocations alone; its split
+scratch fetch (ops.scratch); its launch alone on tensors allocated and fetched once. The split count
+the dispatch chose is printed beside them. Writes a CSV.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.decode_host [--out decode_host.csv] [--rows B:KV ...]
 """
@@ -13,6 +14,7 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import per_call_us, require_cuda, write_rows
+from vflash.harness.serving import DECODE_HEADS, _shuffled_table
 from vflash.ops import plans
 
 ROWS = ["1:1024", "1:32768", "8:8192", "32:1024", "128:1024", "128:32768"]
@@ -26,7 +28,7 @@ def main() -> int:
     args = ap.parse_args()
     if not require_cuda("decode_host"):
         return 0
-    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, (32, 8, 128)
+    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, DECODE_HEADS
     out_rows = []
     for row in args.rows:
         b, kv = (int(x) for x in row.split(":"))
@@ -34,7 +36,7 @@ def main() -> int:
         q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
         kc = torch.randn(b * pages, args.page, hkv, d, device=dev, dtype=dtype)
         vc = torch.randn_like(kc)
-        table = torch.randperm(b * pages, device=dev).to(torch.int32).view(b, pages)
+        table = _shuffled_table(b, pages, dev)
         seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
         opts = (True, None, None, None, None, False, False, False)  # causal .. check_metadata, as the API's
 
@@ -50,14 +52,16 @@ def main() -> int:
         if plan is None:
             print(f"{row}: no plan recorded", flush=True)
             continue
-        rows = q.reshape(-1, hq, d)
-        made = [rows.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]
+        made = [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]
+        fetch = plan.scratch or tuple  # split-KV's scratch (ops.scratch), none unsplit
+        scratch = fetch()
         pieces = [("call", call), ("key", key), ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
-                  ("plan", lambda: plan(rows, kc, vc, seqlens, None, table)),
-                  ("allocs", lambda: [rows.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
-                  ("launches", lambda: plan.launch(rows, kc, vc, seqlens, None, table, *made))]
+                  ("plan", lambda: plan(q, kc, vc, seqlens, None, table)),
+                  ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
+                  ("scratch", fetch),
+                  ("launches", lambda: plan.launch(q, kc, vc, seqlens, None, table, *made, *scratch))]
         rec = dict(B=b, KV=kv, page=args.page, allocs=len(plan.allocs),
-                   splits=plan.allocs[-1].shape[0] if len(plan.allocs) > 1 else 1)
+                   splits=scratch[0].shape[0] if scratch else 1)
         for name, fn in pieces:
             rec[f"{name}_us"] = round(per_call_us(fn, n=2000, rounds=10), 2)
         out_rows.append(rec)

@@ -79,7 +79,8 @@ def main() -> int:
         record("dispatch", chosen, time_tiles(chosen))
         best, best_gbps = chosen, 0.0
         for tl in TILES:
-            t = KVCacheTiles(*tl, num_splits=chosen.num_splits, split_chunk=chosen.split_chunk)
+            t = KVCacheTiles(*tl, num_splits=chosen.num_splits, split_chunk=chosen.split_chunk,
+                             merge_rows=chosen.merge_rows)
             try:
                 g = record("tile", t, time_tiles(t))
             except Exception as exc:  # out of shared memory, say
@@ -143,7 +144,7 @@ def grid(out_path: str, smoke: bool = False) -> int:
             for s in GRID_SPLITS:
                 if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
                     continue
-                t = KVCacheTiles(*tl_, num_splits=s, split_chunk=chosen.split_chunk)
+                t = KVCacheTiles(*tl_, num_splits=s, split_chunk=chosen.split_chunk, merge_rows=chosen.merge_rows)
                 try:
                     us = record("grid", 16, t, time_tiles(caches, table, t))
                 except Exception as exc:  # out of shared memory, say

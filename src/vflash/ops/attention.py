@@ -148,7 +148,7 @@ def attention_kvcache_forward(
     queries = tiles.block_m // group
     row_tiles = max(1, -(-max_seqlen_q // queries))
     # the merge's rows must hold a tile's real rows (merge_rows 0: the whole tile)
-    merge_rows = tiles.merge_rows or _pow2(queries * group)
+    merge_rows = tiles.merge_rows or tiles.block_m
     if merge_rows < min(queries, max_seqlen_q) * group or merge_rows & (merge_rows - 1):
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
@@ -201,10 +201,6 @@ def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optiona
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
     return hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
                                _backend.device_properties(q.device.index).multi_processor_count, **kv)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _dot_flags(q: torch.Tensor) -> dict:

@@ -43,13 +43,9 @@ def scratch_fetcher(splits: int, total_q: int, heads_q: int, head_dim: int, batc
     last = [None, -1, None]  # stream, generation, views
 
     def fetch() -> Tuple[torch.Tensor, ...]:
-        stream = None
-        if cuda:
-            if not pooled or torch.cuda.is_current_stream_capturing():
-                return tuple(_buffer(n, dt, device).view(s) for n, s, dt in zip(sizes, shapes, _DTYPES))
-            stream = current_raw_stream(index)
-        elif not pooled:
+        if not pooled or (cuda and torch.cuda.is_current_stream_capturing()):
             return tuple(_buffer(n, dt, device).view(s) for n, s, dt in zip(sizes, shapes, _DTYPES))
+        stream = current_raw_stream(index) if cuda else None
         if last[0] != stream or last[1] != _generation or last[2] is None:
             last[2] = _carve(device, stream, sizes, shapes)
             last[0], last[1] = stream, _generation
