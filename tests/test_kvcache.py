@@ -512,3 +512,67 @@ def test_a_query_whose_rows_need_a_copy_is_not_planned(interpreted_plans):
     got = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, check_metadata=False)
     want = vflash.attention_with_kvcache(q.contiguous(), k_cache, v_cache, seqlens, block_table=table)
     assert not interpreted_plans._plans and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("splits,packed", [(1, False), (3, False), (3, True)])
+def test_out_is_written_in_place_with_the_bits_of_an_allocated_out(splits, packed, device):
+    # out= (a serving engine's own buffer): the same tensor comes back holding the same bits, also when it is
+    # a strided view of a larger buffer (every head's rows apart) poisoned with NaN beforehand
+    lens = [70, 33]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    q = _q(2, 2, 4, 16, torch.float16, device)
+    extra = {}
+    if packed:
+        q, extra = q.reshape(4, 4, 16), dict(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32, device=device),
+                                             max_seqlen_q=2)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    want, want_lse = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                                   num_splits=splits, return_lse=True, **extra)
+    buffer = torch.full((*q.shape[:-1], 24), float("nan"), dtype=q.dtype, device=device)
+    out = buffer[..., 4:20]
+    got, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
+                                             return_lse=True, out=out, **extra)
+    assert got is out and torch.equal(got, want) and torch.equal(lse, want_lse)
+    assert buffer[..., :4].isnan().all() and buffer[..., 20:].isnan().all()  # nothing outside out is written
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a: dict(out=a["q"].numpy() if a["q"].is_cpu else 1.0), TypeError, "out must be a torch.Tensor"),
+    (lambda a: dict(out=torch.empty_like(a["q"])[:1]), ValueError, "out must have q's shape"),
+    (lambda a: dict(out=torch.empty_like(a["q"]).float()), ValueError, "out must have q's shape, dtype"),
+    (lambda a: dict(out=torch.empty(2, 1, 16, 4, dtype=a["q"].dtype, device=a["q"].device).transpose(2, 3)),
+     ValueError, "unit stride in the head dim"),
+    (lambda a: dict(out=a["q"]), ValueError, "out overlaps q's memory"),
+    (lambda a: dict(out=a["k_cache"].view(-1)[:a["q"].numel()].view(a["q"].shape)), ValueError,
+     "out overlaps k_cache's memory"),
+    (lambda a: dict(q=_q(2, 2, 4, 16, torch.float16, a["q"].device),
+                    out=torch.empty(2, 4, 2, 16, dtype=a["q"].dtype, device=a["q"].device).transpose(1, 2)),
+     ValueError, r"\[B, Nq\] strides must merge"),
+])
+def test_bad_out_is_refused_before_launch(change, error, match, device):
+    args = _args(device)
+    args.update(change(args))
+    with pytest.raises(error, match=match):
+        vflash.attention_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_planned_repeats_write_the_callers_out(interpreted_plans, splits):
+    # with out=, the plan takes the caller's buffer (no allocation) and writes it at every step
+    lens = [150, 1]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, "cpu")
+    q = _q(2, 1, 8, 16, torch.float16, "cpu")
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    out = torch.empty_like(q)
+
+    def call(**kw):
+        return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
+                                             check_metadata=False, **kw)
+    call(out=out)  # records the plan of this out's metadata
+    (plan,) = interpreted_plans._plans.values()
+    assert not any(a.name == "out" for a in plan.allocs)
+    for step in range(3):
+        out.fill_(float("nan"))
+        got = call(out=out)
+        assert got is out and torch.equal(out, call()), step
+        seqlens.add_(1)

@@ -278,6 +278,33 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     return batch
 
 
+def check_kvcache_out(out, q, k_cache, v_cache) -> None:
+    """attention_with_kvcache's out=: q's shape, dtype and device, unit stride in the head
+    dim, its memory apart from q's and the caches' (the split merge re-reads q after other
+    programs have written out)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor of q's shape, got {_describe(out)}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape, dtype and device ({tuple(q.shape)}, {q.dtype}, {q.device}), "
+                         f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    if out.layout is not torch.strided or (out.stride(-1) != 1 and out.shape[-1] > 1):
+        raise ValueError("out must be strided with a unit stride in the head dim; pass a contiguous tensor")
+    span = _byte_span(out)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        other = _byte_span(t)
+        if span[0] < other[1] and other[0] < span[1]:
+            raise ValueError(f"out overlaps {name}'s memory; pass a tensor of its own")
+
+
+def _byte_span(t: torch.Tensor) -> Tuple[int, int]:
+    # [first, last + 1) bytes a tensor's elements can touch; empty for no elements.
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
+    return (start, start + extent * t.element_size())
+
+
 def _check_cache_metadata(cache_seqlens, block_table, capacity: int, page_size: int, num_pages: int) -> None:
     # Every sequence's length within its capacity and every page it uses a page of the
     # cache, checked on the tensors' device with one host sync (the tables of a large

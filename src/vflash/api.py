@@ -230,6 +230,7 @@ def attention_with_kvcache(
     batch_invariant: bool = False,
     return_lse: bool = False,
     check_metadata: bool = True,
+    out: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of new queries against a KV cache (decode and chunked prefill), in
     FlashAttention's `flash_attn_with_kvcache` layout.
@@ -260,9 +261,12 @@ def attention_with_kvcache(
             each sequence uses and cu_seqlens_q before the launch (one host sync for
             CUDA tensors); off only for metadata you have checked (a wrong page id
             reads out of bounds).
+        out: where to write the output (a serving engine's own buffer; saves the
+            allocation): q's shape, dtype and device, unit stride in the head dim, [B, Nq]
+            strides that merge for dense q, its memory apart from q's and the caches'.
 
     Returns:
-        out in q's layout and dtype; or (out, lse). A query row that sees no key
+        out in q's layout and dtype (the given `out` itself); or (out, lse). A query row that sees no key
         (more new queries than keys, say) gets 0 and lse = -inf.
 
     Decode packs the query heads of a KV head into one program's rows (GQA packing),
@@ -275,11 +279,13 @@ def attention_with_kvcache(
     # launches (vflash.ops.plans); cache_seqlens' values are not part of the key.
     dense_q = cu_seqlens_q is None
     key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
-                                 scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata)
+                                 scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
+                                 out)
     plan = plans.lookup(key, q, k_cache, v_cache)
-    if plan is not None:  # it takes q and allocates out in the caller's layout (dense: rows of the same memory)
-        out, lse = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table)
-        return _kvcache_result(out, lse, q.shape, dense_q, return_lse)
+    if plan is not None and (out is None or out.data_ptr() != q.data_ptr()):
+        # it takes q (and out, if given; else it allocates out in the caller's layout: dense q's rows)
+        planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
+        return _kvcache_result(*planned, q.shape, dense_q, return_lse)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                               max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
@@ -289,30 +295,38 @@ def attention_with_kvcache(
                          "their sequence (bottom-right alignment); pass causal=True")
     batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
     _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
-    q_shape = q.shape
+    if out is not None:
+        _validate.check_kvcache_out(out, q, k_cache, v_cache)
+    q_shape, out_rows = q.shape, out
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         max_seqlen_q = q.shape[1]
         rows = q.reshape(-1, q.shape[2], q.shape[3])
         if rows.data_ptr() != q.data_ptr():
             key = None  # reshape copied (strides that do not merge): a plan could not take q itself
         q = rows
+        if out is not None:
+            try:
+                out_rows = out.view(-1, out.shape[2], out.shape[3])
+            except RuntimeError:
+                raise ValueError("out's [B, Nq] strides must merge into one row stride (as a view); "
+                                 "pass a contiguous out") from None
     band = sequence_band(causal_mode, window_lr)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band)
     choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant,
                                      k_cache.shape[1] if block_table is not None else 0)
-    out, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
-                                         max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                         return_lse=return_lse, tiles=choice.tiles, plan_key=key,
-                                         plan_out_shape=tuple(q_shape))
-    return _kvcache_result(out, lse, q_shape, dense_q, return_lse)
+    result, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
+                                            max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
+                                            return_lse=return_lse, tiles=choice.tiles, out=out_rows, plan_key=key,
+                                            plan_out_shape=tuple(q_shape))
+    return _kvcache_result(out if out is not None else result, lse, q_shape, dense_q, return_lse)
 
 
 def _kvcache_result(out, lse, q_shape, dense_q: bool, return_lse: bool):
     # Packed rows back in q's layout: [B, Nq, Hq, D] and lse [B, Hq, Nq] for dense q.
     if dense_q:
         batch, n_q = q_shape[0], q_shape[1]
-        if out.dim() == 3:  # the full path's rows (a plan allocates out in q's layout)
+        if out.dim() == 3:  # the full path's rows (a plan allocates or takes out in q's layout)
             out = out.view(batch, n_q, out.shape[1], out.shape[2])
         if lse is not None:
             lse = lse.view(lse.shape[0], batch, n_q).transpose(0, 1).contiguous()

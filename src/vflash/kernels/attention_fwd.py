@@ -279,7 +279,7 @@ def attention_kvcache_kernel(
     stride_qm, stride_qh, stride_qd,
     stride_kp, stride_kn, stride_kh, stride_kd,
     stride_vp, stride_vn, stride_vh, stride_vd,
-    stride_os, stride_om, stride_oh, stride_od,
+    stride_om, stride_oh, stride_od, stride_ps, stride_pm, stride_ph,
     stride_ls, stride_lh,
     left, right, qk_scale, softcap_in, softcap_out,
     stride_table, num_splits, split_keys, n_q_fixed,
@@ -304,13 +304,13 @@ def attention_kvcache_kernel(
     # its sequence, part = split_keys if > 0 (fixed: a sequence's splits depend only
     # on its own length), else its length over num_splits, rounded up to BLOCK_N.
     # O / LSE: the output [total_q, Hq, D] / [Hq, total_q]. IS_SPLIT (num_splits > 1): each
-    # program writes its split's fp32 partials to O_PART [splits, total_q, Hq, D] / LSE_PART
-    # [splits, Hq, total_q] (O's strides within a split) and arrives on its tile's counter in
-    # ARRIVALS [B, Hkv, row tiles] int32 (zero at launch); the tile's last split to arrive merges
-    # them all (fold_splits, in split order: who merges does not change the bits), writes O / LSE
-    # and takes the launch's num_splits arrivals back off the counter, leaving it at zero for the
-    # next launch on the stream (whose scratch this is: ops/scratch.py). One launch, no combine
-    # kernel.
+    # program writes its split's fp32 partials to O_PART [splits, total_q, Hq, D] (strides
+    # stride_ps / pm / ph, unit in D) / LSE_PART [splits, Hq, total_q] (LSE's within a split)
+    # and arrives on its tile's counter in ARRIVALS [B, Hkv, row tiles] int32 (zero at launch);
+    # the tile's last split to arrive merges them all (fold_splits, in split order: who merges
+    # does not change the bits), writes O / LSE and takes the launch's num_splits arrivals back
+    # off the counter, leaving it at zero for the next launch on the stream (whose scratch this
+    # is: ops/scratch.py). One launch, no combine kernel.
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
     split = (pid % num_splits).to(tl.int64)
@@ -377,11 +377,10 @@ def attention_kvcache_kernel(
     empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the merge gives it weight 0)
     out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_rows = (q_start + offs_q) * stride_om + heads * stride_oh  # [BLOCK_M] row offsets, O's and a split's
     d_ok = offs_d < HEAD_DIM
     if IS_SPLIT:
-        tl.store(O_PART + split * stride_os + o_rows[:, None] + offs_d[None, :] * stride_od, out,
-                 mask=row_ok[:, None] & d_ok[None, :])
+        p_rows = split * stride_ps + (q_start + offs_q) * stride_pm + heads * stride_ph  # [BLOCK_M]
+        tl.store(O_PART + p_rows[:, None] + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE_PART + split * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial stores before the arrival releases them
         tile = (off_b * tl.num_programs(1) + off_hk) * (tl.num_programs(0) // num_splits) + pid // num_splits
@@ -394,15 +393,17 @@ def attention_kvcache_kernel(
             c_q = start_q + tl.minimum(c // GROUP, QUERIES - 1)
             c_heads = off_hk * GROUP + c % GROUP
             c_ok = (c < QUERIES * GROUP) & (c_q < n_q)
-            c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
             c_lse = c_heads * stride_lh + q_start + c_q
-            merged, merged_lse = fold_splits(O_PART + c_rows, LSE_PART + c_lse, stride_os, stride_ls, stride_od,
-                                             num_splits, c_ok, MERGE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
+            merged, merged_lse = fold_splits(O_PART + (q_start + c_q) * stride_pm + c_heads * stride_ph,
+                                             LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, MERGE_ROWS,
+                                             HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
+            c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
             tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, merged.to(O.dtype.element_ty),
                      mask=c_ok[:, None] & d_ok[None, :])
             if STORE_LSE:
                 tl.store(LSE + c_lse, merged_lse, mask=c_ok)
     else:
+        o_rows = (q_start + offs_q) * stride_om + heads * stride_oh  # [BLOCK_M] row offsets
         tl.store(O + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:

@@ -116,7 +116,8 @@ def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
     scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
-    plan_key: Optional[Hashable] = None, plan_out_shape: Optional[Tuple[int, ...]] = None,
+    out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
+    plan_out_shape: Optional[Tuple[int, ...]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -127,12 +128,16 @@ def attention_kvcache_forward(
     writes fp32 partials of each split and each row tile's last split merges them, in
     the same launch, in the stream's split scratch (ops.scratch). With a `plan_key` the
     launch is recorded (vflash.ops.plans), its out allocated as `plan_out_shape` (the
-    caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given. HopperTiles
+    caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given; a given `out`
+    (rows [total_q, Hq, D], unit stride in D) is written instead, and its plan takes the
+    caller's out (of the key's metadata) as its last input. HopperTiles
     (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
-    out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+    fresh_out = out is None
+    if fresh_out:
+        out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
@@ -152,16 +157,15 @@ def attention_kvcache_forward(
     if merge_rows < min(queries, max_seqlen_q) * group or merge_rows & (merge_rows - 1):
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
-    if splits > 1:  # O's strides within a split: both contiguous
+    if splits > 1:  # the partials contiguous [splits, total_q, Hq, D], their LSEs [splits, Hq, total_q]
         o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device)
-        split_strides = (o_part.stride(0), lse_part.stride(0))
+        split_strides = (*o_part.stride()[:3], lse_part.stride(0))
     else:
         o_part = lse_part = arrivals = None
-        split_strides = (0, 0)
+        split_strides = (0, 0, 0, 0)
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), split_strides[0], *out.stride(), split_strides[1],
-        total_q,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *split_strides, total_q,
         band.left, band.right, *score_scales(scale, softcap),
         0 if block_table is None else block_table.stride(0), splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -186,11 +190,12 @@ def attention_kvcache_forward(
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and q.device.index == torch.cuda.current_device():
-        allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)]
+        allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)] if fresh_out else []
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
             splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
-        launches.record(plan_key, launch, compiled, KVCACHE_INPUTS, allocs, RETURNS, q.device.index, scratch)
+        inputs = KVCACHE_INPUTS + (() if fresh_out else ("out",))
+        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch)
     return out, lse
 
 
