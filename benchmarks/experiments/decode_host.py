@@ -1,6 +1,7 @@
 """Where a planned decode call's host time goes (issue 22's 20 us goal). For rows (B, KV; bf16, Hq 32 /
 Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
-kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call; its plan key alone; key
+kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call, and the call with
+`out=` (a buffer of its own: the plan allocates nothing); its plan key alone; key
 and lookup; the plan's call (allocations, split scratch, launch); its allocations alone; its split
 scratch fetch (ops.scratch); its launch alone on tensors allocated and fetched once. The split count
 the dispatch chose is printed beside them. Writes a CSV.
@@ -46,7 +47,14 @@ def main() -> int:
         def key():
             return plans.kvcache_plan_key(q, kc, vc, seqlens, table, None, None, *opts)
 
+        out = torch.empty_like(q)
+
+        def call_out():
+            return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False,
+                                                 out=out)
+
         call()
+        call_out()  # its own plan (out's metadata is in the key)
         k = key()
         plan = plans.lookup(k, q, kc, vc)
         if plan is None:
@@ -55,7 +63,8 @@ def main() -> int:
         made = [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]
         fetch = plan.scratch or tuple  # split-KV's scratch (ops.scratch), none unsplit
         scratch = fetch()
-        pieces = [("call", call), ("key", key), ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
+        pieces = [("call", call), ("call_out", call_out), ("key", key),
+                  ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
                   ("plan", lambda: plan(q, kc, vc, seqlens, None, table)),
                   ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
                   ("scratch", fetch),
