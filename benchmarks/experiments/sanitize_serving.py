@@ -4,7 +4,7 @@ without the sanitizer is a correctness smoke test too.
 
 Covered: attention_varlen on both kernels (zero-length sequences, a slab crossing each
 sequence's end, the last sequence at the packed tensors' end), attention_with_kvcache
-decode (pages of 1, 16, 17; split-KV; batch-invariant) and chunked prefill (pages of 16 and
+decode (pages of 1, 16, 17; split-KV, also into a strided out=; batch-invariant) and chunked prefill (pages of 16 and
 64 and a contiguous cache on the sm90 kernel, pages of 17 on the portable one; cache rows past
 each length and spare pages NaN, the block table's unused entries out of range), write_kvcache
 with padding slots, merge_states with -inf rows.
@@ -74,6 +74,7 @@ def kvcache(device, dtype, d):
     cuda = device.type == "cuda"
     lens_k = [1000, 77, 129, 3] if cuda else [40, 7, 17, 3]
     for page, n_q, opts in ((1, 1, {}), (16, 1, dict(num_splits=3)), (17, 1, dict(batch_invariant=True)),
+                            (16, 2, dict(num_splits=5, out="strided")),
                             (16, 300 if cuda else 12, {}), (64, 300 if cuda else 12, {}),
                             (17, 300 if cuda else 12, {}), (0, 300 if cuda else 12, {})):
         if page:
@@ -86,6 +87,8 @@ def kvcache(device, dtype, d):
             table = None
         q = torch.randn(4, n_q, 8, d).to(dtype).to(device)
         seqlens = torch.tensor(lens_k, dtype=torch.int32, device=device)
+        if opts.get("out") == "strided":  # out=: a view of a larger buffer, every row's heads apart
+            opts = dict(opts, out=torch.empty(4, n_q, 8, d + 24, dtype=dtype, device=device)[..., 8:8 + d])
         out = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, **opts)
         ref_table = table if table is not None else torch.arange(4, dtype=torch.int32, device=device)[:, None]
         cu = torch.arange(5, dtype=torch.int32, device=device) * n_q
@@ -93,7 +96,8 @@ def kvcache(device, dtype, d):
         ref, _ = attention_with_kvcache_reference(qp, k_cache, v_cache, seqlens, ref_table, cu,
                                                   compute_dtype=torch.float64)
         same, _ = attention_with_kvcache_reference(qp, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=None)
-        ok &= _check(f"kvcache page={page} n_q={n_q} {opts}", out.reshape(-1, 8, d), ref, same, dtype)
+        name = {k: "strided" if k == "out" else v for k, v in opts.items()}
+        ok &= _check(f"kvcache page={page} n_q={n_q} {name}", out.reshape(-1, 8, d), ref, same, dtype)
     return ok
 
 
