@@ -37,8 +37,8 @@ VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 toke
 CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
-           "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "vs_sdpa_cudnn",
-           "vs_vflash_dense", "max_diff_vs_dense"]
+           "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
+           "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense"]
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
@@ -174,6 +174,9 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                     for kc, vc in caches]
                 if method == "vflash_paged16" and device.type == "cuda":
                     row["host_us"] = round(_host_us(calls[0], device), 2)
+                    out = torch.empty_like(q)  # and with out= (the caller's buffer: the plan allocates nothing)
+                    row["host_out_us"] = round(_host_us(lambda: vflash.attention_with_kvcache(
+                        q, *caches[0], seqlens, block_table=table, check_metadata=False, out=out), device), 2)
             else:
                 if contig is None:
                     contig = [(torch.randn(B, KV, Hkv, D, device=device, dtype=dtype),
