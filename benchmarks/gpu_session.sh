@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -137,13 +137,22 @@ for step in "$@"; do
     bwd_host) # a short backward's host cost and GPU time (eager, CUDA graph, per-call host us; BWD_ROWS "D:N:causal")
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.bwd_host ${BWD_ROWS:+--rows $BWD_ROWS} \
                --out "$R/bwd_host.csv" > "$R/bwd_host.txt" 2>&1; tail -20 "$R/bwd_host.txt" ;;
-    profile_decode) # Nsight Compute per launch of decode's split kernel and combine (PROFILE_DECODE rows "B:KV")
-             for row in ${PROFILE_DECODE:-1:1024 1:8192 8:8192 128:1024}; do
+    profile_decode) # Nsight Compute per launch of decode's kernels (PROFILE_DECODE rows "B:KV") for the library
+                    # of each tree of PROFILE_TREES (source dirs, default "src"; e.g. ".ab/old/src src")
+             for t in ${PROFILE_TREES:-src}; do for row in ${PROFILE_DECODE:-1:1024 1:8192 8:8192 128:1024}; do
                IFS=: read -r b kv <<< "$row"
-               timeout 120 ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/prof_decode_b${b}_kv${kv}.csv" 2>&1
-               grep -v "^==" "$R/prof_decode_b${b}_kv${kv}.csv" | tail -6 | cut -c1-220
-             done ;;
+               name=prof_decode_b${b}_kv${kv}$( [ "$t" = src ] || echo "_$(basename "$(dirname "$t")")" ).csv
+               PYTHONPATH=$PWD/$t:$PWD timeout 120 ncu --csv \
+                 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/$name" 2>&1
+               echo "$t B $b KV $kv"; grep -v "^==" "$R/$name" | grep gpu__time | cut -c1-220 | tail -6
+             done; done ;;
+    decode_ab) # decode GB/s of the library of each tree of AB_TREES (source dirs), alternating, two rounds
+               # (DECODE_ROWS "B:KV", DECODE_METHODS comma-separated)
+        for r in 1 2; do for t in ${AB_TREES:-src}; do
+          PYTHONPATH=$PWD/$t:$PWD timeout 120 python3 -m benchmarks.experiments.decode_trees --label "$t" \
+            ${DECODE_ROWS:+--rows $DECODE_ROWS} ${DECODE_METHODS:+--methods $DECODE_METHODS} --out "$R/decode_trees.csv"
+        done; done >> "$R/decode_trees.txt" 2>&1; tail -30 "$R/decode_trees.txt" ;;
     ab) # ab_trees (this checkout's) on the library of each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"),
         # alternating, two rounds
         for r in 1 2; do for t in ${AB_TREES:-src}; do

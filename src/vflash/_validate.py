@@ -289,20 +289,46 @@ def check_kvcache_out(out, q, k_cache, v_cache) -> None:
                          f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
     if out.layout is not torch.strided or (out.stride(-1) != 1 and out.shape[-1] > 1):
         raise ValueError("out must be strided with a unit stride in the head dim; pass a contiguous tensor")
-    span = _byte_span(out)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        other = _byte_span(t)
-        if span[0] < other[1] and other[0] < span[1]:
-            raise ValueError(f"out overlaps {name}'s memory; pass a tensor of its own")
+    if out.requires_grad:
+        raise ValueError("out requires grad: attention_with_kvcache has no backward pass to write it under")
+    if not _elements_apart(out):
+        raise ValueError("out's elements overlap each other (a stride 0, an expand); pass a contiguous tensor")
+    name = kvcache_out_overlap(out, q, k_cache, v_cache)
+    if name is not None:
+        raise ValueError(f"out overlaps {name}'s memory; pass a tensor of its own")
 
 
-def _byte_span(t: torch.Tensor) -> Tuple[int, int]:
-    # [first, last + 1) bytes a tensor's elements can touch; empty for no elements.
+def kvcache_out_overlap(out, q, k_cache, v_cache, extents=None) -> Optional[str]:
+    """The name of the first of q, k_cache, v_cache whose bytes overlap out's, or None.
+    extents: the four tensors' byte extents (byte_extent: fixed by their metadata, so a launch
+    plan's guard keeps them), else computed here."""
+    tensors = (out, q, k_cache, v_cache)
+    sizes = extents or tuple(map(byte_extent, tensors))
+    start = out.data_ptr()
+    end = start + sizes[0]
+    for name, t, size in zip(("q", "k_cache", "v_cache"), tensors[1:], sizes[1:]):
+        other = t.data_ptr()
+        if start < other + size and other < end:
+            return name
+    return None
+
+
+def byte_extent(t: torch.Tensor) -> int:
+    # bytes from a tensor's first element to past its last one; 0 for no elements
     if t.numel() == 0:
-        return (0, 0)
-    start = t.data_ptr()
-    extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
-    return (start, start + extent * t.element_size())
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _elements_apart(t: torch.Tensor) -> bool:
+    """No two elements of t share memory: each dim (by increasing stride) steps past all the
+    smaller dims' elements (sufficient, and what any dense or sliced layout meets)."""
+    reach = 0  # the largest offset the smaller dims reach
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if s <= reach:
+            return False
+        reach += (n - 1) * s
+    return True
 
 
 def _check_cache_metadata(cache_seqlens, block_table, capacity: int, page_size: int, num_pages: int) -> None:

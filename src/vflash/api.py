@@ -281,9 +281,10 @@ def attention_with_kvcache(
     key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
                                  scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
                                  out)
-    plan = plans.lookup(key, q, k_cache, v_cache)
-    if plan is not None and (out is None or out.data_ptr() != q.data_ptr()):
-        # it takes q (and out, if given; else it allocates out in the caller's layout: dense q's rows)
+    plan = plans.lookup(key, q, k_cache, v_cache, *(() if out is None else (out,)))
+    if plan is not None and (out is None or plan.guard(q, k_cache, v_cache, out)):
+        # it takes q (and a given out, apart from the inputs: its guard; else it allocates out in the
+        # caller's layout: dense q's rows)
         planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
         return _kvcache_result(*planned, q.shape, dense_q, return_lse)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
@@ -295,8 +296,12 @@ def attention_with_kvcache(
                          "their sequence (bottom-right alignment); pass causal=True")
     batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
     _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
+    guard = None
     if out is not None:
         _validate.check_kvcache_out(out, q, k_cache, v_cache)
+        # a plan's repeat checks out's overlap with the inputs again, their byte extents fixed by the key
+        extents = tuple(map(_validate.byte_extent, (out, q, k_cache, v_cache)))
+        guard = lambda q, k, v, o: _validate.kvcache_out_overlap(o, q, k, v, extents) is None  # noqa: E731
     q_shape, out_rows = q.shape, out
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         max_seqlen_q = q.shape[1]
@@ -312,13 +317,13 @@ def attention_with_kvcache(
                                  "pass a contiguous out") from None
     band = sequence_band(causal_mode, window_lr)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-    problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band)
+    problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band, out_rows)
     choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant,
                                      k_cache.shape[1] if block_table is not None else 0)
     result, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                             max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
                                             return_lse=return_lse, tiles=choice.tiles, out=out_rows, plan_key=key,
-                                            plan_out_shape=tuple(q_shape))
+                                            plan_out_shape=tuple(q_shape), plan_guard=guard)
     return _kvcache_result(out if out is not None else result, lse, q_shape, dense_q, return_lse)
 
 

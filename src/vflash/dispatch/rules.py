@@ -71,12 +71,14 @@ def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen
 
 
 def kvcache_problem_of(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int,
-                       max_seqlen_q: int, capacity: int, band: Band) -> Problem:
+                       max_seqlen_q: int, capacity: int, band: Band, out: Optional[torch.Tensor] = None) -> Problem:
     """The Problem of an attention_with_kvcache call: packed queries q [total_q, Hq, D]
-    against caches of `capacity` keys a sequence; TMA-fit when q suits TMA and both caches
-    merge into rows TMA can address (ops.hopper.cache_ready)."""
+    against caches of `capacity` keys a sequence; TMA-fit when q (and a given out, rows
+    [total_q, Hq, D]) suits TMA and both caches merge into rows TMA can address
+    (ops.hopper.cache_ready)."""
     p = varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
-    tma = hopper_launch.tma_ready(q) and all(map(hopper_launch.cache_ready, (k_cache, v_cache)))
+    tma = (all(map(hopper_launch.tma_ready, (q,) if out is None else (q, out)))
+           and all(map(hopper_launch.cache_ready, (k_cache, v_cache))))
     return dataclasses.replace(p, tma_ok=tma)
 
 

@@ -5,7 +5,7 @@ Inputs are validated (vflash._validate), the band is folded (vflash.ops.band)
 and the kernel and tiles chosen (vflash.dispatch) before this runs.
 """
 
-from typing import Hashable, Optional, Tuple, Union
+from typing import Callable, Hashable, Optional, Tuple, Union
 
 import torch
 
@@ -117,7 +117,7 @@ def attention_kvcache_forward(
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
     scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
     out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
-    plan_out_shape: Optional[Tuple[int, ...]] = None,
+    plan_out_shape: Optional[Tuple[int, ...]] = None, plan_guard: Optional[Callable[..., bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -130,7 +130,8 @@ def attention_kvcache_forward(
     launch is recorded (vflash.ops.plans), its out allocated as `plan_out_shape` (the
     caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given; a given `out`
     (rows [total_q, Hq, D], unit stride in D) is written instead, and its plan takes the
-    caller's out (of the key's metadata) as its last input. HopperTiles
+    caller's out (of the key's metadata) as its last input, run where `plan_guard` passes
+    (plans.LaunchPlan.guard). HopperTiles
     (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -195,7 +196,7 @@ def attention_kvcache_forward(
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
             splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
         inputs = KVCACHE_INPUTS + (() if fresh_out else ("out",))
-        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch)
+        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch, plan_guard)
     return out, lse
 
 

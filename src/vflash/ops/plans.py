@@ -36,17 +36,20 @@ class LaunchPlan:
     launch(*inputs, *allocations, *scratch) runs the kernel; `allocs` are the
     outputs allocated per call (vflash.ops.launch.Alloc), zero-filled where asked
     (a work-tile counter); `scratch()`, where given, returns the call's scratch
-    tensors (split-KV's, from vflash.ops.scratch: the current stream's pool)."""
+    tensors (split-KV's, from vflash.ops.scratch: the current stream's pool). `guard`, where
+    given, is what the caller checks before running the plan on this call's tensors beyond
+    their metadata (attention_with_kvcache: that a caller's out overlaps no input)."""
 
-    __slots__ = ("launch", "device_index", "allocs", "picks", "scratch")
+    __slots__ = ("launch", "device_index", "allocs", "picks", "scratch", "guard")
 
     def __init__(self, launch: Callable, device_index: int, allocs: tuple, picks: Tuple[Optional[int], ...],
-                 scratch: Optional[Callable[[], tuple]] = None):
+                 scratch: Optional[Callable[[], tuple]] = None, guard: Optional[Callable[..., bool]] = None):
         self.launch = launch
         self.device_index = device_index
         self.allocs = allocs
         self.picks = picks
         self.scratch = scratch
+        self.guard = guard
 
     def __call__(self, *inputs: torch.Tensor):
         # The key fixes the first input's device: every allocation's.

@@ -27,7 +27,7 @@ def split_scratch(splits: int, total_q: int, heads_q: int, head_dim: int, batch:
                   row_tiles: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(partials [splits, total_q, Hq, D] fp32, their LSEs [splits, Hq, total_q] fp32,
     arrival counters [B, Hkv, row tiles] int32, all zero) for a launch on the current
-    stream; contiguous, so a split's strides are the output's."""
+    stream; contiguous (the kernel takes the partials' strides apart from the output's)."""
     return scratch_fetcher(splits, total_q, heads_q, head_dim, batch, heads_k, row_tiles, device)()
 
 
