@@ -56,12 +56,15 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     # Split-KV's merge of ROWS rows' fp32 partials: o_rows [ROWS] points at each row's split-0
     # output (split s at + s * stride_ps, column d at + d * stride_d), lse_rows [ROWS] at its split-0
     # natural-log LSE (+ s * stride_ls). Returns out [ROWS, HEAD_DIM_PAD] fp32 and lse [ROWS].
-    # SPLIT_CHUNK splits a load ([SPLIT_CHUNK, ROWS, HEAD_DIM_PAD] at once, one load round trip),
+    # SPLIT_CHUNK splits a load ([ROWS, SPLIT_CHUNK, HEAD_DIM_PAD] at once, one load round trip),
     # folded into a running max, weight sum and output, each chunk reduced by a fixed tree and the
-    # chunks in order: the same bits from run to run. A split that saw no key (-inf) adds an exact
-    # zero and a chunk of them rescales by exactly 1, so a sequence's result does not depend on how
-    # many empty splits the grid has beyond its own (batch invariance). The loads bypass L1 (.cg):
-    # other programs wrote the partials during this kernel.
+    # chunks in order: the same bits from run to run. Rows lead the tiles so that the compiler's
+    # layout puts the rows across warps and a row's splits in one thread's registers: the
+    # reductions over splits stay in registers (splits leading put them across warps, each
+    # reduction a round trip through shared memory and barriers). A split that saw no key (-inf)
+    # adds an exact zero and a chunk of them rescales by exactly 1, so a sequence's result does not
+    # depend on how many empty splits the grid has beyond its own (batch invariance). The loads
+    # bypass L1 (.cg): other programs wrote the partials during this kernel.
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
@@ -70,18 +73,18 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         split = (s0 + offs_s).to(tl.int64)  # [SPLIT_CHUNK]
-        ok = (split < num_splits)[:, None] & row_ok[None, :]  # [SPLIT_CHUNK, ROWS]
-        lse_c = tl.load(lse_rows[None, :] + split[:, None] * stride_ls, mask=ok, other=float("-inf"),
+        ok = row_ok[:, None] & (split < num_splits)[None, :]  # [ROWS, SPLIT_CHUNK]
+        lse_c = tl.load(lse_rows[:, None] + split[None, :] * stride_ls, mask=ok, other=float("-inf"),
                         cache_modifier=".cg")
-        part = tl.load(o_rows[None, :, None] + split[:, None, None] * stride_ps + offs_d[None, None, :] * stride_d,
+        part = tl.load(o_rows[:, None, None] + split[None, :, None] * stride_ps + offs_d[None, None, :] * stride_d,
                        mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(lse_c, 0))
+        m_new = tl.maximum(m_run, tl.max(lse_c, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp(-inf - 0) = 0 for empty splits, never NaN
         scale = tl.exp(m_run - m_ref)  # 1 when the chunk moved nothing, 0 before the first key
-        w = tl.exp(lse_c - m_ref[None, :])  # [SPLIT_CHUNK, ROWS]
-        total = total * scale + tl.sum(w, 0)
+        w = tl.exp(lse_c - m_ref[:, None])  # [ROWS, SPLIT_CHUNK]
+        total = total * scale + tl.sum(w, 1)
         # a split that saw no key (weight 0) adds nothing, whatever its partial holds
-        acc = acc * scale[:, None] + tl.sum(tl.where(w[:, :, None] > 0, part * w[:, :, None], 0.0), 0)
+        acc = acc * scale[:, None] + tl.sum(tl.where(w[:, :, None] > 0, part * w[:, :, None], 0.0), 1)
         m_run = m_new
     empty = m_run == float("-inf")
     out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]
