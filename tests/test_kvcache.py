@@ -539,6 +539,15 @@ def test_out_is_written_in_place_with_the_bits_of_an_allocated_out(splits, packe
     assert buffer[..., :4].isnan().all() and buffer[..., 20:].isnan().all()  # nothing outside out is written
 
 
+def _out_over_table(args):
+    # out and the block table carved from one buffer: the kernel would write over the pages it reads
+    table = args["block_table"]
+    buffer = torch.empty_like(args["q"])
+    rows = buffer.view(-1).view(torch.int32)[:table.numel()].view(table.shape)
+    rows.copy_(table)
+    return dict(out=buffer, block_table=rows)
+
+
 @pytest.mark.parametrize("change,error,match", [
     (lambda a: dict(out=a["q"].numpy() if a["q"].is_cpu else 1.0), TypeError, "out must be a torch.Tensor"),
     (lambda a: dict(out=torch.empty_like(a["q"])[:1]), ValueError, "out must have q's shape"),
@@ -548,6 +557,7 @@ def test_out_is_written_in_place_with_the_bits_of_an_allocated_out(splits, packe
     (lambda a: dict(out=a["q"]), ValueError, "out overlaps q's memory"),
     (lambda a: dict(out=a["k_cache"].view(-1)[:a["q"].numel()].view(a["q"].shape)), ValueError,
      "out overlaps k_cache's memory"),
+    (lambda a: _out_over_table(a), ValueError, "out overlaps block_table's memory"),
     (lambda a: dict(out=torch.empty(1, 1, 4, 16, dtype=a["q"].dtype, device=a["q"].device).expand(2, 1, 4, 16)),
      ValueError, "out's elements overlap each other"),
     (lambda a: dict(out=torch.empty_like(a["q"]).requires_grad_()), ValueError, "out requires grad"),

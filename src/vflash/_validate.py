@@ -278,10 +278,14 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     return batch
 
 
-def check_kvcache_out(out, q, k_cache, v_cache) -> None:
+KVCACHE_OUT_APART = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "cu_seqlens_q")
+
+
+def check_kvcache_out(out, inputs) -> None:
     """attention_with_kvcache's out=: q's shape, dtype and device, unit stride in the head
-    dim, its memory apart from q's and the caches' (the split merge re-reads q after other
-    programs have written out)."""
+    dim, its memory apart from every input's (inputs: KVCACHE_OUT_APART's tensors, None where
+    absent; the split merge re-reads q after other programs have written out)."""
+    q = inputs[0]
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor of q's shape, got {_describe(out)}")
     if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -293,23 +297,23 @@ def check_kvcache_out(out, q, k_cache, v_cache) -> None:
         raise ValueError("out requires grad: attention_with_kvcache has no backward pass to write it under")
     if not _elements_apart(out):
         raise ValueError("out's elements overlap each other (a stride 0, an expand); pass a contiguous tensor")
-    name = kvcache_out_overlap(out, q, k_cache, v_cache)
+    name = kvcache_out_overlap(out, inputs)
     if name is not None:
         raise ValueError(f"out overlaps {name}'s memory; pass a tensor of its own")
 
 
-def kvcache_out_overlap(out, q, k_cache, v_cache, extents=None) -> Optional[str]:
-    """The name of the first of q, k_cache, v_cache whose bytes overlap out's, or None.
-    extents: the four tensors' byte extents (byte_extent: fixed by their metadata, so a launch
-    plan's guard keeps them), else computed here."""
-    tensors = (out, q, k_cache, v_cache)
-    sizes = extents or tuple(map(byte_extent, tensors))
+def kvcache_out_overlap(out, inputs, extents=None) -> Optional[str]:
+    """The name (KVCACHE_OUT_APART's) of the first of `inputs` whose bytes overlap out's, or
+    None. extents: out's and the inputs' byte extents (byte_extent: fixed by their metadata,
+    so a launch plan's guard keeps them), else computed here."""
+    sizes = extents or (byte_extent(out),) + tuple(0 if t is None else byte_extent(t) for t in inputs)
     start = out.data_ptr()
     end = start + sizes[0]
-    for name, t, size in zip(("q", "k_cache", "v_cache"), tensors[1:], sizes[1:]):
-        other = t.data_ptr()
-        if start < other + size and other < end:
-            return name
+    for name, t, size in zip(KVCACHE_OUT_APART, inputs, sizes[1:]):
+        if t is not None and size:
+            other = t.data_ptr()
+            if start < other + size and other < end:
+                return name
     return None
 
 

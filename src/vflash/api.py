@@ -282,7 +282,8 @@ def attention_with_kvcache(
                                  scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
                                  out)
     plan = plans.lookup(key, q, k_cache, v_cache, *(() if out is None else (out,)))
-    if plan is not None and (out is None or plan.guard(q, k_cache, v_cache, out)):
+    if plan is not None and (out is None or plan.guard(out, (q, k_cache, v_cache, cache_seqlens, block_table,
+                                                            cu_seqlens_q))):
         # it takes q (and a given out, apart from the inputs: its guard; else it allocates out in the
         # caller's layout: dense q's rows)
         planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
@@ -298,10 +299,11 @@ def attention_with_kvcache(
     _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
     guard = None
     if out is not None:
-        _validate.check_kvcache_out(out, q, k_cache, v_cache)
+        inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)
+        _validate.check_kvcache_out(out, inputs)
         # a plan's repeat checks out's overlap with the inputs again, their byte extents fixed by the key
-        extents = tuple(map(_validate.byte_extent, (out, q, k_cache, v_cache)))
-        guard = lambda q, k, v, o: _validate.kvcache_out_overlap(o, q, k, v, extents) is None  # noqa: E731
+        extents = tuple(0 if t is None else _validate.byte_extent(t) for t in (out, *inputs))
+        guard = lambda o, ins: _validate.kvcache_out_overlap(o, ins, extents) is None  # noqa: E731
     q_shape, out_rows = q.shape, out
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
         max_seqlen_q = q.shape[1]
