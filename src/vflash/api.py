@@ -263,7 +263,7 @@ def attention_with_kvcache(
             reads out of bounds).
         out: where to write the output (a serving engine's own buffer; saves the
             allocation): q's shape, dtype and device, unit stride in the head dim, [B, Nq]
-            strides that merge for dense q, its memory apart from q's and the caches'.
+            strides that merge for dense q, its memory apart from every input's.
 
     Returns:
         out in q's layout and dtype (the given `out` itself); or (out, lse). A query row that sees no key
