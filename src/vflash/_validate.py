@@ -281,10 +281,11 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
 KVCACHE_OUT_APART = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "cu_seqlens_q")
 
 
-def check_kvcache_out(out, inputs) -> None:
+def check_kvcache_out(out, inputs) -> Tuple[int, ...]:
     """attention_with_kvcache's out=: q's shape, dtype and device, unit stride in the head
     dim, its memory apart from every input's (inputs: KVCACHE_OUT_APART's tensors, None where
-    absent; the split merge re-reads q after other programs have written out)."""
+    absent; the split merge re-reads q after other programs have written out). Returns out's
+    and the inputs' byte extents (kvcache_out_overlap's, for a plan's guard)."""
     q = inputs[0]
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor of q's shape, got {_describe(out)}")
@@ -297,19 +298,20 @@ def check_kvcache_out(out, inputs) -> None:
         raise ValueError("out requires grad: attention_with_kvcache has no backward pass to write it under")
     if not _elements_apart(out):
         raise ValueError("out's elements overlap each other (a stride 0, an expand); pass a contiguous tensor")
-    name = kvcache_out_overlap(out, inputs)
+    extents = (_byte_extent(out),) + tuple(0 if t is None else _byte_extent(t) for t in inputs)
+    name = kvcache_out_overlap(out, inputs, extents)
     if name is not None:
         raise ValueError(f"out overlaps {name}'s memory; pass a tensor of its own")
+    return extents
 
 
-def kvcache_out_overlap(out, inputs, extents=None) -> Optional[str]:
+def kvcache_out_overlap(out, inputs, extents) -> Optional[str]:
     """The name (KVCACHE_OUT_APART's) of the first of `inputs` whose bytes overlap out's, or
-    None. extents: out's and the inputs' byte extents (byte_extent: fixed by their metadata,
-    so a launch plan's guard keeps them), else computed here."""
-    sizes = extents or (byte_extent(out),) + tuple(0 if t is None else byte_extent(t) for t in inputs)
+    None. extents: out's and the inputs' byte extents (check_kvcache_out's: fixed by their
+    metadata, so a launch plan's guard keeps them)."""
     start = out.data_ptr()
-    end = start + sizes[0]
-    for name, t, size in zip(KVCACHE_OUT_APART, inputs, sizes[1:]):
+    end = start + extents[0]
+    for name, t, size in zip(KVCACHE_OUT_APART, inputs, extents[1:]):
         if t is not None and size:
             other = t.data_ptr()
             if start < other + size and other < end:
@@ -317,7 +319,7 @@ def kvcache_out_overlap(out, inputs, extents=None) -> Optional[str]:
     return None
 
 
-def byte_extent(t: torch.Tensor) -> int:
+def _byte_extent(t: torch.Tensor) -> int:
     # bytes from a tensor's first element to past its last one; 0 for no elements
     if t.numel() == 0:
         return 0

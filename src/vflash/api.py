@@ -281,9 +281,9 @@ def attention_with_kvcache(
     key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
                                  scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
                                  out)
+    inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)  # _validate.KVCACHE_OUT_APART's
     plan = plans.lookup(key, q, k_cache, v_cache, *(() if out is None else (out,)))
-    if plan is not None and (out is None or plan.guard(out, (q, k_cache, v_cache, cache_seqlens, block_table,
-                                                            cu_seqlens_q))):
+    if plan is not None and (out is None or plan.guard(out, inputs)):
         # it takes q (and a given out, apart from the inputs: its guard; else it allocates out in the
         # caller's layout: dense q's rows)
         planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
@@ -299,10 +299,8 @@ def attention_with_kvcache(
     _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
     guard = None
     if out is not None:
-        inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)
-        _validate.check_kvcache_out(out, inputs)
         # a plan's repeat checks out's overlap with the inputs again, their byte extents fixed by the key
-        extents = tuple(0 if t is None else _validate.byte_extent(t) for t in (out, *inputs))
+        extents = _validate.check_kvcache_out(out, inputs)
         guard = lambda o, ins: _validate.kvcache_out_overlap(o, ins, extents) is None  # noqa: E731
     q_shape, out_rows = q.shape, out
     if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
