@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode decode_ab bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_serving decode varlen chunked sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -146,6 +146,15 @@ for step in "$@"; do
                  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
                  python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/$name" 2>&1
                echo "$t B $b KV $kv"; grep -v "^==" "$R/$name" | grep gpu__time | cut -c1-220 | tail -6
+             done; done ;;
+    profile_decode_full) # Nsight Compute's full set (unlocked clocks) on the last launch of each PROFILE_METHODS
+                    # method (paged contiguous sdpa_cudnn) at each PROFILE_DECODE row: what a decode kernel stalls on
+             for row in ${PROFILE_DECODE:-1:8192}; do for m in ${PROFILE_METHODS:-paged contiguous sdpa_cudnn}; do
+               IFS=: read -r b kv <<< "$row"
+               name=prof_full_${m}_b${b}_kv${kv}.txt
+               timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash|kernel" --launch-skip 2 --launch-count 2 \
+                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" --method "$m" --calls 4 > "$R/$name" 2>&1
+               echo "$m B $b KV $kv"; grep -E "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Block Size|Achieved Occupancy|Dynamic Shared|Static Shared" "$R/$name" | head -14
              done; done ;;
     decode_ab) # decode GB/s of the library of each tree of AB_TREES (source dirs), alternating, two rounds
                # (DECODE_ROWS "B:KV", DECODE_METHODS comma-separated)
