@@ -152,7 +152,7 @@ for step in "$@"; do
              for row in ${PROFILE_DECODE:-1:8192}; do for m in ${PROFILE_METHODS:-paged contiguous sdpa_cudnn}; do
                IFS=: read -r b kv <<< "$row"
                name=prof_full_${m}_b${b}_kv${kv}.txt
-               timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash|kernel" --launch-skip 2 --launch-count 2 \
+               timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash" --launch-skip 2 --launch-count 2 \
                  python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" --method "$m" --calls 4 > "$R/$name" 2>&1
                echo "$m B $b KV $kv"; grep -E "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Block Size|Achieved Occupancy|Dynamic Shared|Static Shared" "$R/$name" | head -14
              done; done ;;
