@@ -10,6 +10,7 @@ count that leaves a split at least 128 keys (and at most 16k programs), then the
 pages of 64 and a contiguous cache.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
+      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"]
 """
 
 import argparse
@@ -41,6 +42,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="three rows only")
     ap.add_argument("--grid", action="store_true", help="every decode row, tile and split count")
     ap.add_argument("--smoke", action="store_true", help="--grid on the CPU, one tiny row (a test of this script)")
+    ap.add_argument("--rows", help="rows B:KV, comma-separated (default: ROWS)")
+    ap.add_argument("--tiles", help="tiles block_m,block_n,warps,stages, semicolon-separated (default: TILES)")
     args = ap.parse_args()
     if args.grid or args.smoke:
         return grid(args.out, args.smoke)
@@ -50,7 +53,10 @@ def main() -> int:
     band = sequence_band("bottom_right", (-1, -1))
     scale = D ** -0.5
     out_rows = []
-    for B, KV in (ROWS[:3] if args.quick else ROWS):
+    rows = [tuple(int(x) for x in r.split(":")) for r in args.rows.split(",")] if args.rows else \
+        (ROWS[:3] if args.quick else ROWS)
+    tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles.split(";")] if args.tiles else TILES
+    for B, KV in rows:
         pages = -(-KV // page)
         cache_bytes = 2 * B * KV * Hkv * D * 2
         n = _copies(cache_bytes)
@@ -78,7 +84,7 @@ def main() -> int:
 
         record("dispatch", chosen, time_tiles(chosen))
         best, best_gbps = chosen, 0.0
-        for tl in TILES:
+        for tl in tiles:
             t = KVCacheTiles(*tl, num_splits=chosen.num_splits, split_chunk=chosen.split_chunk,
                              merge_rows=chosen.merge_rows)
             try:
