@@ -174,7 +174,7 @@ def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
     return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, varlen=True)
 
 
-DECODE_MERGE = dict(split_chunk=16, merge_rows=4)
+DECODE_MERGE = dict(split_chunk=16, merge_rows=4, one_loop=True)  # decode's rows: one masked loop
 
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
@@ -193,13 +193,14 @@ DECODE_MERGE = dict(split_chunk=16, merge_rows=4)
     # a key tile a split at most
     (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5, **DECODE_MERGE)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
-    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=1, merge_rows=64)),
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=1, merge_rows=64,
+                                                      one_loop=True)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1, split_chunk=1, merge_rows=128)),
     # batch-invariant: the decode tiles in 16-row blocks whatever the rows, 512 keys a split, the merge over the
     # whole tile
     (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 64, 4, 3, num_splits=16, split_keys=512,
-                                                                   split_chunk=4, merge_rows=16)),
+                                                                   split_chunk=4, merge_rows=16, one_loop=True)),
 ])
 def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)

@@ -225,7 +225,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         merge_rows = block_m if batch_invariant else _pow2(min(queries, max(1, p.n_q)) * group)
         chunk = 1 << max(0, (tables.MERGE_VALUES // (merge_rows * d)).bit_length() - 1)
         return t._replace(block_m=block_m, split_chunk=max(1, min(tables.MERGE_MAX_CHUNK, chunk)),
-                          merge_rows=merge_rows)
+                          merge_rows=merge_rows, one_loop=decode)
+    # decode's few rows: every key tile in one masked loop (tables.DECODE_ONE_LOOP)
+    decode = tables.DECODE_ONE_LOOP and (rows <= tables.DECODE_ROWS or batch_invariant)
     tiles = rows_of(base)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS

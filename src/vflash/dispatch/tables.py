@@ -130,6 +130,9 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
     256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
+# Decode's programs stream few tiles (a split's: four at B 1 / KV 8k): one masked loop over them all, whose
+# single pipeline prologue costs less than the band's three loops' prologues; unmeasured yet.
+DECODE_ONE_LOOP = True
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}

@@ -80,26 +80,41 @@ def _attend_cache_tiles(
     # one tile ahead, so its K / V addresses never wait on a table load of the same step
     # (which left the pipeliner one K / V buffer and a full load round trip a tile). Keys
     # past n_k read no table entry and load zeros. Else the bases point at the sequence's
-    # rows of a contiguous cache.
+    # rows of a contiguous cache. `start` is a multiple of BLOCK_N (key_range's stretches
+    # are tile-aligned), so where pages and tiles nest (one divides the other) a tile row's
+    # place in its page is the tile's offset plus a loop-invariant part: the row and column
+    # offsets are added to the bases once, and a tile adds a page's base a row (or the
+    # tile's rows of a contiguous cache), not a 64-bit sum a row per address.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    NESTED: tl.constexpr = (BLOCK_N % PAGE_SIZE == 0) or (PAGE_SIZE % BLOCK_N == 0)
     offs_n0 = tl.arange(0, BLOCK_N)
     if IS_PAGED:
         page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
+        if NESTED:
+            rows0 = offs_n0 % PAGE_SIZE
+        else:
+            rows0 = offs_n0 * 0
+    else:
+        rows0 = offs_n0
+    k_in = k_base + rows0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM_PAD]
+    v_in = v_base + rows0[:, None] * stride_vn + offs_d[None, :] * stride_vd
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         if IS_PAGED:
-            slot = (offs_n % PAGE_SIZE).to(tl.int64)
-            k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
-            v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
-        else:
-            k_rows = offs_n.to(tl.int64) * stride_kn
-            v_rows = offs_n.to(tl.int64) * stride_vn
-        k = load_at(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
-                     CHECK_D)
-        v = load_at(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, offs_n, offs_d, n_k, HEAD_DIM, MASKED,
-                     CHECK_D)
-        if IS_PAGED:
+            if NESTED:
+                slot0 = tl.cast(start_n % PAGE_SIZE, tl.int64)  # the tile's first row in its (first) page
+                k_rows = page.to(tl.int64) * stride_kp + slot0 * stride_kn  # [BLOCK_N]
+                v_rows = page.to(tl.int64) * stride_vp + slot0 * stride_vn
+            else:
+                slot = (offs_n % PAGE_SIZE).to(tl.int64)
+                k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn
+                v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
+            k = load_at(k_in + k_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
+            v = load_at(v_in + v_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
+        else:
+            k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
+            v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -288,7 +303,7 @@ def attention_kvcache_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -313,7 +328,7 @@ def attention_kvcache_kernel(
     # is: ops/scratch.py). One launch, no combine kernel.
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
-    split = (pid % num_splits).to(tl.int64)
+    split = pid % num_splits  # int32: the key bounds stay 32-bit (the partials' offsets are 64-bit)
     start_q = (pid // num_splits) * QUERIES
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
@@ -356,21 +371,28 @@ def attention_kvcache_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    if HAS_LEFT:
+    if ONE_LOOP:  # every tile masked in one loop: one pipeline prologue (a split's few tiles)
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            table, offs_q, offs_d, lo, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
             PAGE_SIZE)
-    acc, l_i, m_i = _attend_cache_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-        table, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
+    else:
+        if HAS_LEFT:
+            acc, l_i, m_i = _attend_cache_tiles(
+                acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                table, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION,
+                IS_PAGED, PAGE_SIZE)
+        acc, l_i, m_i = _attend_cache_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            table, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
             PAGE_SIZE)
-    acc, l_i, m_i = _attend_cache_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-        table, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
+        acc, l_i, m_i = _attend_cache_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            table, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
             PAGE_SIZE)
 
     LN2: tl.constexpr = 0.6931471805599453
@@ -379,9 +401,9 @@ def attention_kvcache_kernel(
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
     d_ok = offs_d < HEAD_DIM
     if IS_SPLIT:
-        p_rows = split * stride_ps + (q_start + offs_q) * stride_pm + heads * stride_ph  # [BLOCK_M]
+        p_rows = split.to(tl.int64) * stride_ps + (q_start + offs_q) * stride_pm + heads * stride_ph  # [BLOCK_M]
         tl.store(O_PART + p_rows[:, None] + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(LSE_PART + split * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
+        tl.store(LSE_PART + split.to(tl.int64) * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial stores before the arrival releases them
         tile = (off_b * tl.num_programs(1) + off_hk) * (tl.num_programs(0) // num_splits) + pid // num_splits
         arrived = tl.atomic_add(ARRIVALS + tile, 1, sem="acq_rel", scope="gpu")

@@ -178,7 +178,7 @@ def attention_kvcache_forward(
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
-        IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk,
+        IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk, ONE_LOOP=tiles.one_loop,
     )
     grid = (row_tiles * splits, Hkv, batch)
     slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out"), Slot(7, "cache_seqlens"))

@@ -65,6 +65,9 @@ class KVCacheTiles(NamedTuple):
     # two holding the tile's real (query, head) rows; 0: all block_m). Batch-invariant calls need both fixed.
     split_chunk: int = 1
     merge_rows: int = 0
+    # every key tile in one loop, masked: one pipeline prologue a program, where the band's masked and
+    # unmasked stretches are a loop each otherwise (each with its own prologue)
+    one_loop: bool = False
 
 
 class MergeTiles(NamedTuple):
