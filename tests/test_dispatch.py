@@ -174,33 +174,34 @@ def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
     return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, varlen=True)
 
 
-DECODE_MERGE = dict(split_chunk=16, merge_rows=4, one_loop=True)  # decode's rows: one masked loop
+DECODE_MERGE = dict(split_chunk=32, merge_rows=4)
+SPLIT = dict(DECODE_MERGE, one_loop=True)  # a split's few key tiles: one masked loop
 
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
     # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until one wave of the places the SMs' shared
     # memory holds (two 64-key three-stage programs an SM: 264 on 132 SMs); the merge over the 4 real rows,
-    # 16 splits a load (8192 values / (4 x 128))
-    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=32, **DECODE_MERGE)),
-    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=8, **DECODE_MERGE)),  # no split under 128 keys
+    # 32 splits a load (16384 values / (4 x 128))
+    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=32, **SPLIT)),
+    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=8, **SPLIT)),  # no split under 128 keys
     # 5 would make a second wave of 56
-    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4, **DECODE_MERGE)),
+    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4, **SPLIT)),
     (32, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1, **DECODE_MERGE)),
     (128, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1, **DECODE_MERGE)),
     # 16 splits of 33 key tiles, none empty
-    (2, 32, 8, 1, 32868, {}, KVCacheTiles(16, 64, 4, 3, num_splits=16, **DECODE_MERGE)),
-    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 64, 4, 3, num_splits=3, **DECODE_MERGE)),
+    (2, 32, 8, 1, 32868, {}, KVCacheTiles(16, 64, 4, 3, num_splits=16, **SPLIT)),
+    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 64, 4, 3, num_splits=3, **SPLIT)),
     # a key tile a split at most
-    (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5, **DECODE_MERGE)),
+    (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5, **SPLIT)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
-    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=1, merge_rows=64,
-                                                      one_loop=True)),
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=2, merge_rows=64,
+                                                  one_loop=True)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1, split_chunk=1, merge_rows=128)),
     # batch-invariant: the decode tiles in 16-row blocks whatever the rows, 512 keys a split, the merge over the
     # whole tile
     (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 64, 4, 3, num_splits=16, split_keys=512,
-                                                                   split_chunk=4, merge_rows=16, one_loop=True)),
+                                                                   split_chunk=8, merge_rows=16, one_loop=True)),
 ])
 def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)

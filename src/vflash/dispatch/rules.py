@@ -225,14 +225,12 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         merge_rows = block_m if batch_invariant else _pow2(min(queries, max(1, p.n_q)) * group)
         chunk = 1 << max(0, (tables.MERGE_VALUES // (merge_rows * d)).bit_length() - 1)
         return t._replace(block_m=block_m, split_chunk=max(1, min(tables.MERGE_MAX_CHUNK, chunk)),
-                          merge_rows=merge_rows, one_loop=decode)
-    # decode's few rows: every key tile in one masked loop (tables.DECODE_ONE_LOOP)
-    decode = tables.DECODE_ONE_LOOP and (rows <= tables.DECODE_ROWS or batch_invariant)
+                          merge_rows=merge_rows)
     tiles = rows_of(base)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS
         splits = max(1, -(-p.n_k // keys))
-        return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys),
+        return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys, one_loop=True),
                       f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
     if num_splits is not None:
         splits, how = max(1, min(num_splits, -(-p.n_k // tiles.block_n))), "num_splits given"
@@ -248,7 +246,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
         splits = -(-p.n_k // part)
         how = f"KVCACHE_SPLIT: {programs} programs unsplit, {places} places"
-    return Choice("portable", tiles._replace(num_splits=splits), f"portable kernel: {why}, {splits} splits ({how})")
+    # a split's few key tiles: one masked loop (tables.SPLIT_ONE_LOOP)
+    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1 and tables.SPLIT_ONE_LOOP)
+    return Choice("portable", tiles, f"portable kernel: {why}, {splits} splits ({how})")
 
 
 def sm90_backward_refusal(p: Problem) -> Optional[str]:

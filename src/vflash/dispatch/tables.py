@@ -130,9 +130,11 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
     256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
-# Decode's programs stream few tiles (a split's: four at B 1 / KV 8k): one masked loop over them all, whose
-# single pipeline prologue costs less than the band's three loops' prologues; unmeasured yet.
-DECODE_ONE_LOOP = True
+# A split's program streams few key tiles (four at B 1 / KV 8k): one masked loop over them all, whose single
+# pipeline prologue costs less than the band's three loops' (batch-invariant splits too). Measured on the H200
+# (paged 16 / contiguous, decode_ab): 1.08-1.16x at B 1, 1.02-1.04x at B 8; on the unsplit programs of B 32-128
+# (16-128 tiles each) the masks cost paged caches 1.5-3 %, so those keep the three loops.
+SPLIT_ONE_LOOP = True
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}
@@ -166,9 +168,10 @@ INVARIANT_ROWS = 16
 
 # Split-KV's merge, done by each row tile's last split in the split kernel (no combine launch): it loads
 # split_chunk splits' partials of the tile's rows at once, one load round trip a chunk, MERGE_VALUES fp32
-# values a load (64 registers a thread at 4 warps): decode's 4-8 packed rows at D 128 take 16 or 8 splits a
-# load. Fixed on every device: batch-invariant results depend on the chunk.
-MERGE_VALUES = 8192
+# values a load (128 registers a thread at 4 warps, free after the main loop): decode's 4-8 packed rows at
+# D 128 take 32 or 16 splits a load, B 1's 32 splits one round trip. Fixed on every device: batch-invariant
+# results depend on the chunk.
+MERGE_VALUES = 16384
 MERGE_MAX_CHUNK = 64
 
 # --- backward (kernels/attention_bwd.py), by padded head dim -------------------------------------
