@@ -174,25 +174,27 @@ def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
     return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, varlen=True)
 
 
-DECODE_MERGE = dict(split_chunk=32, merge_rows=4)
-SPLIT = dict(DECODE_MERGE, one_loop=True)  # a split's few key tiles: one masked loop
+def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
+    # decode's 16-row tiles; the merge over the 4 real rows, `chunk` splits a load; a split's few key tiles in
+    # one masked loop
+    return KVCacheTiles(16, 64, 4, 3, num_splits=splits, split_chunk=chunk, merge_rows=4, one_loop=splits > 1)
 
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
     # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until one wave of the places the SMs' shared
     # memory holds (two 64-key three-stage programs an SM: 264 on 132 SMs); the merge over the 4 real rows,
-    # 32 splits a load (16384 values / (4 x 128))
-    (1, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=32, **SPLIT)),
-    (1, 32, 8, 1, 1024, {}, KVCacheTiles(16, 64, 4, 3, num_splits=8, **SPLIT)),  # no split under 128 keys
+    # up to 32 splits a load (16384 values / (4 x 128)), no more than the splits' power of two
+    (1, 32, 8, 1, 8192, {}, decode_tiles(32, 32)),
+    (1, 32, 8, 1, 1024, {}, decode_tiles(8, 8)),  # no split under 128 keys
     # 5 would make a second wave of 56
-    (8, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=4, **SPLIT)),
-    (32, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1, **DECODE_MERGE)),
-    (128, 32, 8, 1, 8192, {}, KVCacheTiles(16, 64, 4, 3, num_splits=1, **DECODE_MERGE)),
+    (8, 32, 8, 1, 8192, {}, decode_tiles(4, 4)),
+    (32, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
+    (128, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
     # 16 splits of 33 key tiles, none empty
-    (2, 32, 8, 1, 32868, {}, KVCacheTiles(16, 64, 4, 3, num_splits=16, **SPLIT)),
-    (128, 32, 8, 1, 8192, dict(num_splits=3), KVCacheTiles(16, 64, 4, 3, num_splits=3, **SPLIT)),
+    (2, 32, 8, 1, 32868, {}, decode_tiles(16, 16)),
+    (128, 32, 8, 1, 8192, dict(num_splits=3), decode_tiles(3, 4)),
     # a key tile a split at most
-    (2, 32, 8, 1, 300, dict(num_splits=64), KVCacheTiles(16, 64, 4, 3, num_splits=5, **SPLIT)),
+    (2, 32, 8, 1, 300, dict(num_splits=64), decode_tiles(5, 8)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
     (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=2, merge_rows=64,
                                                   one_loop=True)),

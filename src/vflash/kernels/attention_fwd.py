@@ -89,11 +89,12 @@ def _attend_cache_tiles(
     NESTED: tl.constexpr = (BLOCK_N % PAGE_SIZE == 0) or (PAGE_SIZE % BLOCK_N == 0)
     offs_n0 = tl.arange(0, BLOCK_N)
     if IS_PAGED:
-        page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
         if NESTED:
             rows0 = offs_n0 % PAGE_SIZE
+            table_in = table + offs_n0 // PAGE_SIZE  # a tile's page ids at + its first key's page
         else:
             rows0 = offs_n0 * 0
+        page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
     else:
         rows0 = offs_n0
     k_in = k_base + rows0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM_PAD]
@@ -111,7 +112,10 @@ def _attend_cache_tiles(
                 v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
             k = load_at(k_in + k_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + v_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-            page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
+            if NESTED:  # one scalar division a tile, not a signed one a row
+                page = tl.load(table_in + (start_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
+            else:
+                page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
