@@ -4,7 +4,8 @@ without the sanitizer is a correctness smoke test too.
 
 Covered: attention_varlen on both kernels (zero-length sequences, a slab crossing each
 sequence's end, the last sequence at the packed tensors' end), attention_with_kvcache
-decode (pages of 1, 16, 17; split-KV, also into a strided out=; batch-invariant) and chunked prefill (pages of 16 and
+decode (pages of 1, 16, 17, 64, 256 and a contiguous cache; split-KV, also into a strided out=;
+batch-invariant) and chunked prefill (pages of 16 and
 64 and a contiguous cache on the sm90 kernel, pages of 17 on the portable one; cache rows past
 each length and spare pages NaN, the block table's unused entries out of range), write_kvcache
 with padding slots, merge_states with -inf rows.
@@ -74,7 +75,8 @@ def kvcache(device, dtype, d):
     cuda = device.type == "cuda"
     lens_k = [1000, 77, 129, 3] if cuda else [40, 7, 17, 3]
     for page, n_q, opts in ((1, 1, {}), (16, 1, dict(num_splits=3)), (17, 1, dict(batch_invariant=True)),
-                            (16, 2, dict(num_splits=5, out="strided")),
+                            (16, 2, dict(num_splits=5, out="strided")), (0, 1, dict(num_splits=4)),
+                            (64, 1, dict(num_splits=2)), (256, 1, {}),
                             (16, 300 if cuda else 12, {}), (64, 300 if cuda else 12, {}),
                             (17, 300 if cuda else 12, {}), (0, 300 if cuda else 12, {})):
         if page:
