@@ -246,9 +246,11 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
         splits = -(-p.n_k // part)
         how = f"KVCACHE_SPLIT: {programs} programs unsplit, {places} places"
-    # a split's few key tiles: one masked loop (tables.SPLIT_ONE_LOOP); the merge loads no more splits at
-    # once than there are (batch-invariant calls keep theirs fixed, above)
-    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1 and tables.SPLIT_ONE_LOOP,
+    # A split's few key tiles (four at B 1 / KV 8k) in one masked loop: one pipeline prologue where the band's
+    # three loops pay three. Unsplit programs (tens to hundreds of tiles) keep the three, whose unmasked
+    # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than
+    # there are (batch-invariant calls keep theirs fixed, above).
+    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1,
                            split_chunk=min(tiles.split_chunk, _pow2(splits)))
     return Choice("portable", tiles, f"portable kernel: {why}, {splits} splits ({how})")
 

@@ -130,11 +130,6 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
     256: KVCacheTiles(64, 32, 4, 3),  # 32 x 256 K and V tiles: three stages in 96 KiB
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
-# A split's program streams few key tiles (four at B 1 / KV 8k): one masked loop over them all, whose single
-# pipeline prologue costs less than the band's three loops' (batch-invariant splits too). Measured on the H200
-# (paged 16 / contiguous, decode_ab): 1.08-1.16x at B 1, 1.02-1.04x at B 8; on the unsplit programs of B 32-128
-# (16-128 tiles each) the masks cost paged caches 1.5-3 %, so those keep the three loops.
-SPLIT_ONE_LOOP = True
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}

@@ -8,7 +8,9 @@ log2 domain: `log2(e)` is folded into the scale so the inner loop uses exp2), an
 writes the output tile and, on request, its natural-log LSE once.
 
 Masking is the band of `kernels/mask.py`; each tile's key range splits into a
-masked stretch at each edge and an unmasked middle, each a loop compiled for its mask.
+masked stretch at each edge and an unmasked middle, each a loop compiled for its mask
+(the KV-cache kernel's ONE_LOOP: one masked loop over the whole range, one pipeline
+prologue for a split's few tiles instead of three).
 """
 
 import triton
@@ -375,7 +377,7 @@ def attention_kvcache_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    if ONE_LOOP:  # every tile masked in one loop: one pipeline prologue (a split's few tiles)
+    if ONE_LOOP:  # every tile masked in one loop: one pipeline prologue
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, offs_q, offs_d, lo, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
