@@ -10,7 +10,7 @@ count that leaves a split at least 128 keys (and at most 16k programs), then the
 pages of 64 and a contiguous cache.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
-      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"]
+      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64]
 """
 
 import argparse
@@ -44,6 +44,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="--grid on the CPU, one tiny row (a test of this script)")
     ap.add_argument("--rows", help="rows B:KV, comma-separated (default: ROWS)")
     ap.add_argument("--tiles", help="tiles block_m,block_n,warps,stages, semicolon-separated (default: TILES)")
+    ap.add_argument("--splits", help="the best tile's split counts, comma-separated (default: SPLITS)")
     args = ap.parse_args()
     if args.grid or args.smoke:
         return grid(args.out, args.smoke)
@@ -56,6 +57,7 @@ def main() -> int:
     rows = [tuple(int(x) for x in r.split(":")) for r in args.rows.split(",")] if args.rows else \
         (ROWS[:3] if args.quick else ROWS)
     tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles.split(";")] if args.tiles else TILES
+    splits = [int(x) for x in args.splits.split(",")] if args.splits else SPLITS
     for B, KV in rows:
         pages = -(-KV // page)
         cache_bytes = 2 * B * KV * Hkv * D * 2
@@ -94,7 +96,7 @@ def main() -> int:
                 continue
             if g > best_gbps:
                 best, best_gbps = t, g
-        for s in SPLITS:
+        for s in splits:
             if s != best.num_splits:
                 record("splits", best._replace(num_splits=s), time_tiles(best._replace(num_splits=s)))
         caches = None
