@@ -61,10 +61,11 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     # chunks in order: the same bits from run to run. Rows lead the tiles so that the compiler's
     # layout puts the rows across warps and a row's splits in one thread's registers: the
     # reductions over splits stay in registers (splits leading put them across warps, each
-    # reduction a round trip through shared memory and barriers). A split that saw no key (-inf)
-    # adds an exact zero and a chunk of them rescales by exactly 1, so a sequence's result does not
-    # depend on how many empty splits the grid has beyond its own (batch invariance). The loads
-    # bypass L1 (.cg): other programs wrote the partials during this kernel.
+    # reduction a round trip through shared memory and barriers). A split that saw no key has LSE
+    # -inf and a zero partial (the split kernel writes both for it): it adds an exact zero and a chunk
+    # of them rescales by exactly 1, so a sequence's result does not depend on how many empty splits
+    # the grid has beyond its own (batch invariance). The loads bypass L1 (.cg): other programs wrote
+    # the partials during this kernel.
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
@@ -83,8 +84,9 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
         scale = tl.exp(m_run - m_ref)  # 1 when the chunk moved nothing, 0 before the first key
         w = tl.exp(lse_c - m_ref[:, None])  # [ROWS, SPLIT_CHUNK]
         total = total * scale + tl.sum(w, 1)
-        # a split that saw no key (weight 0) adds nothing, whatever its partial holds
-        acc = acc * scale[:, None] + tl.sum(tl.where(w[:, :, None] > 0, part * w[:, :, None], 0.0), 1)
+        # a split that saw no key has weight 0 and a zero partial (every split of the tile writes its
+        # own, an empty one zeros; splits past num_splits load zeros): it adds an exact zero, no select
+        acc = acc * scale[:, None] + tl.sum(part * w[:, :, None], 1)
         m_run = m_new
     empty = m_run == float("-inf")
     out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]
