@@ -99,6 +99,7 @@ def _attend_cache_tiles(
         page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
     else:
         rows0 = offs_n0
+    rows0 = rows0.to(tl.int64)  # once, outside the loop: a row stride times BLOCK_N may pass 2^31
     k_in = k_base + rows0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM_PAD]
     v_in = v_base + rows0[:, None] * stride_vn + offs_d[None, :] * stride_vd
     for start_n in range(start, stop, BLOCK_N):
@@ -285,8 +286,9 @@ def attention_fwd_kernel(
 
 @triton.jit
 def _split_range(lo, full_lo, full_hi, hi, k_lo, k_hi):
-    # key_range's stretches clipped to one split's keys [k_lo, k_hi) (both multiples
-    # of BLOCK_N, so the stretches stay tile-aligned and keep their masks).
+    # key_range's stretches clipped to one split's keys [k_lo, k_hi) (multiples of
+    # BLOCK_N, so the stretches stay tile-aligned and keep their masks; k_lo past the
+    # sequence's keys, clipped to their count, leaves every stretch empty).
     lo_s = tl.maximum(lo, k_lo)
     hi_s = tl.maximum(tl.minimum(hi, k_hi), lo_s)
     full_lo_s = tl.minimum(tl.maximum(full_lo, lo_s), hi_s)
@@ -364,7 +366,11 @@ def attention_kvcache_kernel(
     else:
         part = tl.cdiv(tl.cdiv(n_k, num_splits), BLOCK_N) * BLOCK_N
     lo, full_lo, full_hi, hi = key_range(start_q, n_k, off, left, right, QUERIES, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    lo, full_lo, full_hi, hi = _split_range(lo, full_lo, full_hi, hi, split * part, split * part + part)
+    # the split's keys, clipped to the sequence's in 64 bits (split * part may pass 2^31 near the largest
+    # caches), back in 32: the loop bounds stay 32-bit
+    k_lo = tl.minimum(split.to(tl.int64) * part, n_k)
+    k_hi = tl.minimum(k_lo + part, n_k)
+    lo, full_lo, full_hi, hi = _split_range(lo, full_lo, full_hi, hi, k_lo.to(tl.int32), k_hi.to(tl.int32))
 
     k_base = K + off_hk * stride_kh
     v_base = V + off_hk * stride_vh
