@@ -152,7 +152,7 @@ class SplitRule(NamedTuple):
 # 320 programs for 264 places) took 98.8; the best counts were 8 at B 1 / KV 1k (128-key splits: 0.90x the
 # time of 4), 32 at B 1 / KV 8k-32k, 4-8 at B 8 and 1 at B 32 and B 128, which this rule gives.
 # The count is an estimate: Triton holds stages - 1 of those buffers, and since the split build's registers
-# fell to 123-158 a third program fits an SM (docs/perf/log.md, session 26 item 10: to be swept).
+# fell to 123-158 a third program fits an SM: a split-count sweep at today's kernel is owed (docs/perf/log.md).
 KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_keys=128, max_splits=64)
 
 # batch_invariant=True: every split holds INVARIANT_SPLIT_KEYS keys (a sequence's splits depend only on its

@@ -94,9 +94,10 @@ def _attend_cache_tiles(
         if NESTED:
             rows0 = offs_n0 % PAGE_SIZE
             table_in = table + offs_n0 // PAGE_SIZE  # a tile's page ids at + its first key's page
+            page = tl.load(table_in + start // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
         else:
             rows0 = offs_n0 * 0
-        page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
+            page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
     else:
         rows0 = offs_n0
     rows0 = rows0.to(tl.int64)  # once, outside the loop: a row stride times BLOCK_N may pass 2^31
@@ -105,20 +106,18 @@ def _attend_cache_tiles(
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         if IS_PAGED:
-            if NESTED:
-                slot0 = tl.cast(start_n % PAGE_SIZE, tl.int64)  # the tile's first row in its (first) page
-                k_rows = page.to(tl.int64) * stride_kp + slot0 * stride_kn  # [BLOCK_N]
-                v_rows = page.to(tl.int64) * stride_vp + slot0 * stride_vn
+            if NESTED:  # the tile's first row in its (first) page, and the next tile's page ids: one scalar
+                # division a tile, not a signed one a row
+                slot = tl.cast(start_n % PAGE_SIZE, tl.int64)
+                next_ids = table_in + (start_n + BLOCK_N) // PAGE_SIZE
             else:
                 slot = (offs_n % PAGE_SIZE).to(tl.int64)
-                k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn
-                v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
+                next_ids = table + (offs_n + BLOCK_N) // PAGE_SIZE
+            k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
+            v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
             k = load_at(k_in + k_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + v_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-            if NESTED:  # one scalar division a tile, not a signed one a row
-                page = tl.load(table_in + (start_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
-            else:
-                page = tl.load(table + (offs_n + BLOCK_N) // PAGE_SIZE, mask=offs_n + BLOCK_N < n_k, other=0)
+            page = tl.load(next_ids, mask=offs_n + BLOCK_N < n_k, other=0)
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
@@ -383,19 +382,19 @@ def attention_kvcache_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    if ONE_LOOP:  # every tile masked in one loop: one pipeline prologue
+    # ONE_LOOP: every tile masked in one loop, [lo, hi) (one pipeline prologue); else the band's masked
+    # left edge, unmasked middle and masked right edge, a loop each
+    if ONE_LOOP:
+        masked_stop = hi
+    else:
+        masked_stop = full_lo
+    if ONE_LOOP or HAS_LEFT:
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, offs_q, offs_d, lo, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            table, offs_q, offs_d, lo, masked_stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
             PAGE_SIZE)
-    else:
-        if HAS_LEFT:
-            acc, l_i, m_i = _attend_cache_tiles(
-                acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-                table, offs_q, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION,
-                IS_PAGED, PAGE_SIZE)
+    if not ONE_LOOP:
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
