@@ -36,6 +36,12 @@ GRID_TILES = [(16, 32, 4, 3), (16, 32, 4, 4), (16, 32, 8, 4), (16, 64, 4, 2), (1
 GRID_SPLITS = [1, 2, 4, 8, 16, 32, 64]
 
 
+def _split_fields(t: KVCacheTiles) -> dict:
+    # the dispatch's split-dependent fields (split count, merge chunk and rows, one loop) for a candidate tile
+    return dict(num_splits=t.num_splits, split_keys=t.split_keys, split_chunk=t.split_chunk,
+                merge_rows=t.merge_rows, one_loop=t.one_loop)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="decode_tune.csv")
@@ -87,8 +93,7 @@ def main() -> int:
         record("dispatch", chosen, time_tiles(chosen))
         best, best_gbps = chosen, 0.0
         for tl in tiles:
-            t = KVCacheTiles(*tl, num_splits=chosen.num_splits, split_chunk=chosen.split_chunk,
-                             merge_rows=chosen.merge_rows)
+            t = KVCacheTiles(*tl)._replace(**_split_fields(chosen))
             try:
                 g = record("tile", t, time_tiles(t))
             except Exception as exc:  # out of shared memory, say
@@ -98,7 +103,8 @@ def main() -> int:
                 best, best_gbps = t, g
         for s in splits:
             if s != best.num_splits:
-                record("splits", best._replace(num_splits=s), time_tiles(best._replace(num_splits=s)))
+                t = best._replace(**_split_fields(dispatch.select_kvcache(problem, Hkv, num_splits=s).tiles))
+                record("splits", t, time_tiles(t))
         caches = None
     write_rows(args.out, out_rows)
     print(f"wrote {args.out}")
@@ -145,14 +151,16 @@ def grid(out_path: str, smoke: bool = False) -> int:
             return us
 
         caches, table = layout(16)
-        chosen = dispatch.select_kvcache(dispatch.varlen_problem_of(q, B, 1, table.shape[1] * 16, band), Hkv).tiles
+        problem = dispatch.varlen_problem_of(q, B, 1, table.shape[1] * 16, band)
+        chosen = dispatch.select_kvcache(problem, Hkv).tiles
         record("dispatch", 16, chosen, time_tiles(caches, table, chosen))
         best, best_us = chosen, float("inf")
         for tl_ in tile_list:
             for s in GRID_SPLITS:
                 if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
                     continue
-                t = KVCacheTiles(*tl_, num_splits=s, split_chunk=chosen.split_chunk, merge_rows=chosen.merge_rows)
+                t = KVCacheTiles(*tl_)._replace(**_split_fields(dispatch.select_kvcache(problem, Hkv,
+                                                                                         num_splits=s).tiles))
                 try:
                     us = record("grid", 16, t, time_tiles(caches, table, t))
                 except Exception as exc:  # out of shared memory, say
