@@ -17,18 +17,27 @@ import triton
 import triton.language as tl
 
 from vflash.harness.serving import DECODE_HEADS, _graph_time
+from vflash.kernels.combine import fold_splits
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without programmatic dependent launch: the PDL variant cannot compile
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
 def decode_partials_kernel(
-    Q, K, V, O_PART, LSE_PART,
+    Q, K, V, O_PART, LSE_PART, O, ARRIVALS,
     stride_qb, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_ps, stride_pb, stride_ph, stride_ls, stride_lb,
+    stride_ps, stride_pb, stride_ph, stride_ls, stride_lb, stride_ob, stride_oh,
     n_k, part, qk_scale,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    WARPS: tl.constexpr, WARP_KEYS: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    WARPS: tl.constexpr, WARP_KEYS: tl.constexpr, UPCAST_DOT: tl.constexpr, MERGE: tl.constexpr,
+    MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid (splits, Hkv, B); rows r < GROUP are query head hk * GROUP + r, the rest padding.
+    if PDL:  # the combine grid may launch now; it waits for this grid's end before reading
+        gdc_launch_dependents()
     split = tl.program_id(0)
     hk = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -102,33 +111,85 @@ def decode_partials_kernel(
             m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     p_rows = split.to(tl.int64) * stride_ps + b * stride_pb + heads * stride_ph
     tl.store(O_PART + p_rows[:, None] + offs_d[None, :], out, mask=row_ok[:, None])
     tl.store(LSE_PART + split.to(tl.int64) * stride_ls + b * stride_lb + heads, lse, mask=row_ok)
+    if MERGE:  # the library's scheme: the tile's last split to arrive merges
+        num_splits = tl.num_programs(0)
+        tl.debug_barrier()
+        tile = b * tl.num_programs(1) + hk
+        arrived = tl.atomic_add(ARRIVALS + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived % num_splits == num_splits - 1:
+            tl.debug_barrier()
+            tl.atomic_add(ARRIVALS + tile, -num_splits, sem="relaxed", scope="gpu")
+            _merge_store(O_PART, LSE_PART, O, b, hk, stride_ps, stride_pb, stride_ph, stride_ls, stride_lb,
+                         stride_ob, stride_oh, num_splits, GROUP, MERGE_ROWS, HEAD_DIM, SPLIT_CHUNK)
 
 
-def launch(q, kc, vc, splits, warp_keys, o_part, l_part, block_n=64, warps=4, stages=3):
-    """q [B, Hq, D], caches [B, L, Hkv, D]; partials [splits, B, Hq, D] / [splits, B, Hq]."""
+@triton.jit
+def _merge_store(O_PART, LSE_PART, O, b, hk, stride_ps, stride_pb, stride_ph, stride_ls, stride_lb, stride_ob,
+                 stride_oh, num_splits, GROUP: tl.constexpr, MERGE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 SPLIT_CHUNK: tl.constexpr):
+    c = tl.arange(0, MERGE_ROWS)
+    c_ok = c < GROUP
+    c_heads = hk * GROUP + tl.minimum(c, GROUP - 1)
+    merged, _ = fold_splits(O_PART + b * stride_pb + c_heads * stride_ph, LSE_PART + b * stride_lb + c_heads,
+                            stride_ps, stride_ls, 1, num_splits, c_ok, MERGE_ROWS, HEAD_DIM, HEAD_DIM, SPLIT_CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(O + b * stride_ob + c_heads[:, None] * stride_oh + offs_d[None, :], merged.to(O.dtype.element_ty),
+             mask=c_ok[:, None])
+
+
+@triton.jit
+def combine_kernel(O_PART, LSE_PART, O, stride_ps, stride_pb, stride_ph, stride_ls, stride_lb, stride_ob, stride_oh,
+                   num_splits, GROUP: tl.constexpr, MERGE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr):
+    # grid (Hkv, B): a KV head's query heads merged from the split kernel's partials
+    if PDL:
+        gdc_wait()  # the split grid has ended and its stores are visible
+    _merge_store(O_PART, LSE_PART, O, tl.program_id(1).to(tl.int64), tl.program_id(0).to(tl.int64), stride_ps,
+                 stride_pb, stride_ph, stride_ls, stride_lb, stride_ob, stride_oh, num_splits, GROUP, MERGE_ROWS,
+                 HEAD_DIM, SPLIT_CHUNK)
+
+
+MERGES = ("none", "arrive", "two", "pdl")  # no merge; last split merges; a combine launch; with PDL
+
+
+def launch(q, kc, vc, splits, warp_keys, o_part, l_part, block_n=64, warps=4, stages=3, merge="none", out=None,
+           arrivals=None):
+    """q [B, Hq, D], caches [B, L, Hkv, D]; partials [splits, B, Hq, D] / [splits, B, Hq]; merge one of
+    MERGES into out [B, Hq, D] (arrivals: [B * Hkv] int32 zeros for "arrive")."""
     B, Hq, D = q.shape
     n_k, Hkv = kc.shape[1], kc.shape[2]
+    group = Hq // Hkv
     part = triton.cdiv(triton.cdiv(n_k, splits), block_n) * block_n
     qk_scale = D ** -0.5 * 1.4426950408889634
+    pdl = merge == "pdl"
+    chunk = min(32, triton.next_power_of_2(splits))
+    out_strides = (out.stride(0), out.stride(1)) if out is not None else (0, 0)
     decode_partials_kernel[(splits, Hkv, B)](
-        q, kc, vc, o_part, l_part, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2), o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        l_part.stride(0), l_part.stride(1), n_k, part, qk_scale,
-        GROUP=Hq // Hkv, BLOCK_M=16, BLOCK_N=block_n, HEAD_DIM=D, WARPS=warps, WARP_KEYS=warp_keys,
-        UPCAST_DOT=not q.is_cuda, num_warps=warps, num_stages=stages)
+        q, kc, vc, o_part, l_part, out, arrivals, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
+        kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), o_part.stride(0), o_part.stride(1),
+        o_part.stride(2), l_part.stride(0), l_part.stride(1), *out_strides, n_k, part, qk_scale,
+        GROUP=group, BLOCK_M=16, BLOCK_N=block_n, HEAD_DIM=D, WARPS=warps, WARP_KEYS=warp_keys,
+        UPCAST_DOT=not q.is_cuda, MERGE=merge == "arrive", MERGE_ROWS=group, SPLIT_CHUNK=chunk, PDL=pdl,
+        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
+    if merge in ("two", "pdl"):
+        combine_kernel[(Hkv, B)](o_part, l_part, out, o_part.stride(0), o_part.stride(1), o_part.stride(2),
+                                 l_part.stride(0), l_part.stride(1), *out_strides, splits, GROUP=group,
+                                 MERGE_ROWS=group, HEAD_DIM=D, SPLIT_CHUNK=chunk, PDL=pdl, num_warps=4,
+                                 **({"launch_pdl": True} if pdl else {}))
 
 
 def merged(o_part, l_part):
-    """The partials' log-sum-exp merge (log2 units), [B, Hq, D]."""
-    w = torch.softmax(l_part * 0.6931471805599453, dim=0)
+    """The partials' log-sum-exp merge, [B, Hq, D]."""
+    w = torch.softmax(l_part, dim=0)
     return (o_part * w[..., None]).sum(0)
 
 
 def check(device, B=2, KV=300, splits=3):
+    """Max error against SDPA in fp32 of each (layout, merge) the device runs."""
     Hq, Hkv, D = DECODE_HEADS if device.type == "cuda" else (8, 2, 64)
     dtype = torch.bfloat16
     q = torch.randn(B, Hq, D, device=device, dtype=dtype)
@@ -136,24 +197,29 @@ def check(device, B=2, KV=300, splits=3):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float()[:, :, None], kc.float().transpose(1, 2).repeat_interleave(Hq // Hkv, 1),
         vc.float().transpose(1, 2).repeat_interleave(Hq // Hkv, 1))[:, :, 0]
-    errs = []
+    errs = {}
     for wk in (False, True):
-        o_part = torch.empty(splits, B, Hq, D, device=device)
-        l_part = torch.empty(splits, B, Hq, device=device)
-        launch(q, kc, vc, splits, wk, o_part, l_part)
-        errs.append((merged(o_part, l_part) - ref).abs().max().item())
+        for merge in MERGES if device.type == "cuda" else MERGES[:3]:
+            o_part = torch.empty(splits, B, Hq, D, device=device)
+            l_part = torch.empty(splits, B, Hq, device=device)
+            out = torch.zeros_like(q)
+            arrivals = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
+            launch(q, kc, vc, splits, wk, o_part, l_part, merge=merge, out=out, arrivals=arrivals)
+            got = merged(o_part, l_part) if merge == "none" else out.float()
+            errs[f"{'wk' if wk else '2d'}/{merge}"] = round((got - ref).abs().max().item(), 5)
     return errs
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", nargs="*", default=["1:1024:8", "1:8192:32", "1:32768:32", "8:8192:4"],
+    ap.add_argument("--rows", nargs="*", default=["1:1024:8", "1:8192:32", "1:32768:32", "8:1024:4", "8:8192:4"],
                     help="B:KV:splits")
-    ap.add_argument("--variants", default="64,4,3;64,4,4;128,4,3;128,8,3;64,8,3",
-                    help="block_n,warps,stages;...")
+    ap.add_argument("--variants", default="64,4,3", help="block_n,warps,stages;...")
+    ap.add_argument("--layouts", default="2d", help="2d,wk")
+    ap.add_argument("--merges", default=",".join(MERGES))
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print("check max err (2-D, warp keys):", check(device), flush=True)
+    print("check max err:", check(device), flush=True)
     if device.type != "cuda":
         return 0
     Hq, Hkv, D = DECODE_HEADS
@@ -165,18 +231,22 @@ def main() -> int:
                   for _ in range(n)]
         o_part = torch.empty(splits, B, Hq, D, device=device)
         l_part = torch.empty(splits, B, Hq, device=device)
+        out = torch.empty_like(q)
+        arrivals = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
         gb = 2 * B * KV * Hkv * D * 2 / 1e3
         line = []
         for v in args.variants.split(";"):
             bn, w, st = (int(x) for x in v.split(","))
-            for wk in (False, True):
-                try:
-                    calls = [lambda kc=kc, vc=vc: launch(q, kc, vc, splits, wk, o_part, l_part, bn, w, st)
-                             for kc, vc in caches]
-                    med = _graph_time(calls, device)[0]
-                    line.append(f"{bn}/{w}/{st}/{'wk' if wk else '2d'} {med:6.2f} us {gb / med:7.1f}")
-                except Exception as exc:  # a variant that does not compile or fit
-                    line.append(f"{bn}/{w}/{st}/{'wk' if wk else '2d'} {type(exc).__name__}")
+            for layout in args.layouts.split(","):
+                for merge in args.merges.split(","):
+                    name = f"{bn}/{w}/{st}/{layout}/{merge}"
+                    try:
+                        calls = [lambda kc=kc, vc=vc: launch(q, kc, vc, splits, layout == "wk", o_part, l_part, bn, w,
+                                                             st, merge, out, arrivals) for kc, vc in caches]
+                        med = _graph_time(calls, device)[0]
+                        line.append(f"{name} {med:6.2f} us {gb / med:7.1f}")
+                    except Exception as exc:  # a variant that does not compile, fit or capture
+                        line.append(f"{name} {type(exc).__name__}: {str(exc)[:80]}")
         print(f"B {B} KV {KV} splits {splits}: " + " | ".join(line), flush=True)
     return 0
 
