@@ -27,13 +27,13 @@ except ImportError:  # a Triton without programmatic dependent launch: the PDL v
 
 @triton.jit
 def decode_partials_kernel(
-    Q, K, V, O_PART, LSE_PART, O, ARRIVALS,
+    Q, K, V, O_PART, LSE_PART, O, ARRIVALS, SEQLENS,
     stride_qb, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_ps, stride_pb, stride_ph, stride_ls, stride_lb, stride_ob, stride_oh,
     n_k, part, qk_scale,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     WARPS: tl.constexpr, WARP_KEYS: tl.constexpr, UPCAST_DOT: tl.constexpr, MERGE: tl.constexpr,
-    MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr,
+    MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr, LOAD_N_K: tl.constexpr,
 ):
     # grid (splits, Hkv, B); rows r < GROUP are query head hk * GROUP + r, the rest padding.
     if PDL:  # the combine grid may launch now; it waits for this grid's end before reading
@@ -46,6 +46,9 @@ def decode_partials_kernel(
     heads = hk * GROUP + tl.minimum(rows, GROUP - 1)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :])
+    if LOAD_N_K:  # the sequence's length read from memory and the split's keys from it, as the library's
+        n_k = tl.load(SEQLENS + b)
+        part = tl.cdiv(tl.cdiv(n_k, tl.num_programs(0)), BLOCK_N) * BLOCK_N
     lo = split * part
     hi = tl.minimum(lo + part, n_k)
     k_base = K + b * stride_kb + hk * stride_kh
@@ -157,7 +160,7 @@ MERGES = ("none", "arrive", "two", "pdl")  # no merge; last split merges; a comb
 
 
 def launch(q, kc, vc, splits, warp_keys, o_part, l_part, block_n=64, warps=4, stages=3, merge="none", out=None,
-           arrivals=None):
+           arrivals=None, seqlens=None):
     """q [B, Hq, D], caches [B, L, Hkv, D]; partials [splits, B, Hq, D] / [splits, B, Hq]; merge one of
     MERGES into out [B, Hq, D] (arrivals: [B * Hkv] int32 zeros for "arrive")."""
     B, Hq, D = q.shape
@@ -169,12 +172,12 @@ def launch(q, kc, vc, splits, warp_keys, o_part, l_part, block_n=64, warps=4, st
     chunk = min(32, triton.next_power_of_2(splits))
     out_strides = (out.stride(0), out.stride(1)) if out is not None else (0, 0)
     decode_partials_kernel[(splits, Hkv, B)](
-        q, kc, vc, o_part, l_part, out, arrivals, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
+        q, kc, vc, o_part, l_part, out, arrivals, seqlens, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
         kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), o_part.stride(0), o_part.stride(1),
         o_part.stride(2), l_part.stride(0), l_part.stride(1), *out_strides, n_k, part, qk_scale,
         GROUP=group, BLOCK_M=16, BLOCK_N=block_n, HEAD_DIM=D, WARPS=warps, WARP_KEYS=warp_keys,
         UPCAST_DOT=not q.is_cuda, MERGE=merge == "arrive", MERGE_ROWS=group, SPLIT_CHUNK=chunk, PDL=pdl,
-        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
+        LOAD_N_K=seqlens is not None, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
     if merge in ("two", "pdl"):
         combine_kernel[(Hkv, B)](o_part, l_part, out, o_part.stride(0), o_part.stride(1), o_part.stride(2),
                                  l_part.stride(0), l_part.stride(1), *out_strides, splits, GROUP=group,
@@ -215,7 +218,7 @@ def main() -> int:
     ap.add_argument("--rows", nargs="*", default=["1:1024:8", "1:8192:32", "1:32768:32", "8:1024:4", "8:8192:4"],
                     help="B:KV:splits")
     ap.add_argument("--variants", default="64,4,3", help="block_n,warps,stages;...")
-    ap.add_argument("--layouts", default="2d", help="2d,wk")
+    ap.add_argument("--layouts", default="2d", help="2d,wk,2dmem (2d with the length read from memory)")
     ap.add_argument("--merges", default=",".join(MERGES))
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -233,6 +236,7 @@ def main() -> int:
         l_part = torch.empty(splits, B, Hq, device=device)
         out = torch.empty_like(q)
         arrivals = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
+        seqlens = torch.full((B,), KV, dtype=torch.int32, device=device)
         gb = 2 * B * KV * Hkv * D * 2 / 1e3
         line = []
         for v in args.variants.split(";"):
@@ -242,7 +246,9 @@ def main() -> int:
                     name = f"{bn}/{w}/{st}/{layout}/{merge}"
                     try:
                         calls = [lambda kc=kc, vc=vc: launch(q, kc, vc, splits, layout == "wk", o_part, l_part, bn, w,
-                                                             st, merge, out, arrivals) for kc, vc in caches]
+                                                             st, merge, out, arrivals,
+                                                             seqlens if layout == "2dmem" else None)
+                                 for kc, vc in caches]
                         med = _graph_time(calls, device)[0]
                         line.append(f"{name} {med:6.2f} us {gb / med:7.1f}")
                     except Exception as exc:  # a variant that does not compile, fit or capture
