@@ -46,10 +46,18 @@ SMOKE_DECODE = [(2, 40)]
 SMOKE_HEADS = (4, 2, 16)
 
 
+# Replays of a timing's graph before the timed ones, for at least this long: the first ~10 ms of a kernel
+# after a row of much larger caches ran 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k: the row's
+# first method 3650-3674 GB/s, the same method later in the row 4100-4111; perf log session 27), and a
+# row's first method took that alone.
+WARMUP_MS = 50.0
+
+
 def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = 20,
                 ) -> Tuple[float, float, float, int]:
     """(median, p20, p80) microseconds of one call and the sample count: the calls
-    (one per rotating copy) captured in one CUDA graph, replayed; CPU: wall clock."""
+    (one per rotating copy) captured in one CUDA graph, replayed for WARMUP_MS, then
+    `replays` times, each timed; CPU: wall clock."""
     if device.type != "cuda":
         t0 = time.perf_counter()
         for c in calls:
@@ -72,9 +80,12 @@ def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, rep
         def run():
             for c in calls:
                 c()
-    for _ in range(3):
-        run()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < WARMUP_MS:
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
