@@ -373,7 +373,7 @@ RESULTS = "benchmarks/results"
 # The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
 PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
-SERVING = "benchmarks/results/2026-12-02-h200-s26-serving"
+SERVING = "benchmarks/results/2026-12-03-h200-s27-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 # The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
 # the fa sweep (its four last shapes in a second file), D 256, and D 128 N 512 on the sm_90 kernels after
