@@ -272,7 +272,7 @@ def test_ring_table_shows_the_last_rank_and_the_kept_range_at_131k(tmp_path):
 def test_decode_rows_below_the_bar_get_their_group_and_reason(tmp_path):
     # B 1 / KV 8k asks 1.2x cuDNN (split-KV's group), B 32 / KV 1k cuDNN itself (the short group); B 128 / KV
     # 8k is met: no reason printed for its group
-    fields = ["sweep", "method", "B", "Nk", "gbps", "copy_gbps"]
+    fields = ["sweep", "method", "B", "Nk", "gbps", "copy_gbps", "host_us", "host_out_us", "host_rounds"]
     rows = {(1, 8192): {"vflash_paged16": 2000, "vflash_paged64": 2100, "vflash_contig": 2200, "sdpa_cudnn": 2000},
             (32, 1024): {"vflash_paged16": 3700, "vflash_paged64": 3900, "vflash_contig": 3800, "sdpa_cudnn": 3800},
             (128, 8192): {"vflash_paged16": 4500, "vflash_paged64": 4500, "vflash_contig": 4500, "sdpa_cudnn": 4450}}
@@ -280,10 +280,12 @@ def test_decode_rows_below_the_bar_get_their_group_and_reason(tmp_path):
         f.write(",".join(fields) + "\n")
         for (b, kv), methods in rows.items():
             for m, g in methods.items():
-                f.write(f"decode,{m},{b},{kv},{g},4200\n")
+                host = "17.5,16.0,5" if m == "vflash_paged16" else ",,"
+                f.write(f"decode,{m},{b},{kv},{g},4200,{host}\n")
     text = "\n".join(report.serving_text(str(tmp_path)))
     notes = [line for line in text.splitlines() if line.startswith("- Not met")]
     assert len(notes) == 2, text
     assert notes[0].startswith("- Not met, 1 row at 0.83x of the bar") and "B 1-8 from KV 8k" in notes[0]
     assert notes[1].startswith("- Not met, 1 row at 0.97x of the bar") and "KV 1k" in notes[1]
     assert "Decode bar met on 1 of 3 rows" in text
+    assert "the least of 5 rounds of 300 calls queued behind a sleep kernel): 18-18 us" in " ".join(text.split())
