@@ -1,6 +1,7 @@
 """The live lab scripts import and parse their options on the CPU, share one module
 without sys.path edits, and still fit the library's launcher API."""
 
+import ast
 import importlib
 import os
 import re
@@ -19,7 +20,7 @@ from vflash.ops.tiles import HopperTiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule",
-                "ptx_fingerprint"]
+                "ptx_fingerprint", "decode_warp_keys"]
 WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
@@ -114,3 +115,15 @@ def test_profile_hopper_forces_table_tiles():
     assert profile_hopper.forced_tiles("main", None, 64, True, launcher) == tables.HOPPER[(64, True)]
     r = _run("benchmarks.experiments.profile_hopper", "--d", "128", "--n", "1024", "--tiles", "few")
     assert r.returncode == 2 and "no such tiles for D = 128" in r.stderr, r.stderr
+
+
+def test_decode_prototype_variants_agree_with_sdpa_on_the_cpu():
+    # benchmarks/experiments/decode_warp_keys.py's check under the interpreter: both tile layouts, with no merge
+    # (partials merged in torch), the last-arrival merge and a combine launch, against SDPA in fp32
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), ROOT]), TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.experiments.decode_warp_keys"], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    errs = ast.literal_eval(r.stdout.split("check max err:", 1)[1].strip().splitlines()[0])
+    assert set(errs) == {f"{layout}/{merge}" for layout in ("2d", "wk") for merge in ("none", "arrive", "two")}
+    assert max(errs.values()) < 1e-2, errs
