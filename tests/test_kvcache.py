@@ -205,20 +205,28 @@ def test_split_kv_matches_the_reference(splits, device):
     _check(q, k_cache, v_cache, seqlens, table, num_splits=splits, window=(30, 0), softcap=4.0)
 
 
-def test_launcher_refuses_split_keys_off_the_key_tiles(device):
-    # a split's loops must start on key tiles (the nested pages' offsets assume it): a fixed split of keys
-    # that is not a whole number of key tiles is refused before any launch
+def test_fixed_split_keys_off_the_key_tiles_still_cover_every_key(device):
+    # a fixed split of keys only counts a sequence's splits (cdiv(length, split_keys), its tiles interleaved
+    # among them): 24 keys a split over 16-key tiles gives the 40-key sequence two splits and the 7-key one
+    # one, and the merged result is attention over every key
     from vflash.ops import attention_kvcache_forward, sequence_band
     from vflash.ops.tiles import KVCacheTiles
     lens = [40, 7]
     k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     q = _q(2, 1, 4, 16, torch.float16, device).reshape(2, 4, 16)
     cu = torch.arange(3, dtype=torch.int32, device=device)
     tiles = KVCacheTiles(16, 16, 4, 1, num_splits=2, split_keys=24, split_chunk=2, merge_rows=2, one_loop=True)
-    with pytest.raises(ValueError, match="split_keys 24 is not a multiple of block_n 16"):
-        attention_kvcache_forward(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device=device), table,
-                                  cu, 1, band=sequence_band("bottom_right", (-1, -1)), scale=0.25, softcap=None,
-                                  return_lse=False, tiles=tiles)
+    out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, 1,
+                                         band=sequence_band("bottom_right", (-1, -1)), scale=0.25, softcap=None,
+                                         return_lse=True, tiles=tiles)
+    ref = {c: attention_with_kvcache_reference(q, k_cache, v_cache, seqlens, table, cu, compute_dtype=c,
+                                               scale=0.25)
+           for c in (torch.float64, None, torch.float32)}
+    for verdict in (compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), torch.float16),
+                    compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(),
+                            torch.float32)):
+        assert verdict.passed, f"{verdict.what}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
 
 
 def test_split_kv_agrees_with_unsplit_and_repeats_bitwise(device):

@@ -194,7 +194,8 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     kvcache_problem_of (its TMA check covers the caches), n_k the cache's
     capacity a sequence (the longest a sequence can be without a host sync);
     page_size 0 for a contiguous cache. num_splits forces the split count;
-    batch_invariant fixes the tiles and a split's keys (tables.INVARIANT_SPLIT_KEYS).
+    batch_invariant fixes the tiles and a sequence's split count by its own length
+    (one split for every tables.INVARIANT_SPLIT_KEYS keys).
 
     Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
     takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
@@ -242,7 +243,8 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         # the interpreter runs programs one at a time: a split there buys nothing
         places = 1 if _backend.interpreted(p.device) else resident * _sm_count(p)
         splits = max(1, min(places // programs, p.n_k // rule.min_split_keys, rule.max_splits))
-        # each split's keys are the length over the count, rounded up to the key tile: no empty split
+        # the count that gives every split the same number of key tiles of a full cache (the kernel deals a
+        # sequence's tiles out to its splits in turn): no split without a tile
         part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
         splits = -(-p.n_k // part)
         how = f"KVCACHE_SPLIT: {programs} programs unsplit, {places} places"

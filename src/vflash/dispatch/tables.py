@@ -155,8 +155,8 @@ class SplitRule(NamedTuple):
 # fell to 123-158 a third program fits an SM: a split-count sweep at today's kernel is owed (docs/perf/log.md).
 KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_keys=128, max_splits=64)
 
-# batch_invariant=True: every split holds INVARIANT_SPLIT_KEYS keys (a sequence's splits depend only on its
-# own length) and every call runs KVCACHE_DECODE's tiles in INVARIANT_ROWS-row blocks (the group's power of
+# batch_invariant=True: a sequence has one split for every INVARIANT_SPLIT_KEYS of its keys (its splits depend on
+# its own length only) and every call runs KVCACHE_DECODE's tiles in INVARIANT_ROWS-row blocks (the group's power of
 # two if larger), whatever the call's row count, so no other sequence of the batch changes a sequence's
 # arithmetic. 16-row blocks are the default's for decode; 512 keys give small caches splits enough to fill
 # the GPU. Measured at 0.56-1.24x the default mode's decode bandwidth on the H200 (BENCHMARKS.md, Serving).

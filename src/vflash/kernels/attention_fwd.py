@@ -69,19 +69,22 @@ def _attend_tiles(
 @triton.jit
 def _attend_cache_tiles(
     acc, l_i, m_i, q,
-    k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table,
-    offs_m, offs_d, start, stop,
+    k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page,
+    offs_m, offs_d, start, stop, step,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
 ):
-    # _attend_tiles over a KV cache. IS_PAGED: key j of the sequence is row j % PAGE_SIZE
-    # of page table[j // PAGE_SIZE] (its block-table row); each tile's page ids are loaded
-    # one tile ahead, so its K / V addresses never wait on a table load of the same step
-    # (which left the pipeliner one K / V buffer and a full load round trip a tile). Keys
-    # past n_k read no table entry and load zeros. Else the bases point at the sequence's
+    # _attend_tiles over a KV cache, key tiles start, start + step, ... below stop (step a
+    # multiple of BLOCK_N: a split's tiles interleave with its sibling splits'). IS_PAGED: key
+    # j of the sequence is row j % PAGE_SIZE of page table[j // PAGE_SIZE] (its block-table
+    # row); `page` holds the first tile's page ids (_page_ids, loaded by the caller: as early
+    # as its start is known) and each later tile's are loaded one tile ahead, so its K / V
+    # addresses never wait on a table load of the same step (which left the pipeliner one
+    # K / V buffer and a full load round trip a tile). Keys past n_k read no table entry
+    # past the first tile's and load zeros. Else the bases point at the sequence's
     # rows of a contiguous cache. `start` is a multiple of BLOCK_N (key_range's stretches
     # are tile-aligned), so where pages and tiles nest (one divides the other) a tile row's
     # place in its page is the tile's offset plus a loop-invariant part: the row and column
@@ -94,30 +97,28 @@ def _attend_cache_tiles(
         if NESTED:
             rows0 = offs_n0 % PAGE_SIZE
             table_in = table + offs_n0 // PAGE_SIZE  # a tile's page ids at + its first key's page
-            page = tl.load(table_in + start // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
         else:
             rows0 = offs_n0 * 0
-            page = tl.load(table + (start + offs_n0) // PAGE_SIZE, mask=start + offs_n0 < n_k, other=0)
     else:
         rows0 = offs_n0
     rows0 = rows0.to(tl.int64)  # once, outside the loop: a row stride times BLOCK_N may pass 2^31
     k_in = k_base + rows0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM_PAD]
     v_in = v_base + rows0[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    for start_n in range(start, stop, BLOCK_N):
+    for start_n in range(start, stop, step):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         if IS_PAGED:
             if NESTED:  # the tile's first row in its (first) page, and the next tile's page ids: one scalar
                 # division a tile, not a signed one a row
                 slot = tl.cast(start_n % PAGE_SIZE, tl.int64)
-                next_ids = table_in + (start_n + BLOCK_N) // PAGE_SIZE
+                next_ids = table_in + (start_n + step) // PAGE_SIZE
             else:
                 slot = (offs_n % PAGE_SIZE).to(tl.int64)
-                next_ids = table + (offs_n + BLOCK_N) // PAGE_SIZE
+                next_ids = table + (offs_n + step) // PAGE_SIZE
             k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
             v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
             k = load_at(k_in + k_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + v_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-            page = tl.load(next_ids, mask=offs_n + BLOCK_N < n_k, other=0)
+            page = tl.load(next_ids, mask=offs_n + step < n_k, other=0)
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
@@ -126,6 +127,19 @@ def _attend_cache_tiles(
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
                                        SOFTCAP, UPCAST_DOT, DOT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _page_ids(table, table_cols, start, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_PAGED: tl.constexpr):
+    # The page ids [BLOCK_N] of the key tile at `start` (a block-table row of table_cols
+    # entries), bounded by the table's width and not by the sequence's length, so that the
+    # load waits on nothing but `start`; ids past the length are never used (their K / V
+    # rows are masked). A contiguous cache has none (zeros).
+    offs = start + tl.arange(0, BLOCK_N)
+    if IS_PAGED:
+        return tl.load(table + offs // PAGE_SIZE, mask=offs // PAGE_SIZE < table_cols, other=0)
+    else:
+        return offs * 0
 
 
 @triton.jit
@@ -284,18 +298,6 @@ def attention_fwd_kernel(
 
 
 @triton.jit
-def _split_range(lo, full_lo, full_hi, hi, k_lo, k_hi):
-    # key_range's stretches clipped to one split's keys [k_lo, k_hi) (multiples of
-    # BLOCK_N, so the stretches stay tile-aligned and keep their masks; k_lo past the
-    # sequence's keys, clipped to their count, leaves every stretch empty).
-    lo_s = tl.maximum(lo, k_lo)
-    hi_s = tl.maximum(tl.minimum(hi, k_hi), lo_s)
-    full_lo_s = tl.minimum(tl.maximum(full_lo, lo_s), hi_s)
-    full_hi_s = tl.maximum(tl.minimum(full_hi, hi_s), full_lo_s)
-    return lo_s, full_lo_s, full_hi_s, hi_s
-
-
-@triton.jit
 def attention_kvcache_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS,
     stride_qm, stride_qh, stride_qd,
@@ -304,7 +306,7 @@ def attention_kvcache_kernel(
     stride_om, stride_oh, stride_od, stride_ps, stride_pm, stride_ph,
     stride_ls, stride_lh,
     left, right, qk_scale, softcap_in, softcap_out,
-    stride_table, num_splits, split_keys, n_q_fixed,
+    stride_table, table_cols, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -322,9 +324,11 @@ def attention_kvcache_kernel(
     # BLOCK_M // GROUP queries times the GROUP query heads of KV head program_id(1),
     # row r = (query r // GROUP, head r % GROUP), so each K/V tile is read once for
     # the group and decode's few queries still fill a tensor-core tile.
-    # Split-KV: program (tile, split) sees keys [split * part, (split + 1) * part) of
-    # its sequence, part = split_keys if > 0 (fixed: a sequence's splits depend only
-    # on its own length), else its length over num_splits, rounded up to BLOCK_N.
+    # Split-KV: of a sequence's S splits, split s takes its key tiles s, s + S, s + 2S, ...
+    # (from the band's first tile), in one masked loop; S = num_splits, or with split_keys > 0
+    # (batch-invariant) the sequence's own cdiv(length, split_keys), so that its splits depend
+    # only on its own length (splits past S see no key). Interleaved, a split's first tile is
+    # known before the length is read, and so are its page ids.
     # O / LSE: the output [total_q, Hq, D] / [Hq, total_q]. IS_SPLIT (num_splits > 1): each
     # program writes its split's fp32 partials to O_PART [splits, total_q, Hq, D] (strides
     # stride_ps / pm / ph, unit in D) / LSE_PART [splits, Hq, total_q] (LSE's within a split)
@@ -347,6 +351,14 @@ def attention_kvcache_kernel(
         n_q = n_q_fixed
         n_k = tl.load(SEQLENS_K + off_b)
         off = n_k - n_q
+    if IS_PAGED:
+        table = BLOCK_TABLE + off_b * stride_table
+    else:
+        table = BLOCK_TABLE
+    if not HAS_LEFT:  # the split's first tile (the middle loop's unsplit) is known before the length: its page
+        # ids go out beside the length's load, not after it
+        first = split * BLOCK_N
+        page0 = _page_ids(table, table_cols, first, BLOCK_N, PAGE_SIZE, IS_PAGED)
     if start_q >= n_q:  # the grid covers the most queries of any sequence
         return
     rows = tl.arange(0, BLOCK_M)
@@ -360,51 +372,56 @@ def attention_kvcache_kernel(
     q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
                 other=0.0)
 
-    if split_keys > 0:
-        part = split_keys
-    else:
-        part = tl.cdiv(tl.cdiv(n_k, num_splits), BLOCK_N) * BLOCK_N
     lo, full_lo, full_hi, hi = key_range(start_q, n_k, off, left, right, QUERIES, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    # the split's keys, clipped to the sequence's in 64 bits (split * part may pass 2^31 near the largest
-    # caches), back in 32: the loop bounds stay 32-bit
-    k_lo = tl.minimum(split.to(tl.int64) * part, n_k)
-    k_hi = tl.minimum(k_lo + part, n_k)
-    lo, full_lo, full_hi, hi = _split_range(lo, full_lo, full_hi, hi, k_lo.to(tl.int32), k_hi.to(tl.int32))
+    ONE_MASKED_LOOP: tl.constexpr = ONE_LOOP or IS_SPLIT
+    if ONE_MASKED_LOOP:
+        if split_keys > 0:
+            seq_splits = tl.minimum(num_splits, tl.cdiv(n_k, split_keys))
+        else:
+            seq_splits = num_splits
+        if HAS_LEFT:  # the band's first tile t0: split s starts at its first tile t0 + r, r = s - t0 mod S
+            t0 = lo // BLOCK_N
+            first = (t0 + (split + seq_splits - t0 % tl.maximum(seq_splits, 1)) % tl.maximum(seq_splits, 1)) * BLOCK_N
+            page0 = _page_ids(table, table_cols, first, BLOCK_N, PAGE_SIZE, IS_PAGED)
+        stop = tl.where(split < seq_splits, hi, first)  # splits past the sequence's own see no key
+        step = tl.maximum(seq_splits, 1) * BLOCK_N  # a sequence with no key has no split: no tile either
 
     k_base = K + off_hk * stride_kh
     v_base = V + off_hk * stride_vh
-    if IS_PAGED:
-        table = BLOCK_TABLE + off_b * stride_table
-    else:
-        table = BLOCK_TABLE
+    if not IS_PAGED:
         k_base += off_b * stride_kp
         v_base += off_b * stride_vp
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    # ONE_LOOP: every tile masked in one loop, [lo, hi) (one pipeline prologue); else the band's masked
-    # left edge, unmasked middle and masked right edge, a loop each
-    if ONE_LOOP:
-        masked_stop = hi
+    # ONE_MASKED_LOOP (split or ONE_LOOP): every tile masked in one loop (one pipeline prologue), the
+    # split's tiles of [lo, hi); else the band's masked left edge, unmasked middle and masked right edge,
+    # a loop each
+    if ONE_MASKED_LOOP:
+        acc, l_i, m_i = _attend_cache_tiles(
+            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            table, page0, offs_q, offs_d, first, stop, step, n_k, off, left, right, qk_scale, softcap_in,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
     else:
-        masked_stop = full_lo
-    if ONE_LOOP or HAS_LEFT:
+        if HAS_LEFT:
+            acc, l_i, m_i = _attend_cache_tiles(
+                acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                table, _page_ids(table, table_cols, lo, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, lo, full_lo,
+                BLOCK_N, n_k, off, left, right, qk_scale, softcap_in, softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+            page0 = _page_ids(table, table_cols, full_lo, BLOCK_N, PAGE_SIZE, IS_PAGED)
+        acc, l_i, m_i = _attend_cache_tiles(  # without a left edge full_lo = 0 = first: page0 from the start
+            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            table, page0, offs_q, offs_d, full_lo, full_hi, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, offs_q, offs_d, lo, masked_stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
-            PAGE_SIZE)
-    if not ONE_LOOP:
-        acc, l_i, m_i = _attend_cache_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, offs_q, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
-            PAGE_SIZE)
-        acc, l_i, m_i = _attend_cache_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, offs_q, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED,
-            PAGE_SIZE)
+            table, _page_ids(table, table_cols, full_hi, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, full_hi, hi,
+            BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
     LN2: tl.constexpr = 0.6931471805599453
     empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the merge gives it weight 0)

@@ -155,8 +155,6 @@ def attention_kvcache_forward(
     row_tiles = max(1, -(-max_seqlen_q // queries))
     # the merge's rows must hold a tile's real rows (merge_rows 0: the whole tile)
     merge_rows = tiles.merge_rows or tiles.block_m
-    if tiles.split_keys % tiles.block_n:  # a split's loops start on key tiles (_attend_cache_tiles' offsets)
-        raise ValueError(f"split_keys {tiles.split_keys} is not a multiple of block_n {tiles.block_n}")
     if merge_rows < min(queries, max_seqlen_q) * group or merge_rows & (merge_rows - 1):
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
@@ -170,7 +168,8 @@ def attention_kvcache_forward(
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *split_strides, total_q,
         band.left, band.right, *score_scales(scale, softcap),
-        0 if block_table is None else block_table.stride(0), splits, tiles.split_keys,
+        0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
+        splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
