@@ -628,6 +628,25 @@ def _decode_bar(b, kv, cudnn):
     return bar
 
 
+def _host_phases(decode) -> str:
+    """Runs since session 28 time a fixed pure-Python probe after each row's best host round
+    (host_probe_us): the host calls split by whether that probe ran near its quickest."""
+    pairs = [(float(r["host_us"]), float(r["host_probe_us"])) for r in decode if r.get("host_probe_us")]
+    if not pairs:
+        return ""
+    quick = min(p for _, p in pairs)
+    fast = [h for h, p in pairs if p <= 1.25 * quick]
+    slow = [(h, p / quick) for h, p in pairs if p > 1.25 * quick]
+    text = (f" A pure-Python probe timed after each row's best round ran within 25 % of its quickest ({quick:.1f} us) "
+            f"on {len(fast)} of {len(pairs)} rows, whose calls took {min(fast):.0f}-{max(fast):.0f} us")
+    if slow:
+        ratios, calls = [r for _, r in slow], [h for h, _ in slow]
+        text += (f"; on the other {len(slow)} the probe ran {min(ratios):.1f}-{max(ratios):.1f}x "
+                 f"slower and the calls took {min(calls):.0f}-{max(calls):.0f} us: the "
+                 f"host's slow phases, which slow every CPU cost alike")
+    return text + "."
+
+
 def serving_text(folder, base=""):
     """The serving run's tables: decode GB/s against SDPA cuDNN / flash with the issue's bar row by row,
     the host cost of a planned decode call, varlen prefill and chunked prefill TFLOP/s."""
@@ -703,7 +722,8 @@ def serving_text(folder, base=""):
         if rounds:  # runs since session 27: the least of several such rounds
             timer = f"the least of {max(rounds)} rounds of {timer}"
         out.append(_wrap(f"Host cost of a planned decode call (`check_metadata=False`, page 16, {timer}): "
-                         f"{min(hosts):.0f}-{max(hosts):.0f} us{with_out} (goal: 20 us).") + "\n")
+                         f"{min(hosts):.0f}-{max(hosts):.0f} us{with_out} (goal: 20 us)." + _host_phases(decode))
+                   + "\n")
     for sweep, title in (("varlen", "Varlen prefill: 8 causal sequences, 31,480 tokens"),
                          ("chunked", "Chunked prefill on a KV cache against the same work dense")):
         rows = _serving_rows(folder, sweep)

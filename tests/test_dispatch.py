@@ -129,6 +129,8 @@ def test_select_backward_refusals_and_forcing(h200, monkeypatch):
     assert dispatch.select_backward(problem(64, True, 1024, 32), kernel="sm90").kernel == "sm90"
     assert dispatch.select_backward(problem(128, True, 512, 32)).kernel == "sm90"
     assert dispatch.select_backward(problem(128, True, 256, 32)).kernel == "portable"
+    assert dispatch.select_backward(problem(256, True, 512, 32)).kernel == "sm90"  # ahead from N 512 (session 28)
+    assert dispatch.select_backward(problem(256, False, 256, 32)).kernel == "portable"
     forced = dispatch.select_backward(problem(128, False, 4096, 32), kernel="portable")
     assert forced.kernel == "portable" and forced.tiles == tables.BACKWARD[128]
     with pytest.raises(ValueError, match="one of portable, sm90"):

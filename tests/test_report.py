@@ -289,3 +289,20 @@ def test_decode_rows_below_the_bar_get_their_group_and_reason(tmp_path):
     assert notes[1].startswith("- Not met, 1 row at 0.97x of the bar") and "KV 1k" in notes[1]
     assert "Decode bar met on 1 of 3 rows" in text
     assert "the least of 5 rounds of 300 calls queued behind a sleep kernel): 18-18 us" in " ".join(text.split())
+
+
+def test_host_line_splits_the_calls_by_the_cpu_probe(tmp_path):
+    # rows whose probe ran within 25 % of the quickest (6.0, 6.5 us) against one at 2x (12.0): the calls
+    # of each phase are named apart
+    fields = ["sweep", "method", "B", "Nk", "gbps", "copy_gbps", "host_us", "host_out_us", "host_rounds",
+              "host_probe_us"]
+    with open(tmp_path / "decode.csv", "w") as f:
+        f.write(",".join(fields) + "\n")
+        for b, host, probe in ((1, 18.2, 6.0), (8, 19.4, 6.5), (32, 28.1, 12.0)):
+            for m in ("vflash_paged16", "vflash_paged64", "vflash_contig", "sdpa_cudnn"):
+                tail = f"{host},17.0,5,{probe}" if m == "vflash_paged16" else ",,,"
+                f.write(f"decode,{m},{b},8192,3000,4200,{tail}\n")
+    text = " ".join(" ".join(report.serving_text(str(tmp_path))).split())
+    assert "18-28 us; with `out=`" in text
+    assert "within 25 % of its quickest (6.0 us) on 2 of 3 rows, whose calls took 18-19 us" in text
+    assert "on the other 1 the probe ran 2.0-2.0x slower and the calls took 28-28 us" in text

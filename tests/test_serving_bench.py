@@ -44,14 +44,23 @@ def test_chunked_rows_mark_a_wrong_output(monkeypatch):
 
 
 
-def test_host_time_is_the_least_round(monkeypatch):
+def test_host_time_is_the_least_round_with_its_probe(monkeypatch):
     # a fake clock that each call advances by its round's cost (10 warm-up calls, then rounds of 3 calls
-    # costing 4, 1 and 2 us): the least round's mean is kept, not the first round's or the mean of all
+    # costing 4, 1 and 2 us): the least round's mean is kept, not the first round's or the mean of all,
+    # with the CPU probe timed after that round (7, 3, 5 us after the three rounds)
     from vflash.harness import serving
     now = [0.0]
     costs = iter([0.0] * 10 + [4e-6] * 3 + [1e-6] * 3 + [2e-6] * 3)
+    probes = iter([7.0, 3.0, 5.0])
 
     def call():
         now[0] += next(costs)
     monkeypatch.setattr(serving.time, "perf_counter", lambda: now[0])
-    assert abs(serving._host_us(call, torch.device("cpu"), n=3, rounds=3) - 1.0) < 1e-9
+    monkeypatch.setattr(serving, "_cpu_probe_us", lambda: next(probes))
+    host, probe = serving._host_us(call, torch.device("cpu"), n=3, rounds=3)
+    assert abs(host - 1.0) < 1e-9 and probe == 3.0
+
+
+def test_cpu_probe_times_its_loop():
+    from vflash.harness import serving
+    assert 0 < serving._cpu_probe_us(n=3) < 1e6

@@ -203,8 +203,9 @@ HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
 }
 # Shorter sequences (the smaller of n_q and n_k) take the portable kernels, ahead there in the same run
 # (bwd_hopper.py as CUDA graphs, bf16): D 64 N 512-1024 0.93-0.96x their time. D 128's sm_90 kernels
-# lead from N 512 (0.77-0.86x the portable time); D 256's are timed from N 1024.
-HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 512, 256: 1024}
+# lead from N 512 (0.77-0.86x the portable time), D 256's too (0.73-0.77x at N 512, 0.71 at N 1024 causal);
+# shorter rows are untimed.
+HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 512, 256: 512}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.

@@ -38,7 +38,7 @@ CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new qu
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
-           "host_rounds", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense"]
+           "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense"]
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
@@ -144,16 +144,28 @@ def _shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.
 HOST_ROUNDS = 5  # _host_us's rounds in the decode sweep
 
 
-def _host_us(call: Callable[[], object], device: torch.device, n: int = 300, rounds: int = 5) -> float:
+def _cpu_probe_us(n: int = 300) -> float:
+    """Mean us of a fixed pure-Python loop that touches neither the driver nor the GPU: the host
+    CPU's speed at this moment, beside a call's host time (the H200's KVM host has phases of seconds
+    in which every CPU cost, this loop's included, runs up to 2x slower: perf log session 28)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = 0
+        for i in range(200):
+            s += i * i
+    return (time.perf_counter() - t0) * 1e6 / n
+
+
+def _host_us(call: Callable[[], object], device: torch.device, n: int = 300,
+             rounds: int = 5) -> Tuple[float, float]:
     """Host time a call: the least over `rounds` rounds of one round's mean, each round n calls
     back to back behind a sleep kernel longer than them, so the calls only queue their kernels and
     the timer sees the host's work alone (without it a call whose kernels outlast its host path is
-    timed at the GPU's pace). The least, not one round: the H200 host's single rounds of the same
-    call came out at about 17 or about 26 us from row to row (perf log session 27), an interference
-    that the library's code does not cause."""
+    timed at the GPU's pace); and `_cpu_probe_us` timed right after that round, which says whether
+    the host ran in a slow phase then. Returns (call us, probe us)."""
     for _ in range(10):
         call()
-    best = float("inf")
+    best, probe = float("inf"), float("nan")
     for _ in range(rounds):
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -161,10 +173,13 @@ def _host_us(call: Callable[[], object], device: torch.device, n: int = 300, rou
         t0 = time.perf_counter()
         for _ in range(n):
             call()
-        best = min(best, (time.perf_counter() - t0) * 1e6 / n)
+        us = (time.perf_counter() - t0) * 1e6 / n
+        p = _cpu_probe_us()
+        if us < best:
+            best, probe = us, p
         if device.type == "cuda":
             torch.cuda.synchronize()
-    return best
+    return best, probe
 
 
 def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype, device: torch.device,
@@ -192,11 +207,12 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                     q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, check_metadata=False)
                     for kc, vc in caches]
                 if method == "vflash_paged16" and device.type == "cuda":
-                    row["host_us"] = round(_host_us(calls[0], device, rounds=HOST_ROUNDS), 2)
-                    row["host_rounds"] = HOST_ROUNDS
+                    host, probe = _host_us(calls[0], device, rounds=HOST_ROUNDS)
+                    row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
                     out = torch.empty_like(q)  # and with out= (the caller's buffer: the plan allocates nothing)
-                    row["host_out_us"] = round(_host_us(lambda: vflash.attention_with_kvcache(
-                        q, *caches[0], seqlens, block_table=table, check_metadata=False, out=out), device), 2)
+                    host, _ = _host_us(lambda: vflash.attention_with_kvcache(
+                        q, *caches[0], seqlens, block_table=table, check_metadata=False, out=out), device)
+                    row["host_out_us"] = round(host, 2)
             else:
                 if contig is None:
                     contig = [(torch.randn(B, KV, Hkv, D, device=device, dtype=dtype),
