@@ -518,3 +518,28 @@ def test_gpu_planned_backward_matches_the_full_path(n, d, opts):
     full = grads(1)  # ... and through the full path
     assert all(torch.equal(a, b) for a, b in zip(planned, full))
     assert sorted(key[0] for key in plans._plans) == keys
+
+
+def test_plan_allocates_like_its_first_input_only_where_that_is_new_empty():
+    # out of q's shape and dtype with q contiguous comes from empty_like(q); a transposed q, a size-1
+    # dimension with an odd stride, another dtype or a zero-filled counter keep new_empty / new_zeros,
+    # and every allocation has the layout new_empty gives
+    seen = []
+
+    def launch(*tensors):
+        seen.append(tensors)
+    allocs = (Alloc("out", (2, 1, 3, 8), torch.float16), Alloc("lse", (2, 3), torch.float32),
+              Alloc("tile_counter", (1,), torch.int32, zero=True))
+    cases = [(torch.randn(2, 1, 3, 8).half(), (True, False, False)),
+             (torch.randn(2, 8, 3, 1).half().transpose(1, 3), (False, False, False)),
+             (torch.randn(2, 3, 3, 8).half()[:, :1], (False, False, False)),  # size-1 dim of stride 24
+             (torch.randn(2, 1, 3, 8), (False, False, False))]
+    for q, like in cases:
+        plan = plans.LaunchPlan(launch, 0, allocs, (1, 2, 3))
+        for _ in range(2):
+            out, lse, counter = plan(q)
+            assert plan.like_first == like
+            assert out.shape == (2, 1, 3, 8) and out.dtype == torch.float16 and out.stride() == (24, 24, 8, 1)
+            assert lse.shape == (2, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
+            assert counter.tolist() == [0]
+            assert seen[-1][0] is q and seen[-1][1] is out
