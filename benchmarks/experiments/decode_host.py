@@ -2,7 +2,7 @@
 Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
 kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call, and the call with
 `out=` (a buffer of its own: the plan allocates nothing); its plan key alone; key
-and lookup; the plan's call (allocations, split scratch, launch); its allocations alone; its split
+and lookup; the plan's call (allocations, split scratch, launch); its allocations alone (and out's as `new_empty` and as `empty_like` of q); its split
 scratch fetch (ops.scratch); its launch alone on tensors allocated and fetched once. The split count
 the dispatch chose is printed beside them. Writes a CSV.
 
@@ -67,6 +67,8 @@ def main() -> int:
                   ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
                   ("plan", lambda: plan(q, kc, vc, seqlens, None, table)),
                   ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
+                  ("new_empty_q", lambda: q.new_empty(q.shape, dtype=q.dtype)),  # out as plans allocated it
+                  ("empty_like_q", lambda: torch.empty_like(q)),  # as they do now where out is q's like
                   ("scratch", fetch),
                   ("launches", lambda: plan.launch(q, kc, vc, seqlens, None, table, *made, *scratch))]
         rec = dict(B=b, KV=kv, page=args.page, allocs=len(plan.allocs),
