@@ -1,10 +1,10 @@
 """Where a planned decode call's host time goes (issue 22's 20 us goal). For rows (B, KV; bf16, Hq 32 /
 Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
 kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call, and the call with
-`out=` (a buffer of its own: the plan allocates nothing); its plan key alone; key
-and lookup; the plan's call (allocations, split scratch, launch); its allocations alone (and out's as `new_empty` and as `empty_like` of q); its split
-scratch fetch (ops.scratch); its launch alone on tensors allocated and fetched once. The split count
-the dispatch chose is printed beside them. Writes a CSV.
+`out=` (a buffer of its own: the plan allocates nothing); its plan key alone; key and lookup; the plan's
+call (allocations, split scratch, launch); its allocations alone (and out's as `new_empty` and as
+`empty_like` of q); its split scratch fetch (ops.scratch); its launch alone on tensors allocated and
+fetched once. The split count the dispatch chose is printed beside them. Writes a CSV.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.decode_host [--out decode_host.csv] [--rows B:KV ...]
 """
