@@ -276,8 +276,8 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
                  device: torch.device, page: int = 16) -> List[Dict[str, object]]:
     """A chunk of n_new queries per sequence against prefix cached keys plus their own, on
     a shuffled paged cache of page sizes 16 and 64 and on a contiguous [B, max_len] cache
-    holding the same keys, against vflash.attention on dense [B, H, N, D] copies (and
-    attention_varlen on the same tokens packed)."""
+    holding the same keys, against vflash.attention on dense [B, H, N, D] copies (and on the
+    same [B, N, H, D] tensors as views, and attention_varlen on the same tokens packed)."""
     Hq, Hkv, D = heads
     n_k = prefix + n_new
     q = torch.randn(B, n_new, Hq, D, device=device, dtype=dtype)
@@ -303,7 +303,11 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
                # the same tokens packed, keys as packed sequences: the varlen build without the cache's reads
                "vflash_varlen": lambda: vflash.attention_varlen(qp, kp, vp, cu_q, cu_k, n_new, n_k, causal=True,
                                                                 check_metadata=False),
-               "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
+               "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True),
+               # dense on the cache methods' own [B, N, H, D] tensors (views as [B, H, N, D]): what of a gap
+               # to vflash_dense is the layout's, not the cache's (its output back in q's layout, a view)
+               "vflash_dense_bnhd": lambda: vflash.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                             causal=True).transpose(1, 2)}
     rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
     # every method's output against vflash.attention's on the same work, in q's [B, n_new, Hq, D] layout
     ref = methods["vflash_dense"]().transpose(1, 2).float()
