@@ -2,7 +2,8 @@
 log session 27 item 11, session 28.) Interleaves, round by round, the host time of three things: a
 planned paged decode call (bf16, B 1 / KV 8k, Hq 32 / Hkv 8, D 128, pages of 16, `check_metadata=False`),
 a bare torch launch (`torch.add` of two small tensors: an allocation and one kernel through PyTorch's
-dispatcher), and pure Python work that touches neither the driver nor the GPU (a fixed arithmetic loop).
+dispatcher), and pure Python work that touches neither the driver nor the GPU (the serving harness's
+CPU probe, `serving._cpu_probe_us`).
 Each round times each of them (queued behind a sleep kernel where they launch), then sleeps `--gap` ms,
 so the rounds span seconds: if the three move together from round to round, the host is what changes.
 `--pin CPU` runs the process on one CPU; `--sampler` runs nvidia-smi sampling every 200 ms beside it (the
@@ -22,7 +23,7 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _shuffled_table
+from vflash.harness.serving import DECODE_HEADS, _cpu_probe_us, _shuffled_table
 
 
 def _queued_us(fn, n: int) -> float:
@@ -35,15 +36,6 @@ def _queued_us(fn, n: int) -> float:
     us = (time.perf_counter() - t0) * 1e6 / n
     torch.cuda.synchronize()
     return us
-
-
-def _python_us(n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        s = 0
-        for i in range(200):
-            s += i * i
-    return (time.perf_counter() - t0) * 1e6 / n
 
 
 def _cpu() -> int:
@@ -100,7 +92,7 @@ def main() -> int:
         for r in range(args.rounds):
             row = dict(label=args.label, round=r, pin=args.pin if args.pin is not None else "",
                        sampler=int(args.sampler), decode_us=round(_queued_us(decode, args.calls), 3),
-                       add_us=round(_queued_us(add, args.calls), 3), python_us=round(_python_us(args.calls), 3),
+                       add_us=round(_queued_us(add, args.calls), 3), python_us=round(_cpu_probe_us(args.calls), 3),
                        cpu=_cpu())
             rows.append(row)
             print(f"round {r:3d} cpu {row['cpu']}: decode {row['decode_us']:7.2f}  add {row['add_us']:6.2f}  "

@@ -47,9 +47,8 @@ SMOKE_HEADS = (4, 2, 16)
 
 
 # Replays of a timing's graph before the timed ones, for at least this long: the first ~10 ms of a kernel
-# after a row of much larger caches ran 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k: the row's
-# first method 3650-3674 GB/s, the same method later in the row 4100-4111; perf log session 27), and a
-# row's first method took that alone.
+# after a row of much larger caches runs about 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k), and
+# a row's first method would take that alone.
 WARMUP_MS = 50.0
 
 
@@ -147,7 +146,7 @@ HOST_ROUNDS = 5  # _host_us's rounds in the decode sweep
 def _cpu_probe_us(n: int = 300) -> float:
     """Mean us of a fixed pure-Python loop that touches neither the driver nor the GPU: the host
     CPU's speed at this moment, beside a call's host time (the H200's KVM host has phases of seconds
-    in which every CPU cost, this loop's included, runs up to 2x slower: perf log session 28)."""
+    in which every CPU cost, this loop's included, runs up to 2x slower)."""
     t0 = time.perf_counter()
     for _ in range(n):
         s = 0
