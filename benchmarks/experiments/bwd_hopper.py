@@ -34,8 +34,7 @@ def main() -> int:
     ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128", "192:64"],
                     help="the sm_90 dQ kernel's block_m:block_n")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
-                    help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)"
-                         "[:stages[:defer]] (defer 1: DEFER_DK)")
+                    help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)[:stages]")
     ap.add_argument("--graphs", action="store_true",
                     help="time each call as a CUDA graph replay (the kernels alone, without the launch path)")
     ap.add_argument("--apart", action="store_true",
@@ -91,26 +90,26 @@ def main() -> int:
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_tile(t):
-            m, n, stages, defer = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES, 0])[:4]
-            return m, n, stages, bool(defer)
+            m, n, stages = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES])[:3]
+            return m, n, stages
 
-        def dkdv_launches(bm, bn, stages=hopper_bwd.STAGES, defer=False):
+        def dkdv_launches(bm, bn, stages=hopper_bwd.STAGES):
             return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, stages,
-                                           outputs=o, defer_dk=defer) for o in outputs]
+                                           outputs=o) for o in outputs]
         bm, bn = (int(x) for x in args.tiles[0].split(":"))
-        km, kn, kstages, kdefer = dkdv_tile(args.dkdv_tiles[0])
+        km, kn, kstages = dkdv_tile(args.dkdv_tiles[0])
         for rnd in range(args.rounds):
             for t in args.dkdv_tiles:
-                tm, tn, tstages, tdefer = dkdv_tile(t)
+                tm, tn, tstages = dkdv_tile(t)
                 try:
-                    sm90_dkdv = dkdv_launches(tm, tn, tstages, tdefer)
+                    sm90_dkdv = dkdv_launches(tm, tn, tstages)
                 except ValueError as e:
                     print(f"D{d} N{n} dkdv {t}: {e}")
                     continue
-                record("dkdv", "sm90" + (" apart" if args.apart else ""), (tm, tn, tstages, int(tdefer)),
+                record("dkdv", "sm90" + (" apart" if args.apart else ""), (tm, tn, tstages),
                        lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv), want[1:], rnd)
             try:
-                sm90 = (delta_launch, *dkdv_launches(km, kn, kstages, kdefer),
+                sm90 = (delta_launch, *dkdv_launches(km, kn, kstages),
                         hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
                 record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
                        (dq, dk, dv), want, rnd)

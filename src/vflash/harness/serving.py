@@ -50,6 +50,50 @@ SMOKE_HEADS = (4, 2, 16)
 # after a row of much larger caches runs about 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k), and
 # a row's first method would take that alone.
 WARMUP_MS = 50.0
+# Varlen and chunked rows: the methods timed in turn this many rounds, each round after this much warmup
+PREFILL_ROUNDS = 5
+PREFILL_ROUND_WARMUP_MS = 10.0
+
+
+def _graph_runner(calls: Sequence[Callable[[], object]], device: torch.device) -> Callable[[], None]:
+    """The calls (one per rotating copy), run once (compile, settle the allocator), then captured in one
+    CUDA graph: its replay; calls that cannot be captured, launched one after another."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        return graph.replay
+    except RuntimeError:  # not capturable: the calls launched one after another, timed by events
+        torch.cuda.synchronize()
+
+        def run():
+            for c in calls:
+                c()
+        return run
+
+
+def _replay_times(run: Callable[[], None], n_calls: int, replays: int, warmup_ms: float) -> List[float]:
+    """Microseconds of one call in each of `replays` timed runs of `run` (n_calls calls each),
+    after running it for warmup_ms."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n_calls)
+    return times
 
 
 def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = 20,
@@ -63,37 +107,7 @@ def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, rep
             c()
         us = (time.perf_counter() - t0) * 1e6 / len(calls)
         return us, us, us, 1
-    for c in calls:  # compile, and settle the allocator outside the capture
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for c in calls:
-                c()
-        run = graph.replay
-    except RuntimeError:  # not capturable: the calls launched one after another, timed by events
-        torch.cuda.synchronize()
-        graph = None
-
-        def run():
-            for c in calls:
-                c()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while (time.perf_counter() - t0) * 1e3 < WARMUP_MS:
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return _stats(times)
+    return _stats(_replay_times(_graph_runner(calls, device), len(calls), replays, WARMUP_MS))
 
 
 def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], device: torch.device, field: str,
@@ -107,16 +121,32 @@ def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], de
 
 def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
                   device: torch.device) -> List[Dict[str, object]]:
-    """One row a method, TFLOP/s of `flops` a call; a method that fails gets its status."""
-    rows = []
+    """One row a method, TFLOP/s of `flops` a call; a method that fails gets its status. On the GPU
+    the methods are timed in turn, PREFILL_ROUNDS rounds of 20 replays each (after one WARMUP_MS),
+    and each row's statistics pool its rounds: the board's clock moves by several per cent within a
+    sweep, and a row's ratios are between methods that saw the same clocks."""
+    rows = {name: dict(base, method=name, status="ok") for name in methods}
+    if device.type != "cuda":
+        for name, call in methods.items():
+            try:
+                _time_into(rows[name], [call], device, "tflops", flops / 1e6)
+            except Exception as exc:
+                rows[name]["status"] = _error_text(exc)
+        return list(rows.values())
+    runners, times = {}, {name: [] for name in methods}
     for name, call in methods.items():
-        row = dict(base, method=name, status="ok")
         try:
-            _time_into(row, [call], device, "tflops", flops / 1e6)
+            runners[name] = _graph_runner([call], device)
         except Exception as exc:
-            row["status"] = _error_text(exc)
-        rows.append(row)
-    return rows
+            rows[name]["status"] = _error_text(exc)
+    for rnd in range(PREFILL_ROUNDS):
+        for name, run in runners.items():
+            times[name] += _replay_times(run, 1, 20, WARMUP_MS if rnd == 0 else PREFILL_ROUND_WARMUP_MS)
+    for name in runners:
+        med, p20, p80, reps = _stats(times[name])
+        rows[name].update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
+                          tflops=round(flops / 1e6 / med, 1))
+    return list(rows.values())
 
 
 def copy_gbps(device: torch.device) -> float:

@@ -70,17 +70,14 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         WANT_DK: gl.constexpr  # dK / dV kernel: which gradients it computes (dQ kernel: both True, unread)
         WANT_DV: gl.constexpr
-        # dK / dV kernel, both gradients: in the unmasked stretch a tile's dK product is issued in the next
-        # tile's step, after its S^T and dP^T (_dkdv_tiles_deferred)
-        DEFER_DK: gl.constexpr
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     WANT_DK=True, WANT_DV=True, DEFER_DK=False):
+                     WANT_DK=True, WANT_DV=True):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
                                 ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
-                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV), ("DEFER_DK", DEFER_DK)):
+                                ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
                 setattr(self, name, gl.constexpr(value))
 
     @aggregate
@@ -594,59 +591,6 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_tiles_deferred(dk, dv, k_tile, v_tile, bufs, ring, first, last, lo, offs_n, call,
-                             st_layout: gl.constexpr, op_layout: gl.constexpr, cfg):
-        # _dkdv_tiles' unmasked stretch (every pair visible, dense or inside a sequence) with each
-        # tile's dK += dS^T Q issued in the next tile's step, after its S^T and dP^T: the tensor cores
-        # then hold a product of this consumer's while it computes P^T, where _dkdv_tiles' order leaves
-        # them this consumer's nothing between its dK and the next S^T. The first step issues a
-        # product of zeros (against its own Q tile); a tile's Q slot is released once its dK is done,
-        # a step later (so the ring wants three stages), its dO slot at the end of its own step.
-        BLOCK_M: gl.constexpr = cfg.BLOCK_M
-        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-        STAGES: gl.constexpr = cfg.STAGES
-        ROWS: gl.constexpr = 64
-        dtype: gl.constexpr = k_tile.dtype
-        dst_op = gl.zeros([ROWS, BLOCK_M], dtype, op_layout)
-        prev = (ring + first) % STAGES  # the slot whose Q the pending dK product takes
-        for i in range(first, last):
-            j = ring + i
-            slot = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(bufs.a_ready.index(slot), phase)
-            q_tile = bufs.ring_a.index(slot).reshape([BLOCK_M, HEAD_DIM])
-            do_tile = bufs.ring_b.index(slot).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
-                               use_acc=False, is_async=True)
-            mbarrier.wait(bufs.b_ready.index(slot), phase)
-            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout),
-                                use_acc=False, is_async=True)
-            q_prev = bufs.ring_a.index(prev).reshape([BLOCK_M, HEAD_DIM])
-            dk = warpgroup_mma(dst_op, q_prev, dk, is_async=True)
-            st, q_tile = warpgroup_mma_wait(2, deps=(st, q_tile))  # S^T done; dP^T and the previous dK may run
-            lse2 = bufs.stats.index(2 * slot).load(gl.SliceLayout(0, st_layout))
-            delta = bufs.stats.index(2 * slot + 1).load(gl.SliceLayout(0, st_layout))
-            logits = masked_logits(st, offs_n, offs_n, 0, 0, call.right, call.left, call.softcap_in,
-                                   call.softcap_out, False, cfg.HAS_RIGHT, cfg.HAS_LEFT, cfg.SOFTCAP)  # softcap only
-            pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-            dpt, do_tile = warpgroup_mma_wait(2, deps=(dpt, do_tile))  # dP^T done; dK and dV may run
-            dst = softcap_grad(pt * (dpt - delta[None, :]), st, call.softcap_in, cfg.SOFTCAP)
-            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-            dk, dv, pt_op, q_prev, do_tile = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, q_prev, do_tile))
-            if i > first:
-                mbarrier.arrive(bufs.a_empty.index(prev), count=1)
-            mbarrier.arrive(bufs.b_empty.index(slot), count=1)
-            prev = slot
-        if last > first:
-            q_prev = bufs.ring_a.index(prev).reshape([BLOCK_M, HEAD_DIM])
-            dk = warpgroup_mma(dst_op, q_prev, dk, is_async=True)
-            dk, dst_op, q_prev = warpgroup_mma_wait(0, deps=(dk, dst_op, q_prev))
-            mbarrier.arrive(bufs.a_empty.index(prev), count=1)
-        return dk, dv
-
-    @gluon.jit
     def _dkdv_consumer_partition(dk_desc, dv_desc, DK, DV, bufs, call, cu_seqlens_q, cu_seqlens_k, C: gl.constexpr,
                                  cfg):
         # Consumer C: keys [start + 64 C, + 64) against the query tiles they see, for each query
@@ -674,12 +618,8 @@ if HAVE_GLUON:
                 ring = g * n_tiles
                 dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, 0, c_left, lo, offs_n, w.n_q, w.off, call,
                                      st_layout, op_layout, True, cfg)
-                if cfg.DEFER_DK:
-                    dk, dv = _dkdv_tiles_deferred(dk, dv, k_tile, v_tile, bufs, ring, c_left, c_mid, lo, offs_n,
-                                                  call, st_layout, op_layout, cfg)
-                else:
-                    dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_left, c_mid, lo, offs_n, w.n_q,
-                                         w.off, call, st_layout, op_layout, False, cfg)
+                dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_left, c_mid, lo, offs_n, w.n_q, w.off,
+                                     call, st_layout, op_layout, False, cfg)
                 dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_mid, c_end, lo, offs_n, w.n_q, w.off,
                                      call, st_layout, op_layout, True, cfg)
                 _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
@@ -701,7 +641,6 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
-        DEFER_DK: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
@@ -712,9 +651,8 @@ if HAVE_GLUON:
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
-        gl.static_assert(not DEFER_DK or (WANT_DK and WANT_DV), "a deferred dK with both gradients")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK,
-                     WANT_DV, DEFER_DK)
+                     WANT_DV)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, True, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)

@@ -108,16 +108,13 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
                 block_n: int = 128, stages: int = STAGES, outputs: str = "dk dv",
-                varlen: Optional[tuple] = None, defer_dk: bool = False) -> KernelLaunch:
+                varlen: Optional[tuple] = None) -> KernelLaunch:
     """attention_bwd_dkdv_hopper_kernel over TMA-ready tensors: dk, dv (k's layout; summed over each KV
     head's query heads in order) from q, k, v, do, lse and delta, dense or varlen as dq_launch's.
     block_n keys a CTA (64 a consumer), block_m query rows a streamed tile. outputs: "dk dv", or "dk" or
-    "dv" alone (one accumulator a consumer, where two do not fit in registers; the other is not written).
-    defer_dk (both gradients): the kernel's DEFER_DK, each unmasked tile's dK product issued a step later."""
+    "dv" alone (one accumulator a consumer, where two do not fit in registers; the other is not written)."""
     if outputs not in ("dk dv", "dk", "dv"):
         raise ValueError(f"outputs must be 'dk dv', 'dk' or 'dv', not {outputs!r}")
-    if defer_dk and outputs != "dk dv":
-        raise ValueError("defer_dk takes both gradients in one launch")
     sh = _shape(q, k, lse, delta, block_n, block_m, stages, varlen)
     rows, streamed = describers(block_m, sh.head_dim, q.dtype)
     view = None if varlen is None else sh.view
@@ -136,23 +133,21 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     if varlen is not None:
         slots += (Slot(8, "cu_seqlens_q"), Slot(9, "cu_seqlens_k"), Slot(10, "dk"), Slot(11, "dv"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_n, band, softcap is not None, stages,
-                                  varlen is not None, sh.top_left), WANT_DK="dk" in outputs, WANT_DV="dv" in outputs,
-                      DEFER_DK=defer_dk)
+                                  varlen is not None, sh.top_left), WANT_DK="dk" in outputs, WANT_DV="dv" in outputs)
     return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
 def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
                       band: Band = Band(0, -1, 0), softcap: bool = False, outputs: str = "dk dv",
-                      varlen: bool = False, top_left: bool = False, defer_dk: bool = False,
-                      stages: int = STAGES):
-    """Compile the dK / dV kernel for sm_90 without a GPU (outputs, defer_dk as dkdv_launch's; varlen: the
-    packed sequences' build); returns Triton's CompiledKernel."""
+                      varlen: bool = False, top_left: bool = False):
+    """Compile the dK / dV kernel for sm_90 without a GPU (outputs as dkdv_launch's; varlen: the packed
+    sequences' build); returns Triton's CompiledKernel."""
     rows, streamed = _block_shapes(block_m, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
     blocks = (streamed, rows, rows, streamed, rows, rows)
     return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), ("DK", "DV"), "n_heads_kv",
                     head_dim, dtype, block_m, block_n, block_n, band, softcap, varlen, top_left,
-                    dict(WANT_DK="dk" in outputs, WANT_DV="dv" in outputs, DEFER_DK=defer_dk, STAGES=stages))
+                    dict(WANT_DK="dk" in outputs, WANT_DV="dv" in outputs))
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
