@@ -373,7 +373,7 @@ RESULTS = "benchmarks/results"
 # The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
 PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
-SERVING = "benchmarks/results/2026-12-03-h200-s28-serving"
+SERVING = "benchmarks/results/2026-12-03-h200-s29-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 # The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
 # the fa sweep in bf16 and fp16 (session 24), D 256 with the sm_90 kernels from N 512 (session 28).
@@ -737,7 +737,31 @@ def serving_text(folder, base=""):
             out.append(f"| {r['method']} | {r['B']} | {r['Nq']} | {r['Nk']} | {rate} | "
                        f"{r['us_median']} | {r['vs_sdpa_cudnn'] or '-'} | {r.get('vs_vflash_dense') or '-'} |")
         out.append("")
+        if sweep == "chunked":
+            out += _chunked_bar(rows, base)
     return out
+
+
+def _chunked_bar(rows, base):
+    # issue 22's chunked bar (within 10 % of the same work dense), a line a cache method
+    cache = ("vflash_paged16", "vflash_paged64", "vflash_contig")
+    ratios = defaultdict(list)
+    for r in rows:
+        if r["method"] in cache and r["status"] == "ok" and r.get("vs_vflash_dense"):
+            ratios[r["method"]].append(float(r["vs_vflash_dense"]))
+    if not ratios:
+        return []
+    lines = []
+    for m in cache:
+        v = ratios.get(m)
+        if v:
+            met = sum(x >= 0.9 for x in v)
+            lines.append(f"{m[len('vflash_'):]} {met} of {len(v)} ({min(v):.3f}-{max(v):.3f}x)")
+    text = "Chunked bar (0.9x dense) met: " + "; ".join(lines) + "."
+    if any(x < 0.9 for x in ratios.get("vflash_paged16", [])):
+        text += " Pages of 16: eight 16-row TMA copies a K or V tile (64: two)."
+    text += f" [More]({_link('docs', base)}/performance.md#chunked-prefill-on-a-kv-cache)"
+    return [_wrap(text), ""]
 
 
 def transformers_text(folder, base=""):
