@@ -50,6 +50,7 @@ SMOKE_HEADS = (4, 2, 16)
 # after a row of much larger caches runs about 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k), and
 # a row's first method would take that alone.
 WARMUP_MS = 50.0
+REPLAYS = 20  # timed replays of a graph (a prefill row's method: a round's)
 # Varlen and chunked rows: the methods timed in turn this many rounds, each round after this much warmup
 PREFILL_ROUNDS = 5
 PREFILL_ROUND_WARMUP_MS = 10.0
@@ -96,7 +97,7 @@ def _replay_times(run: Callable[[], None], n_calls: int, replays: int, warmup_ms
     return times
 
 
-def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = 20,
+def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = REPLAYS,
                 ) -> Tuple[float, float, float, int]:
     """(median, p20, p80) microseconds of one call and the sample count: the calls
     (one per rotating copy) captured in one CUDA graph, replayed for WARMUP_MS, then
@@ -114,7 +115,13 @@ def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], de
                work_per_us: float) -> None:
     """Time `calls` (_graph_time) into `row`: the microsecond statistics and `field`, the
     rate work_per_us / median (bytes a us / 1e3 -> GB/s; FLOPs a us / 1e6 -> TFLOP/s)."""
-    med, p20, p80, reps = _graph_time(calls, device)
+    _put_stats(row, _graph_time(calls, device), field, work_per_us)
+
+
+def _put_stats(row: Dict[str, object], stats: Tuple[float, float, float, int], field: str,
+               work_per_us: float) -> None:
+    # (median, p20, p80, reps) microseconds into `row`, and `field`: the rate work_per_us / median
+    med, p20, p80, reps = stats
     row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
                **{field: round(work_per_us / med, 1)})
 
@@ -122,7 +129,7 @@ def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], de
 def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
                   device: torch.device) -> List[Dict[str, object]]:
     """One row a method, TFLOP/s of `flops` a call; a method that fails gets its status. On the GPU
-    the methods are timed in turn, PREFILL_ROUNDS rounds of 20 replays each (after one WARMUP_MS),
+    the methods are timed in turn, PREFILL_ROUNDS rounds of REPLAYS replays each (after one WARMUP_MS),
     and each row's statistics pool its rounds: the board's clock moves by several per cent within a
     sweep, and a row's ratios are between methods that saw the same clocks."""
     rows = {name: dict(base, method=name, status="ok") for name in methods}
@@ -141,11 +148,9 @@ def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, obje
             rows[name]["status"] = _error_text(exc)
     for rnd in range(PREFILL_ROUNDS):
         for name, run in runners.items():
-            times[name] += _replay_times(run, 1, 20, WARMUP_MS if rnd == 0 else PREFILL_ROUND_WARMUP_MS)
+            times[name] += _replay_times(run, 1, REPLAYS, WARMUP_MS if rnd == 0 else PREFILL_ROUND_WARMUP_MS)
     for name in runners:
-        med, p20, p80, reps = _stats(times[name])
-        rows[name].update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
-                          tflops=round(flops / 1e6 / med, 1))
+        _put_stats(rows[name], _stats(times[name]), "tflops", flops / 1e6)
     return list(rows.values())
 
 
