@@ -306,6 +306,20 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
                          device)
 
 
+def paged_cache(k: torch.Tensor, v: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys and values k, v [B, n_k, Hkv, D] in shuffled pages of `size`: (k_cache, v_cache, block_table),
+    sequence b's page j (keys j * size on) page block_table[b, j]."""
+    B, n_k, Hkv, D = k.shape
+    pages = -(-n_k // size)
+    table = _shuffled_table(B, pages, k.device)
+    kc, vc = (torch.zeros(B * pages, size, Hkv, D, device=k.device, dtype=k.dtype) for _ in range(2))
+    for c, t in ((kc, k), (vc, v)):
+        rows = torch.zeros(B, pages * size, Hkv, D, device=k.device, dtype=k.dtype)
+        rows[:, :n_k] = t
+        c[table.reshape(-1).long()] = rows.view(B * pages, size, Hkv, D)
+    return kc, vc, table
+
+
 def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], dtype: torch.dtype,
                  device: torch.device, page: int = 16) -> List[Dict[str, object]]:
     """A chunk of n_new queries per sequence against prefix cached keys plus their own, on
@@ -323,14 +337,8 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
     cu_q, cu_k = (torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device) for n in (n_new, n_k))
     flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
 
-    def paged(size):  # the same keys in shuffled pages of `size`
-        pages = -(-n_k // size)
-        table = _shuffled_table(B, pages, device)
-        kc, vc = (torch.zeros(B * pages, size, Hkv, D, device=device, dtype=dtype) for _ in range(2))
-        for c, t in ((kc, k), (vc, v)):  # sequence b's page j (keys j * size on) is page table[b, j]
-            rows = torch.zeros(B, pages * size, Hkv, D, device=device, dtype=dtype)
-            rows[:, :n_k] = t
-            c[table.reshape(-1).long()] = rows.view(B * pages, size, Hkv, D)
+    def paged(size):
+        kc, vc, table = paged_cache(k, v, size)
         return lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
     methods = {f"vflash_paged{page}": paged(page), "vflash_paged64": paged(64),
                "vflash_contig": lambda: vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False),
