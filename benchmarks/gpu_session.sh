@@ -89,7 +89,7 @@ for step in "$@"; do
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
     chunked_copies) # chunked prefill's paged copies, TMA against row by row (CHUNKED_PAGES, default 16,64,17)
-                    sampled chunked_copies timeout 240 python3 -m benchmarks.experiments.chunked_copies \
+                    sampled chunked_copies timeout ${CHUNKED_TIMEOUT:-300} python3 -m benchmarks.experiments.chunked_copies \
                       --pages "${CHUNKED_PAGES:-16,64,17}" --out "$R/chunked_copies.csv" > "$R/chunked_copies.txt" 2>&1
                     tail -4 "$R/chunked_copies.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
