@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked chunked_copies sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_serving decode varlen chunked chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -88,10 +88,12 @@ for step in "$@"; do
               echo "sanitize rc $?" >> "$R/sanitize.txt"; tail -25 "$R/sanitize.txt" ;;
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
-    chunked_copies) # chunked prefill's paged copies, TMA against row by row (CHUNKED_PAGES, default 16,64,17)
-                    sampled chunked_copies timeout ${CHUNKED_TIMEOUT:-300} python3 -m benchmarks.experiments.chunked_copies \
-                      --pages "${CHUNKED_PAGES:-16,64,17}" --out "$R/chunked_copies.csv" > "$R/chunked_copies.txt" 2>&1
-                    tail -4 "$R/chunked_copies.txt" ;;
+    chunked_ring) # chunked prefill's K/V ring at other depths (CHUNKED_PAGES, default 16,64; CHUNKED_VARIANTS
+                    # block_n:stages[:q_buffers], default 128:3:1,64:4,64:3:1)
+                    sampled chunked_ring timeout ${CHUNKED_TIMEOUT:-300} python3 -m benchmarks.experiments.chunked_ring \
+                      --pages "${CHUNKED_PAGES:-16,64}" --variants "${CHUNKED_VARIANTS:-128:3:1,64:4,64:3:1}" \
+                      --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
+                    tail -4 "$R/chunked_ring.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
                    ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} \
                    --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1; grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;

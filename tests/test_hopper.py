@@ -48,11 +48,6 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
              kv_cache=True, page_size=16),
         dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2), varlen=True, kv_cache=True),
-        # pages copied row by row (ROW_COPIES): shorter than a tile, or of a size TMA cannot take
-        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True, row_copies=True), right_edge=True,
-             varlen=True, kv_cache=True, page_size=16),
-        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2, row_copies=True), varlen=True, kv_cache=True,
-             page_size=17),
     ]
     for kw in variants:
         k = hopper.compile_sm90(**kw)
@@ -68,14 +63,7 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         assert ("atom.global" in ptx) == t.dynamic, kw
         # the output goes out by TMA; varlen adds the masked pointer store beside it
         assert "cp.async.bulk.tensor.4d.global.shared" in ptx, kw
-        if kw.get("page_size") and t.row_copies:
-            # a thread's 16-byte share of a K and of a V tile, no TMA copy but Q's, each thread arriving
-            # on the ready barrier as its own copies land, the consumers fencing them for the wgmma
-            assert ptx.count("cp.async.cg.shared.global") == 2 * t.block_n * kw["head_dim"] // (128 * 8), kw
-            assert ptx.count("cp.async.mbarrier.arrive.noinc.shared.b64") == 2, kw
-            assert ptx.count("cp.async.bulk.tensor.4d.shared") == t.block_m // hopper.CONSUMER_ROWS, kw
-            assert "fence.proxy.async" in ptx, kw
-        elif kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, K and V
+        if kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, K and V
             assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 16, kw
         if kw.get("varlen"):
             dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
@@ -192,11 +180,10 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
 
 
 @needs_gluon
-@pytest.mark.parametrize("page, row_copies", [(0, False), (16, False), (256, False), (16, True), (17, True)])
-def test_kv_cache_build_covers_the_cache_as_rows(page, row_copies):
+@pytest.mark.parametrize("page", [0, 16, 256])
+def test_kv_cache_build_covers_the_cache_as_rows(page):
     # chunked prefill: packed queries with cu_seqlens_q, keys from the cache viewed as
-    # [1, Hkv, rows, D] in copies of min(page, block_n) rows (paged) or block_n (contiguous);
-    # row copies: the caches' pointers and strides, the descriptors giving only the ring's layout
+    # [1, Hkv, rows, D] in copies of min(page, block_n) rows (paged) or block_n (contiguous)
     q = torch.randn(600, 8, 128, dtype=torch.bfloat16)
     if page:
         k = torch.randn(40, page, 2, 128, dtype=torch.bfloat16)
@@ -205,7 +192,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page, row_copies):
         k, table = torch.randn(3, 1000, 2, 128, dtype=torch.bfloat16), None
     out, seqlens = torch.empty_like(q), torch.tensor([900, 10, 300], dtype=torch.int32)
     cu_q = torch.tensor([0, 500, 510, 600], dtype=torch.int32)
-    tiles = HopperTiles(128, 128, 2, row_copies=row_copies)
+    tiles = HopperTiles(128, 128, 2)
     launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
                           varlen=(cu_q, None, 500, False), cache=(seqlens, table))
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
@@ -213,11 +200,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page, row_copies):
     by_name = dict(zip(names, launch.params()))
     rows = k.shape[0] * k.shape[1]
     assert by_name["k_desc"].shape == (1, 2, rows, 128) and by_name["k_desc"].base.data_ptr() == k.data_ptr()
-    assert by_name["k_desc"].block_shape == [1, 1, min(page, 128) if page and not row_copies else 128, 128]
-    assert (by_name["k_cache"] is k and by_name["v_cache"] is k) == row_copies
-    strides = [by_name[n] for n in ("k_row_stride", "k_head_stride", "v_row_stride", "v_head_stride")]
-    assert strides == ([k.stride(1), k.stride(2)] * 2 if row_copies else [0] * 4)
-    assert launch.constexprs["ROW_COPIES"] == row_copies
+    assert by_name["k_desc"].block_shape == [1, 1, min(page, 128) if page else 128, 128]
     assert by_name["cache_seqlens"] is seqlens and by_name["block_table"] is table
     assert by_name["cu_seqlens_k"] is None and by_name["batch"] == 3 and by_name["kv_group"] == 4
     assert by_name["kv_seq_rows"] == (0 if page else 1000) and by_name["table_stride"] == (20 if page else 0)
@@ -225,17 +208,14 @@ def test_kv_cache_build_covers_the_cache_as_rows(page, row_copies):
     names_by_slot = {s.position: s.name for s in launch.slots}
     assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[2] == "v_cache"
     assert (names_by_slot.get(10) == "block_table") == bool(page)
-    assert (names_by_slot.get(11), names_by_slot.get(12)) == (("k_cache", "v_cache") if row_copies else (None, None))
     assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
-    assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k)
-    assert page % 2 or hopper.cache_ready(k[:, ::2])  # every other row of even pages: they merge
+    assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])
     assert not hopper.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge
-    if page:  # the launcher refuses what dispatch would not hand it: TMA copies of pages they would straddle
+    if page:  # the launcher refuses what dispatch would not hand it
         odd = torch.randn(40, 17, 2, 128, dtype=torch.bfloat16)
-        if not row_copies:
-            with pytest.raises(ValueError, match="power-of-two pages"):
-                hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
-                             varlen=(cu_q, None, 500, False), cache=(seqlens, table))
+        with pytest.raises(ValueError, match="power-of-two pages"):
+            hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+                         varlen=(cu_q, None, 500, False), cache=(seqlens, table))
         short = torch.randn(40, 2 * page, 2, 128, dtype=torch.bfloat16)[:, :page]  # pages spaced apart
         with pytest.raises(ValueError, match="merge into rows"):
             hopper.build(q, short, short, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,

@@ -386,11 +386,9 @@ def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
     return k_cache, v_cache, table
 
 
-# Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options); pages
-# of 1, 17 and 48 only row by row (ROW_COPIES), the powers of two both ways
+# Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options)
 HOPPER_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
-                (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True)),
-                (1, dict()), (17, dict()), (48, dict(window=(100, 0))), (17, dict(empty=True))]
+                (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True))]
 
 
 def _cu_of(lens):
@@ -408,7 +406,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     # launcher; cache rows past every sequence's length hold NaN, which must not reach the
     # output (K there is masked, V's tail tile read as zeros). Lengths: tails that fill no
     # tile, more new queries than keys, a sequence with one key.
-    from vflash.ops import attention_kvcache_forward, hopper, sequence_band
+    from vflash.ops import attention_kvcache_forward, sequence_band
     from vflash.reference import attention_with_kvcache_reference as reference
     lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
     if opts.get("empty"):  # sequences whose cache is empty (zeros, -inf), one with no new queries
@@ -424,8 +422,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     ref_opts = dict(causal=causal, window=opts.get("window"), softcap=opts.get("softcap"))
     ref = {c: reference(q, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=c, **ref_opts)
            for c in (torch.float64, None, torch.float32)}
-    copies = [False] if not page else [True] if not hopper.pages_fit(page, 128) else [False, True]
-    for tiles in {t._replace(row_copies=rows) for t in tile_variants(d, band.has_right) for rows in copies}:
+    for tiles in tile_variants(d, band.has_right):
         out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, max(lens_q), band=band,
                                              scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
                                              tiles=tiles)
@@ -438,24 +435,23 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("page", [0, 16, 17, 64])
-def test_gpu_chunked_prefill_dispatch_takes_sm90_for_any_cache(page):
-    # the public call with [B, Nq] queries: the sm90 kernel for every cache, a paged one's tiles
-    # by TMA from SM90_TMA_PAGES_FROM rows a (power-of-two) page, row by row below it and for
-    # page sizes TMA cannot take; right against the reference
+@pytest.mark.parametrize("page", [0, 16, 17])
+def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
+    # the public call with [B, Nq] queries: the sm90 kernel for a contiguous cache and
+    # page 16, the portable kernel for page 17; both right against the reference
     from vflash import dispatch
-    from vflash.dispatch import tables
-    from vflash.ops import hopper, sequence_band
+    from vflash.ops import sequence_band
     lens = [2048, 1500]
-    k_cache, v_cache, table = _poisoned_cache(lens, page, 8, 128, torch.bfloat16, seed=2)
+    if page == 17:
+        k_cache, v_cache, table = _paged(lens, page, 8, 128, torch.bfloat16, "cuda", seed=2)
+    else:
+        k_cache, v_cache, table = _poisoned_cache(lens, page, 8, 128, torch.bfloat16, seed=2)
     q = _q(2, 512, 32, 128, torch.bfloat16, "cuda")
     problem = dispatch.kvcache_problem_of(q.reshape(-1, 32, 128), k_cache, v_cache, 2, 512,
                                           k_cache.shape[1] * (1 if table is None else table.shape[1]),
                                           sequence_band("bottom_right", (-1, -1)))
     choice = dispatch.select_kvcache(problem, 8, page_size=page if table is not None else 0)
-    assert choice.kernel == "sm90", choice.why
-    by_tma = page >= tables.SM90_TMA_PAGES_FROM and hopper.pages_fit(page, choice.tiles.block_n)
-    assert choice.tiles.row_copies == (page > 0 and not by_tma), choice.why
+    assert choice.kernel == ("portable" if page == 17 else "sm90"), choice.why
     _check(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device="cuda"), table)
 
 

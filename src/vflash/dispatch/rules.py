@@ -199,21 +199,16 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
 
     Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
     takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
-    for the same rows dense: a paged cache's tiles by TMA where its pages suit the
-    copies (ops.hopper.pages_fit) and are SM90_TMA_PAGES_FROM rows or more, else row by
-    row (any page size); decode and everything else attention_kvcache_kernel (portable)."""
+    for the same rows dense and the page size suits its copies (ops.hopper.pages_fit);
+    decode and everything else attention_kvcache_kernel (portable)."""
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     rows = group * max(1, p.n_q)
     if rows > tables.DECODE_ROWS and not batch_invariant and num_splits in (None, 1) and sm90_refusal(p) is None:
         dense = select(p)
-        if dense.kernel == "sm90":
-            if page_size == 0:
-                return Choice("sm90", dense.tiles, f"{dense.why}, KV cache (contiguous)")
-            if page_size >= tables.SM90_TMA_PAGES_FROM and hopper_launch.pages_fit(page_size, dense.tiles.block_n):
-                return Choice("sm90", dense.tiles, f"{dense.why}, KV cache (pages of {page_size}, TMA)")
-            return Choice("sm90", dense.tiles._replace(row_copies=True),
-                          f"{dense.why}, KV cache (pages of {page_size}, row copies: SM90_TMA_PAGES_FROM)")
+        if dense.kernel == "sm90" and (page_size == 0 or hopper_launch.pages_fit(page_size, dense.tiles.block_n)):
+            cache = f"pages of {page_size}" if page_size else "contiguous"
+            return Choice("sm90", dense.tiles, f"{dense.why}, KV cache ({cache})")
     if _backend.interpreted(p.device):
         base, why = tables.KVCACHE_INTERPRETER, "KVCACHE_INTERPRETER"
     elif p.dtype == torch.float32:

@@ -136,12 +136,6 @@ KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in 
 KVCACHE_FP32: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE_FP32.items()}
 KVCACHE_INTERPRETER = KVCacheTiles(32, 16, 4, 1)  # small key tiles: CPU tests cross many tile edges cheaply
 
-# Chunked prefill on sm_90 (the Hopper kernel's KV_CACHE build): pages of at least this many rows (powers of
-# two) have their K/V tiles copied by TMA, one copy a page; shorter pages, and page sizes TMA cannot take,
-# row by row by the producer's cp.async (ROW_COPIES). Not yet measured on the H200: pages of 16 by TMA ran
-# 0.875-0.906x the same work dense, 64 0.97x (eight and two copies a 128-key tile).
-SM90_TMA_PAGES_FROM = 64
-
 
 class SplitRule(NamedTuple):
     smem_per_sm: int  # shared memory an SM shares among resident programs (sm_90: 228 KiB), bytes

@@ -53,14 +53,9 @@ shape of FlashAttention-3:
   (PAGE_SIZE 0): sequence b's keys start at row b * max_len. Paged: each K/V
   tile is BLOCK_N / PAGE_ROWS TMA copies of PAGE_ROWS = min(PAGE_SIZE, BLOCK_N)
   rows, each from the page the block table names (a power-of-two page size, so
-  no copy straddles a page). ROW_COPIES (paged, any page size): the producer's
-  128 threads copy each K/V tile row by row with cp.async (16 bytes a copy), each
-  row from its own page's address, and arrive on the tile's ready barrier as
-  their copies land (a count of 128); the consumers fence the generic-proxy
-  writes before their wgmmas read them (FlashAttention-3's non-TMA paged path):
-  pages shorter than a tile cost no extra copies. Cache rows past a sequence's
-  length may hold anything (NaN included): K there is masked, and V's rows there
-  are zeroed in shared memory as varlen's are.
+  no copy straddles a page). Cache rows past a sequence's length may hold
+  anything (NaN included): K there is masked, and V's rows there are zeroed in
+  shared memory as varlen's are.
 
 Gluon does not run under the Triton interpreter: this kernel is the GPU fast
 path, and `attention_fwd_kernel` stays the portable one. Which switches each head
@@ -82,9 +77,8 @@ _RESCALE_ASM_TEXT = ("{\n.reg .pred same;\nsetp.eq.f32 same, $32, 0f3F800000;\n"
 _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] + ["r"] * 16)
 
 if HAVE_GLUON:
-    from vflash.kernels.gluon_sm90 import (aggregate, cp_async_arrive, cp_async_load, fence_async_shared, gl, gluon,
-                                           mbarrier, tma, tma_load, tma_store, warpgroup_mma, warpgroup_mma_wait,
-                                           zero_rows_from)
+    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_rows_from)
 
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
     _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
@@ -121,7 +115,6 @@ if HAVE_GLUON:
         KV_CACHE: gl.constexpr
         PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
-        ROW_COPIES: gl.constexpr  # paged: K/V tiles copied row by row (cp.async), not by TMA
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
         P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
@@ -129,14 +122,14 @@ if HAVE_GLUON:
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, ROW_COPIES):
+                     PAGE_SIZE):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
-                                ("PAGE_SIZE", PAGE_SIZE), ("ROW_COPIES", ROW_COPIES)):
+                                ("PAGE_SIZE", PAGE_SIZE)):
                 setattr(self, name, gl.constexpr(value))
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
@@ -164,10 +157,6 @@ if HAVE_GLUON:
         o_stride_head: gl.tensor
         kv_seq_rows: gl.tensor  # KV_CACHE, contiguous: rows a sequence in the cache
         table_stride: gl.tensor  # KV_CACHE, paged: block_table's row stride
-        k_row_stride: gl.tensor  # ROW_COPIES: the caches' strides between rows (within and across pages) and heads
-        k_head_stride: gl.tensor
-        v_row_stride: gl.tensor
-        v_head_stride: gl.tensor
         off: gl.tensor  # the band (kernels/mask.py)
         left: gl.tensor
         right: gl.tensor
@@ -177,14 +166,11 @@ if HAVE_GLUON:
 
         @gluon.constexpr_function
         def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-                     kv_seq_rows, table_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride, off, left,
-                     right, qk_scale, softcap_in, softcap_out):
+                     kv_seq_rows, table_stride, off, left, right, qk_scale, softcap_in, softcap_out):
             self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
             self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
             self.total_q, self.o_stride_row, self.o_stride_head = total_q, o_stride_row, o_stride_head
             self.kv_seq_rows, self.table_stride = kv_seq_rows, table_stride
-            self.k_row_stride, self.k_head_stride = k_row_stride, k_head_stride
-            self.v_row_stride, self.v_head_stride = v_row_stride, v_head_stride
             self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
 
     @aggregate
@@ -279,7 +265,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, k_cache, v_cache, cfg):
+                        block_table, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -299,7 +285,7 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         while t < call.n_work:
             kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k,
-                                 cache_seqlens, block_table, k_cache, v_cache, cfg)
+                                 cache_seqlens, block_table, cfg)
             done += 1
             if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
@@ -314,32 +300,24 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, k_cache, v_cache, cfg):
+                        block_table, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
+        n_tiles = tile.n_tiles
         for c in gl.static_range(cfg.BLOCK_M // ROWS):
             qb = c * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
             mbarrier.wait(smem.q_empty.index(qb), ((done // cfg.Q_BUFFERS) & 1) ^ 1)
             if cfg.DYNAMIC:  # before the arrival below, which publishes it (release)
                 smem.tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
-            if tile.n_tiles > 0:
+            if n_tiles > 0:
                 mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes)
                 tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
                           smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
-        if cfg.ROW_COPIES:
-            kv = _row_copy_tiles(smem, tile, kv, call, block_table, k_cache, v_cache, cfg)
-        else:
-            kv = _tma_copy_tiles(k_desc, v_desc, smem, tile, kv, call, block_table, cfg)
-        return kv
-
-    @gluon.jit
-    def _tma_copy_tiles(k_desc, v_desc, smem, tile, kv, call, block_table, cfg):
-        # The work tile's K/V tiles by TMA: one copy a tile, or one a page where pages are shorter.
         COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS  # TMA copies a K or V tile
-        for i in range(tile.n_tiles):
+        for i in range(n_tiles):
             slot, phase = _ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
             key = tile.lo + i * cfg.BLOCK_N  # in the sequence
@@ -358,39 +336,6 @@ if HAVE_GLUON:
             for c in gl.static_range(COPIES):
                 tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
                           smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
-            kv += 1
-        return kv
-
-    @gluon.jit
-    def _row_copy_tiles(smem, tile, kv, call, block_table, k_cache, v_cache, cfg):
-        # ROW_COPIES: the work tile's K/V tiles by cp.async, each row from its own page.
-        # [BLOCK_N, HEAD_DIM] over the producer's 128 threads, 16 rows x 2 threads a warp's
-        # pass (a row's 32-byte sector from two neighbours' 16-byte copies): a thread holds
-        # two rows' addresses, within the 24 registers the producer keeps. A row's page id
-        # is read before the slot waits, once for K and V; rows past the sequence's last
-        # key read its last page (masked for K, zeroed for V by the consumers). Each
-        # thread arrives on the ready barrier once its own copies have landed.
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
-        rows_in_tile = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(1, layout))
-        cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, layout))
-        table_row = block_table + tile.off_b.to(gl.int64) * call.table_stride
-        k_head = k_cache + gl.multiple_of(tile.off_hk.to(gl.int64) * call.k_head_stride, 8)
-        v_head = v_cache + gl.multiple_of(tile.off_hk.to(gl.int64) * call.v_head_stride, 8)
-        for i in range(tile.n_tiles):
-            slot, phase = _ring(kv, cfg.STAGES)
-            empty_phase = phase ^ 1
-            keys = gl.minimum(tile.lo + i * cfg.BLOCK_N + rows_in_tile, tile.n_k - 1)
-            page = gl.load(table_row + keys // cfg.PAGE_SIZE)
-            row = (page * cfg.PAGE_SIZE + keys % cfg.PAGE_SIZE).to(gl.int64)
-            # the launcher took only TMA-ready caches: 16-byte rows, so each thread's 8 values are one copy
-            k_ptrs = k_head + gl.multiple_of(row * call.k_row_stride, 8)[:, None] + cols[None, :]
-            v_ptrs = v_head + gl.multiple_of(row * call.v_row_stride, 8)[:, None] + cols[None, :]
-            mbarrier.wait(smem.k_empty.index(slot), empty_phase)
-            cp_async_load(smem.k_smem.index(slot).reshape([cfg.BLOCK_N, cfg.HEAD_DIM]), k_ptrs)
-            cp_async_arrive(smem.k_ready.index(slot), increment_count=False)
-            mbarrier.wait(smem.v_empty.index(slot), empty_phase)
-            cp_async_load(smem.v_smem.index(slot).reshape([cfg.BLOCK_N, cfg.HEAD_DIM]), v_ptrs)
-            cp_async_arrive(smem.v_ready.index(slot), increment_count=False)
             kv += 1
         return kv
 
@@ -415,15 +360,12 @@ if HAVE_GLUON:
         return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
 
     @gluon.jit
-    def _kv_tile(smem, ready, tile, cfg):
+    def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         # Wait for ring tile `tile` (counted over all work tiles) to land and
-        # return its [BLOCK_N, HEAD_DIM] view. Row copies write through the generic
-        # proxy: fenced before the wgmma (async proxy) reads them.
-        slot, phase = _ring(tile, cfg.STAGES)
+        # return its [BLOCK_N, HEAD_DIM] view.
+        slot, phase = _ring(tile, STAGES)
         mbarrier.wait(ready.index(slot), phase)
-        if cfg.ROW_COPIES:
-            fence_async_shared()
-        return smem.index(slot).reshape([cfg.BLOCK_N, cfg.HEAD_DIM])
+        return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
     def _carried_p(p_f32, dtype: gl.constexpr, P_FP32: gl.constexpr):
@@ -509,7 +451,7 @@ if HAVE_GLUON:
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
             p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32)
-            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg)
+            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             if cfg.PINGPONG:
                 _wait_turn(smem.turns, turn, C)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
@@ -518,7 +460,7 @@ if HAVE_GLUON:
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait).
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
-            v_tile = _kv_tile(smem.v_smem, smem.v_ready, kv + j - 1, cfg)
+            v_tile = _kv_tile(smem.v_smem, smem.v_ready, kv + j - 1, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             if cfg.PINGPONG:
                 mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
@@ -618,7 +560,7 @@ if HAVE_GLUON:
         if c_end > 0:
             # Key tile 0 on its own (through the masked code, right for any
             # tile): it fills the pipeline with its P.
-            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv, cfg)
+            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
                               gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
@@ -648,7 +590,7 @@ if HAVE_GLUON:
 
             # The last key tile's PV product.
             last = kv + c_end - 1
-            v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg)
+            v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             if cfg.IS_VARLEN:
                 # Only the work tile's last key tile can reach past the sequence's end (key_range):
                 # its rows there are the next sequence's V (or a cache's unused rows), which P's
@@ -731,9 +673,9 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
-        cache_seqlens, block_table, k_cache, v_cache,
+        cache_seqlens, block_table,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-        kv_seq_rows, table_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
+        kv_seq_rows, table_stride,
         off, left, right,
         qk_scale, softcap_in, softcap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -741,7 +683,7 @@ if HAVE_GLUON:
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
-        PAGE_SIZE: gl.constexpr, ROW_COPIES: gl.constexpr,
+        PAGE_SIZE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -751,8 +693,7 @@ if HAVE_GLUON:
         # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
         # KV_CACHE (with IS_VARLEN): k / v descriptors over the cache's rows
         # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
-        # block_table [B, max_pages] int32 (PAGE_SIZE > 0). ROW_COPIES: k_cache / v_cache
-        # the caches' pointers, row r of head h at r * row_stride + h * head_stride.
+        # block_table [B, max_pages] int32 (PAGE_SIZE > 0).
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -783,9 +724,9 @@ if HAVE_GLUON:
             mbarrier.init(q_empty.index(i), count=1)
         for i in gl.static_range(NUM_CONSUMERS):
             mbarrier.init(turns.index(i), count=1)
-        for i in gl.static_range(STAGES):  # TMA: one arrival and the bytes; row copies: each producer thread's
-            mbarrier.init(k_ready.index(i), count=128 if ROW_COPIES else 1)
-            mbarrier.init(v_ready.index(i), count=128 if ROW_COPIES else 1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
             mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
         fence_async_shared()
@@ -795,29 +736,26 @@ if HAVE_GLUON:
         call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
                     gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(total_q), gl.to_tensor(o_stride_row),
                     gl.to_tensor(o_stride_head), gl.to_tensor(kv_seq_rows), gl.to_tensor(table_stride),
-                    gl.to_tensor(k_row_stride), gl.to_tensor(k_head_stride), gl.to_tensor(v_row_stride),
-                    gl.to_tensor(v_head_stride),
                     gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
                     gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     ROW_COPIES)
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, k_cache, v_cache, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, k_cache, v_cache, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
@@ -826,7 +764,7 @@ if HAVE_GLUON:
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, k_cache, v_cache, cfg)),
+                                     cache_seqlens, block_table, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,

@@ -8,7 +8,6 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.language.core import _aggregate as aggregate
     from triton.experimental.gluon.language.nvidia.hopper import (
-        async_copy,
         fence_async_shared,
         mbarrier,
         tma,
@@ -20,9 +19,6 @@ try:
     # releases renamed them async_load / async_store. Either serves.
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    # cp.async likewise: 3.6's async_copy_global_to_shared, async_load from 3.9 (the old name raises).
-    cp_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    cp_async_arrive = async_copy.mbarrier_arrive
     HAVE_GLUON = True
 except (ImportError, AttributeError):
     HAVE_GLUON = False
@@ -54,6 +50,5 @@ if HAVE_GLUON:
                 piece.store(gl.where((rows < first)[:, None], vals, gl.zeros_like(vals)))
         fence_async_shared()
 
-__all__ = ["HAVE_GLUON", "gluon", "gl", "aggregate", "cp_async_load", "cp_async_arrive", "fence_async_shared",
-           "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "tma_load", "tma_store", "tail_layout",
-           "zero_rows_from"]
+__all__ = ["HAVE_GLUON", "gluon", "gl", "aggregate", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
+           "warpgroup_mma_wait", "tma_load", "tma_store", "tail_layout", "zero_rows_from"]

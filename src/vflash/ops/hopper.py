@@ -93,9 +93,8 @@ def page_rows(page_size: int, block_n: int) -> int:
 
 
 def pages_fit(page_size: int, block_n: int) -> bool:
-    """The kernel's TMA copies of a paged cache's tiles never straddle a page and keep the
-    shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows. Row
-    copies (tiles.row_copies) take any page size."""
+    """The kernel's copies of a paged cache's tiles never straddle a page and keep the
+    shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows."""
     return page_size >= 16 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
 
 
@@ -152,30 +151,22 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D] tensors, out
     [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones.
     `cache` (cache_seqlens, block_table or None) with varlen (cu_seqlens_k None):
-    k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D];
-    tiles.row_copies (paged) copies their tiles row by row, any page size."""
+    k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]."""
     D = q.shape[-1]
     rows, keys = describers(tiles.block_n, D, q.dtype)
     seqlens = table = None
-    cache_strides, page_size, row_copies = (0, 0), 0, False
-    caches, row_strides = (None, None), (0, 0, 0, 0)
+    cache_strides, page_size = (0, 0), 0
     if cache is not None:
         seqlens, table = cache
         paged = table is not None
         page_size = k.shape[1] if paged else 0
-        row_copies = paged and tiles.row_copies
-        # what dispatch checked (select_kvcache): a TMA copy never straddles a page, the rows merge in place
-        if paged and not row_copies and not pages_fit(page_size, tiles.block_n):
-            raise ValueError(f"the sm90 kernel's TMA copies take power-of-two pages of 16 rows or more, not "
-                             f"{page_size}: row copies take any")
+        # what dispatch checked (select_kvcache): a copy never straddles a page, the rows merge in place
+        if paged and not pages_fit(page_size, tiles.block_n):
+            raise ValueError(f"the sm90 kernel takes power-of-two pages of 16 rows or more, not {page_size}")
         if not (cache_ready(k) and cache_ready(v)):
             raise ValueError("the sm90 kernel needs caches whose pages merge into rows TMA can address")
-        # row copies: K/V descriptors only give the ring's shared layout (a tile's, whatever the page)
-        copy_rows = page_rows(page_size, tiles.block_n) if paged and not row_copies else tiles.block_n
-        _, cache_keys = describers(copy_rows, D, q.dtype)
+        _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
         cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0)
-        if row_copies:
-            caches, row_strides = (k, v), (k.stride(1), k.stride(2), v.stride(1), v.stride(2))
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -195,8 +186,8 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
             descs = (rows(heads_first(q)), cache_keys(cache_rows(k)), cache_keys(cache_rows(v)),
                      rows(heads_first(out)))
     args = (
-        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *caches,
-        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides, *row_strides,
+        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table,
+        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
     )
@@ -211,12 +202,11 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         slots = (Slot(0, "q", packed), Slot(1, "k_cache", cached), Slot(2, "v_cache", cached), Slot(3, "out", packed),
                  Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"))
         slots += (Slot(10, "block_table"),) if table is not None else ()
-        slots += (Slot(11, "k_cache"), Slot(12, "v_cache")) if row_copies else ()
     slots += (Slot(4, "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot(5, "tile_counter"),)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None,
-                             varlen is not None, top_left, cache is not None, page_size, row_copies)
+                             varlen is not None, top_left, cache is not None, page_size)
     return KernelLaunch(hopper.attention_fwd_hopper_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
@@ -224,7 +214,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
 
 def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, softcap: bool,
                 store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
-                page_size: int = 0, row_copies: bool = False) -> dict:
+                page_size: int = 0) -> dict:
     """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -233,7 +223,7 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
-                KV_CACHE=kv_cache, PAGE_SIZE=page_size, ROW_COPIES=row_copies)
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
 def desc_signature(block, dtype: torch.dtype) -> str:
@@ -247,15 +237,12 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build;
-    kv_cache (with varlen): keys from a cache, paged when page_size > 0 (row by row
-    with tiles.row_copies)."""
+    kv_cache (with varlen): keys from a cache, paged when page_size > 0."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    row_copies = bool(page_size) and tiles.row_copies
-    copy_rows = page_rows(page_size, tiles.block_n) if page_size and not row_copies else tiles.block_n
-    rows, keys = _block_shapes(copy_rows, head_dim)
+    rows, keys = _block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
     name = _GL_DTYPES[dtype]
 
     def desc(block):
@@ -267,15 +254,12 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
                  "Out": f"*{name}" if varlen else "constexpr",
                  "cache_seqlens": "*i32" if kv_cache else "constexpr",
                  "block_table": "*i32" if page_size else "constexpr",
-                 "k_cache": f"*{name}" if row_copies else "constexpr",
-                 "v_cache": f"*{name}" if row_copies else "constexpr",
                  "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
                  "o_stride_row": "i32", "o_stride_head": "i32", "kv_seq_rows": "i32", "table_stride": "i32",
-                 "k_row_stride": "i32", "k_head_stride": "i32", "v_row_stride": "i32", "v_head_stride": "i32",
                  "off": "i32", "left": "i32", "right": "i32",
                  "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
     constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left, kv_cache,
-                             page_size, row_copies)
+                             page_size)
     signature.update({k: "constexpr" for k in constexprs})
     if not tiles.dynamic:
         constexprs = dict(constexprs, tile_counter=None)
@@ -287,9 +271,5 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
         constexprs = dict(constexprs, cache_seqlens=None)
     if not page_size:
         constexprs = dict(constexprs, block_table=None)
-    if not row_copies:
-        constexprs = dict(constexprs, k_cache=None, v_cache=None)
-    # what a launch's specialization says of the row copies' caches (tma_ready: 16-byte aligned)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("k_cache", "v_cache")} if row_copies else {}
-    return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(tiles.block_m, tiles.ctas_per_sm))

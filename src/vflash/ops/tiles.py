@@ -32,7 +32,6 @@ class HopperTiles(NamedTuple):
     lazy_rescale: bool = False  # LAZY_RESCALE
     ctas_per_sm: int = 1  # CTAs resident on an SM: sets the register cap and the persistent grid
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
-    row_copies: bool = False  # ROW_COPIES: a paged cache's K/V tiles by cp.async row by row (any page size)
 
 
 class BackwardLaunch(NamedTuple):

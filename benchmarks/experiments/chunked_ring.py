@@ -1,10 +1,12 @@
-"""Chunked prefill on the sm90 kernel's KV_CACHE build: a paged cache's K/V tiles by TMA (one copy a
-page) against row by row (cp.async, ROW_COPIES), page by page size, beside a contiguous cache and
-vflash.attention on the same work dense, all timed in turn (serving._prefill_rows) on the chunked
-sweep's rows. Each method forces its copies through dispatch.tables.SM90_TMA_PAGES_FROM while its
-call is captured. Every output is checked against dense's before its time counts.
+"""Chunked prefill on the sm90 kernel's KV_CACHE build: a paged cache's ring of K/V tiles at the table's
+depth and deeper (pages of 16 cost eight TMA copies a 128-key tile, 64 two), beside a contiguous cache and
+vflash.attention on the same work dense, all timed in turn (serving._prefill_rows) on the chunked sweep's
+rows. A variant "block_n:stages[:q_buffers]" replaces the dense rule's tiles for the cache calls while their
+call is captured (shared memory the launch cannot have: the row's status says so). Every output is
+checked against dense's before its time counts.
 
-  PYTHONPATH=src python3 -m benchmarks.experiments.chunked_copies --out chunked_copies.csv [--pages 16,64]
+  PYTHONPATH=src python3 -m benchmarks.experiments.chunked_ring --out chunked_ring.csv \
+      [--pages 16,64] [--variants 128:3:1,64:4,64:3:1]
 """
 
 import argparse
@@ -13,23 +15,29 @@ import csv
 import torch
 
 import vflash
-from vflash.dispatch import tables
+from vflash.dispatch import rules
 from vflash.harness import serving
-from vflash.ops import hopper
 
 
-def _forced(call, tma_from: int):
+def _with_tiles(call, block_n: int, stages: int, q_buffers: int = 0):
     def run():
-        saved = tables.SM90_TMA_PAGES_FROM
-        tables.SM90_TMA_PAGES_FROM = tma_from
+        select = rules.select
+
+        def deeper(p, kernel=None):
+            c = select(p, kernel)
+            if c.kernel != "sm90":
+                return c
+            tiles = c.tiles._replace(block_n=block_n, stages=stages, q_buffers=q_buffers or c.tiles.q_buffers)
+            return c._replace(tiles=tiles)
+        rules.select = deeper
         try:
             return call()
         finally:
-            tables.SM90_TMA_PAGES_FROM = saved
+            rules.select = select
     return run
 
 
-def rows_for(B: int, n_new: int, prefix: int, pages, device) -> list:
+def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
     Hq, Hkv, D = serving.DECODE_HEADS
     n_k = prefix + n_new
     dtype = torch.bfloat16
@@ -39,15 +47,19 @@ def rows_for(B: int, n_new: int, prefix: int, pages, device) -> list:
     seqlens = torch.full((B,), n_k, dtype=torch.int32, device=device)
     qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     methods = {}
-    for page in pages:
-        kc, vc, table = serving.paged_cache(k, v, page)
-
+    caches = {f"paged{page}": serving.paged_cache(k, v, page) for page in pages}
+    for name, (kc, vc, table) in caches.items():
         def call(kc=kc, vc=vc, table=table):
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
-        methods[f"paged{page}_rows"] = _forced(call, 1 << 30)
-        if hopper.pages_fit(page, 128):
-            methods[f"paged{page}_tma"] = _forced(call, 1)
-    methods["contig"] = lambda: vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False)
+        methods[name] = call
+        for v in variants:
+            methods[f"{name}_" + "_".join(map(str, v))] = _with_tiles(call, *v)
+
+    def contig():
+        return vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False)
+    methods["contig"] = contig
+    for v in variants:
+        methods["contig_" + "_".join(map(str, v))] = _with_tiles(contig, *v)
     methods["dense"] = lambda: vflash.attention(qd, kd, vd, causal=True)
     flops = 4.0 * D * Hq * B * serving.visible_pairs(n_new, n_k, True)
     rows = serving._prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
@@ -67,13 +79,15 @@ def rows_for(B: int, n_new: int, prefix: int, pages, device) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pages", default="16,64,17")
+    ap.add_argument("--pages", default="16,64")
+    ap.add_argument("--variants", default="128:3:1,64:4,64:3:1", help="block_n:stages[:q_buffers], comma-separated")
     args = ap.parse_args()
     device = torch.device("cuda")
     pages = [int(p) for p in args.pages.split(",")]
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v]
     rows = []
     for B, n_new, prefix in serving.CHUNKED_ROWS:
-        got = rows_for(B, n_new, prefix, pages, device)
+        got = rows_for(B, n_new, prefix, pages, variants, device)
         print(f"B {B} new {n_new} prefix {prefix}: " + "  ".join(
             f"{r['method']} {r.get('tflops', r['status'])} ({r.get('vs_dense', '-')})" for r in got), flush=True)
         rows += got
