@@ -11,6 +11,7 @@ checked against dense's before its time counts.
 
 import argparse
 import csv
+import dataclasses
 
 import torch
 
@@ -28,7 +29,7 @@ def _with_tiles(call, block_n: int, stages: int, q_buffers: int = 0):
             if c.kernel != "sm90":
                 return c
             tiles = c.tiles._replace(block_n=block_n, stages=stages, q_buffers=q_buffers or c.tiles.q_buffers)
-            return c._replace(tiles=tiles)
+            return dataclasses.replace(c, tiles=tiles)
         rules.select = deeper
         try:
             return call()
@@ -52,14 +53,14 @@ def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
         def call(kc=kc, vc=vc, table=table):
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
         methods[name] = call
-        for v in variants:
-            methods[f"{name}_" + "_".join(map(str, v))] = _with_tiles(call, *v)
+        for tiles in variants:
+            methods[f"{name}_" + "_".join(map(str, tiles))] = _with_tiles(call, *tiles)
 
     def contig():
         return vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False)
     methods["contig"] = contig
-    for v in variants:
-        methods["contig_" + "_".join(map(str, v))] = _with_tiles(contig, *v)
+    for tiles in variants:
+        methods["contig_" + "_".join(map(str, tiles))] = _with_tiles(contig, *tiles)
     methods["dense"] = lambda: vflash.attention(qd, kd, vd, causal=True)
     flops = 4.0 * D * Hq * B * serving.visible_pairs(n_new, n_k, True)
     rows = serving._prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
@@ -84,7 +85,7 @@ def main() -> int:
     args = ap.parse_args()
     device = torch.device("cuda")
     pages = [int(p) for p in args.pages.split(",")]
-    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v]
+    variants = [tuple(int(x) for x in t.split(":")) for t in args.variants.split(",") if t]
     rows = []
     for B, n_new, prefix in serving.CHUNKED_ROWS:
         got = rows_for(B, n_new, prefix, pages, variants, device)
