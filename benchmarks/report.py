@@ -435,7 +435,7 @@ def _bench_csvs(folder):
         rows = _read(p)
         if _serving_csv(rows) or _backward_csv(rows):
             continue  # serving_text / backward_text render them
-        if rows and "method" in rows[0] and "tflops" in rows[0]:
+        if rows and {"method", "tflops", "sweep"} <= set(rows[0]):  # an experiment's own CSV is listed, not drawn
             bench.append((p, rows))
         elif rows and "S" in rows[0]:
             mem.append((p, rows))
