@@ -132,10 +132,11 @@ for step in "$@"; do
              done ;;
     bwd_hopper) # the sm_90 backward kernels against the portable ones (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES /
                 # HOPPER_DKDV_TILES "m:n ...", BWD_APART=1: dK and dV apart, D 256; BWD_GRAPHS=1: CUDA graph replays,
-                # BWD_ROUNDS=R: the dK / dV tiles and the whole backward R times, in turn)
+                # BWD_ROUNDS=R: the dK / dV tiles and the whole backward R times, in turn; BWD_PAIRED=1: the whole
+                # backward for each dQ / dK-dV tile pair)
              timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_hopper ${BWD_ROWS:+--rows $BWD_ROWS} \
                ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} ${HOPPER_DKDV_TILES:+--dkdv-tiles $HOPPER_DKDV_TILES} \
-               ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
+               ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_PAIRED:+--paired} ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
                >> "$R/bwd_hopper${BWD_APART:+_apart}.txt" 2>&1
              tail -30 "$R/bwd_hopper${BWD_APART:+_apart}.txt" ;;
     decode_host) # a planned decode call's host time in pieces (key, lookup, allocations, launches; DECODE_ROWS "B:KV")

@@ -5,8 +5,10 @@ kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the d
 products, 2x), each timed alone (`time_call`), and the whole backward (delta, dK / dV, dQ; 2.5x, the count
 `vflash bench --mode bwd` uses) with the portable kernels and with the sm_90 ones. The sm_90 kernels'
 gradients are compared with the portable ones' (a difference above 2 % of the largest value prints WRONG).
-The whole sm_90 backward takes the first --tiles and --dkdv-tiles. --rounds R times the dK / dV tiles and
-the whole backward R times, the tiles in turn each round (one pass is not evidence for a few per cent).
+The whole sm_90 backward takes the first --tiles and --dkdv-tiles (--paired: each pair of them in turn).
+--rounds R
+times the dQ and dK / dV tiles and the whole backward R times, the tiles in turn each round (one pass is not
+evidence for a few per cent).
 Prints one line a measurement and writes a CSV.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
@@ -35,12 +37,14 @@ def main() -> int:
                     help="the sm_90 dQ kernel's block_m:block_n")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)[:stages]")
+    ap.add_argument("--paired", action="store_true",
+                    help="the whole backward for each (--tiles, --dkdv-tiles) pair, in turn, each round")
     ap.add_argument("--graphs", action="store_true",
                     help="time each call as a CUDA graph replay (the kernels alone, without the launch path)")
     ap.add_argument("--apart", action="store_true",
                     help="dK and dV from two launches of the dK / dV kernel (one accumulator each; D 256)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time the dK / dV tiles and the whole backward R times, in turn")
+                    help="time the dQ and dK / dV tiles and the whole backward R times, in turn")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -79,42 +83,39 @@ def main() -> int:
                                                                                    dq_launch)], 2.5 * fwd)
         want = (dq_portable.clone(), dk_portable.clone(), dv_portable.clone())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for t in args.tiles:
-            bm, bn = (int(x) for x in t.split(":"))
-            try:
-                sm90_dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn)
-            except ValueError as e:
-                print(f"D{d} N{n} dq {t}: {e}")
-                continue
-            record("dq", "sm90", (bm, bn), lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1])
+        def dq_sm90(t):
+            m, n = (int(x) for x in t.split(":"))
+            return hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n)
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
-        def dkdv_tile(t):
+        def dkdv_launches(t):
             m, n, stages = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES])[:3]
-            return m, n, stages
-
-        def dkdv_launches(bm, bn, stages=hopper_bwd.STAGES):
-            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, bm, bn, stages,
+            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, m, n, stages,
                                            outputs=o) for o in outputs]
-        bm, bn = (int(x) for x in args.tiles[0].split(":"))
-        km, kn, kstages = dkdv_tile(args.dkdv_tiles[0])
+        pairs = list(zip(args.tiles, args.dkdv_tiles)) if args.paired else [(args.tiles[0], args.dkdv_tiles[0])]
         for rnd in range(args.rounds):
-            for t in args.dkdv_tiles:
-                tm, tn, tstages = dkdv_tile(t)
+            for t in args.tiles:
                 try:
-                    sm90_dkdv = dkdv_launches(tm, tn, tstages)
+                    sm90_dq = dq_sm90(t)
+                except ValueError as e:
+                    print(f"D{d} N{n} dq {t}: {e}")
+                    continue
+                record("dq", "sm90", t, lambda: launches.run(sm90_dq, dev), 1.5 * fwd, (dq,), want[:1], rnd)
+            for t in args.dkdv_tiles:
+                try:
+                    sm90_dkdv = dkdv_launches(t)
                 except ValueError as e:
                     print(f"D{d} N{n} dkdv {t}: {e}")
                     continue
-                record("dkdv", "sm90" + (" apart" if args.apart else ""), (tm, tn, tstages),
+                record("dkdv", "sm90" + (" apart" if args.apart else ""), t,
                        lambda: [launches.run(x, dev) for x in sm90_dkdv], 2.0 * fwd, (dk, dv), want[1:], rnd)
-            try:
-                sm90 = (delta_launch, *dkdv_launches(km, kn, kstages),
-                        hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, bm, bn))
-                record("bwd", "sm90", "first tiles", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
-                       (dq, dk, dv), want, rnd)
-            except ValueError as e:
-                print(f"D{d} N{n} bwd: {e}")
+            for tq, tkv in pairs:
+                try:
+                    sm90 = (delta_launch, *dkdv_launches(tkv), dq_sm90(tq))
+                    record("bwd", "sm90", f"{tq} / {tkv}", lambda: [launches.run(x, dev) for x in sm90], 2.5 * fwd,
+                           (dq, dk, dv), want, rnd)
+                except ValueError as e:
+                    print(f"D{d} N{n} bwd: {e}")
     write_rows(args.out, rows)
     return 0
 
