@@ -63,8 +63,8 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         assert ("atom.global" in ptx) == t.dynamic, kw
         # the output goes out by TMA; varlen adds the masked pointer store beside it
         assert "cp.async.bulk.tensor.4d.global.shared" in ptx, kw
-        if kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, K and V
-            assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 16, kw
+        if kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, or one for a run of pages, K and V
+            assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 18, kw
         if kw.get("varlen"):
             dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
                                                page_size=0)).asm["ptx"]
@@ -201,6 +201,11 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     rows = k.shape[0] * k.shape[1]
     assert by_name["k_desc"].shape == (1, 2, rows, 128) and by_name["k_desc"].base.data_ptr() == k.data_ptr()
     assert by_name["k_desc"].block_shape == [1, 1, min(page, 128) if page else 128, 128]
+    runs = 0 < page < 128  # pages shorter than a tile: a run of them in one copy, blocks of the tile's rows
+    for name in ("kt_desc", "vt_desc"):
+        d = by_name[name]
+        assert (d is None) != runs and (not runs or (d.block_shape == [1, 1, 128, 128] and d.shape == (1, 2, rows, 128)
+                                                     and d.base.data_ptr() == k.data_ptr()))
     assert by_name["cache_seqlens"] is seqlens and by_name["block_table"] is table
     assert by_name["cu_seqlens_k"] is None and by_name["batch"] == 3 and by_name["kv_group"] == 4
     assert by_name["kv_seq_rows"] == (0 if page else 1000) and by_name["table_stride"] == (20 if page else 0)
@@ -208,6 +213,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     names_by_slot = {s.position: s.name for s in launch.slots}
     assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[2] == "v_cache"
     assert (names_by_slot.get(10) == "block_table") == bool(page)
+    assert (names_by_slot.get(11), names_by_slot.get(12)) == (("k_cache", "v_cache") if runs else (None, None))
     assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
     assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])
     assert not hopper.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge

@@ -15,13 +15,19 @@ from vflash.reference import attention_with_kvcache_reference
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _paged(lens, page, hkv, d, dtype, device, seed=0, share_first=False, spare=3):
-    """A shuffled paged cache holding sequences of the given lengths: (k_cache, v_cache, table)."""
+def _paged(lens, page, hkv, d, dtype, device, seed=0, share_first=False, spare=3, runs=False):
+    """A shuffled paged cache holding sequences of the given lengths: (k_cache, v_cache, table).
+    runs: pages handed out in order, as a block allocator does, every 19th swapped with one
+    from the far end (runs of consecutive pages, broken here and there)."""
     g = torch.Generator().manual_seed(seed)
     need = [max(1, -(-n // page)) for n in lens]
     max_pages = max(need)
     n_pages = sum(need) + spare
     order = torch.randperm(n_pages, generator=g).tolist()
+    if runs:
+        order = list(range(n_pages))
+        for i in range(3, n_pages // 2, 19):
+            order[i], order[n_pages - 1 - i] = order[n_pages - 1 - i], order[i]
     table = torch.zeros(len(lens), max_pages, dtype=torch.int32)
     used = 0
     for b, n in enumerate(need):
@@ -361,7 +367,7 @@ def test_planned_repeats_follow_growing_lengths_and_capture_in_a_graph(splits):
     assert all(torch.equal(a, b) for a, b in zip(captured, want))
 
 
-def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
+def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda", runs=False):
     """A cache whose rows past each sequence's length (and spare pages) hold NaN: paged
     (page > 0, shuffled pages) or contiguous [B, max_len] (page 0)."""
     if page == 0:
@@ -372,7 +378,7 @@ def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
             k_cache[b, n:] = float("nan")
             v_cache[b, n:] = float("nan")
         return k_cache, v_cache, None
-    k_cache, v_cache, table = _paged(lens, page, hkv, d, dtype, device, seed=seed)
+    k_cache, v_cache, table = _paged(lens, page, hkv, d, dtype, device, seed=seed, runs=runs)
     used = set()
     for b, n in enumerate(lens):
         need = max(1, -(-n // page))
@@ -388,7 +394,9 @@ def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda"):
 
 # Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options)
 HOPPER_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
-                (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True))]
+                (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True)),
+                # pages in runs (one copy a tile where a tile's pages are consecutive)
+                (16, dict(runs=True)), (32, dict(runs=True, causal=False)), (16, dict(runs=True, window=(100, 0)))]
 
 
 def _cu_of(lens):
@@ -411,7 +419,8 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
     if opts.get("empty"):  # sequences whose cache is empty (zeros, -inf), one with no new queries
         lens_q, lens_k = [300, 1, 0, 134], [0, 77, 50, 0]
-    k_cache, v_cache, table = _poisoned_cache(lens_k, page, 2, d, torch.bfloat16, seed=d + page)
+    k_cache, v_cache, table = _poisoned_cache(lens_k, page, 2, d, torch.bfloat16, seed=d + page,
+                                              runs=opts.get("runs", False))
     g = torch.Generator().manual_seed(3)
     q = torch.randn(sum(lens_q), 8, d, generator=g).to(torch.bfloat16).cuda()
     cu = _cu_of(lens_q)

@@ -1,5 +1,6 @@
 """Chunked prefill on the sm90 kernel's KV_CACHE build: a paged cache's ring of K/V tiles at the table's
-depth and deeper (pages of 16 cost eight TMA copies a 128-key tile, 64 two), beside a contiguous cache and
+depth and deeper (pages of 16 cost eight TMA copies a 128-key tile, 64 two; a tile whose pages are
+consecutive one: each page size also with every sequence's pages in order), beside a contiguous cache and
 vflash.attention on the same work dense, all timed in turn (serving._prefill_rows) on the chunked sweep's
 rows. A variant "block_n:stages[:q_buffers]" replaces the dense rule's tiles for the cache calls while their
 call is captured (shared memory the launch cannot have: the row's status says so). Every output is
@@ -49,6 +50,7 @@ def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
     qd, kd, vd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     methods = {}
     caches = {f"paged{page}": serving.paged_cache(k, v, page) for page in pages}
+    caches.update({f"paged{page}_in_order": serving.paged_cache(k, v, page, shuffled=False) for page in pages})
     for name, (kc, vc, table) in caches.items():
         def call(kc=kc, vc=vc, table=table):
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)

@@ -306,12 +306,15 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
                          device)
 
 
-def paged_cache(k: torch.Tensor, v: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The keys and values k, v [B, n_k, Hkv, D] in shuffled pages of `size`: (k_cache, v_cache, block_table),
-    sequence b's page j (keys j * size on) page block_table[b, j]."""
+def paged_cache(k: torch.Tensor, v: torch.Tensor, size: int,
+                shuffled: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys and values k, v [B, n_k, Hkv, D] in shuffled pages of `size` (or, not shuffled, each
+    sequence's pages one after another): (k_cache, v_cache, block_table), sequence b's page j (keys j *
+    size on) page block_table[b, j]."""
     B, n_k, Hkv, D = k.shape
     pages = -(-n_k // size)
-    table = _shuffled_table(B, pages, k.device)
+    table = (_shuffled_table(B, pages, k.device) if shuffled else
+             torch.arange(B * pages, dtype=torch.int32, device=k.device).view(B, pages))
     kc, vc = (torch.zeros(B * pages, size, Hkv, D, device=k.device, dtype=k.dtype) for _ in range(2))
     for c, t in ((kc, k), (vc, v)):
         rows = torch.zeros(B, pages * size, Hkv, D, device=k.device, dtype=k.dtype)

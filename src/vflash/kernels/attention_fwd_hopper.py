@@ -53,7 +53,9 @@ shape of FlashAttention-3:
   (PAGE_SIZE 0): sequence b's keys start at row b * max_len. Paged: each K/V
   tile is BLOCK_N / PAGE_ROWS TMA copies of PAGE_ROWS = min(PAGE_SIZE, BLOCK_N)
   rows, each from the page the block table names (a power-of-two page size, so
-  no copy straddles a page). Cache rows past a sequence's length may hold
+  no copy straddles a page), or one copy of the tile's rows (kt_desc / vt_desc,
+  blocks of BLOCK_N rows) where its pages are consecutive in the cache (a run,
+  as a block allocator hands a sequence's pages out). Cache rows past a sequence's length may hold
   anything (NaN included): K there is masked, and V's rows there are zeroed in
   shared memory as varlen's are.
 
@@ -265,7 +267,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, cfg):
+                        block_table, kt_desc, vt_desc, cfg):
         # Producer: one thread issues every TMA copy. Per work tile, each
         # consumer's Q rows into its buffer `done % Q_BUFFERS` once the consumer
         # released it (q_empty; with two, while the previous tile computes), then
@@ -285,7 +287,7 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         while t < call.n_work:
             kv = _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k,
-                                 cache_seqlens, block_table, cfg)
+                                 cache_seqlens, block_table, kt_desc, vt_desc, cfg)
             done += 1
             if cfg.DYNAMIC:
                 t = gl.atomic_add(tile_counter, 1) + gl.num_programs(0)
@@ -300,7 +302,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_work_tile(q_desc, k_desc, v_desc, smem, t, kv, done, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens,
-                        block_table, cfg):
+                        block_table, kt_desc, vt_desc, cfg):
         # Work tile t's Q rows and K/V tiles; returns the K/V tiles issued so far.
         ROWS: gl.constexpr = 64
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
@@ -326,18 +328,43 @@ if HAVE_GLUON:
             rows = ()
             for c in gl.static_range(COPIES):
                 rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
+            run = _page_run(rows, cfg)
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
-            for c in gl.static_range(COPIES):
-                tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.k_ready.index(slot),
-                          smem.k_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+            _copy_tile(k_desc, kt_desc, smem.k_smem.index(slot), smem.k_ready.index(slot), rows, run, tile, cfg)
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
-            for c in gl.static_range(COPIES):
-                tma_load(v_desc, [tile.desc_b, tile.off_hk, rows[c], 0], smem.v_ready.index(slot),
-                          smem.v_smem.index(slot).slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+            _copy_tile(v_desc, vt_desc, smem.v_smem.index(slot), smem.v_ready.index(slot), rows, run, tile, cfg)
             kv += 1
         return kv
+
+    @gluon.jit
+    def _page_run(rows, cfg):
+        # Pages shorter than a tile: whether the tile's copies' rows run on in the cache (its pages
+        # consecutive, as a block allocator hands a sequence's pages out), so that one copy of
+        # BLOCK_N rows takes them. A tile crossing the sequence's end repeats its last page: no run.
+        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
+        run = False
+        if COPIES > 1:
+            run = rows[1] == rows[0] + cfg.PAGE_ROWS
+            for c in gl.static_range(2, COPIES):
+                run = run & (rows[c] == rows[0] + c * cfg.PAGE_ROWS)
+        return run
+
+    @gluon.jit
+    def _copy_tile(desc, tile_desc, buf, ready, rows, run, tile, cfg):
+        # One K or V tile into ring buffer `buf`: a copy of BLOCK_N rows (a contiguous cache, pages of
+        # a tile or more, or a run of shorter pages through tile_desc), else one copy a page.
+        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
+        if COPIES > 1:
+            if run:
+                tma_load(tile_desc, [tile.desc_b, tile.off_hk, rows[0], 0], ready, buf)
+            else:
+                for c in gl.static_range(COPIES):
+                    tma_load(desc, [tile.desc_b, tile.off_hk, rows[c], 0], ready,
+                              buf.slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+        else:
+            tma_load(desc, [tile.desc_b, tile.off_hk, rows[0], 0], ready, buf)
 
     @gluon.jit
     def _cache_row(key, tile, block_table, call, cfg):
@@ -673,7 +700,7 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_hopper_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
-        cache_seqlens, block_table,
+        cache_seqlens, block_table, kt_desc, vt_desc,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
         kv_seq_rows, table_stride,
         off, left, right,
@@ -693,7 +720,8 @@ if HAVE_GLUON:
         # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
         # KV_CACHE (with IS_VARLEN): k / v descriptors over the cache's rows
         # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
-        # block_table [B, max_pages] int32 (PAGE_SIZE > 0).
+        # block_table [B, max_pages] int32 (PAGE_SIZE > 0); pages shorter than BLOCK_N:
+        # kt_desc / vt_desc over the same rows in blocks of BLOCK_N (a run of pages' copy).
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -748,14 +776,14 @@ if HAVE_GLUON:
         if NUM_CONSUMERS == 1:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, cfg)),
+                                     cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, cfg)),
+                                     cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
@@ -764,7 +792,7 @@ if HAVE_GLUON:
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
-                                     cache_seqlens, block_table, cfg)),
+                                     cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
                                          gl.constexpr(0), cfg)),
                 (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,

@@ -151,11 +151,12 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D] tensors, out
     [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones.
     `cache` (cache_seqlens, block_table or None) with varlen (cu_seqlens_k None):
-    k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]."""
+    k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]; pages shorter than
+    a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy)."""
     D = q.shape[-1]
     rows, keys = describers(tiles.block_n, D, q.dtype)
     seqlens = table = None
-    cache_strides, page_size = (0, 0), 0
+    cache_strides, page_size, runs = (0, 0), 0, False
     if cache is not None:
         seqlens, table = cache
         paged = table is not None
@@ -167,6 +168,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
             raise ValueError("the sm90 kernel needs caches whose pages merge into rows TMA can address")
         _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
         cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0)
+        runs = paged and page_size < tiles.block_n
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -185,8 +187,9 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
             Nk, Hkv = 0, k.shape[2]
             descs = (rows(heads_first(q)), cache_keys(cache_rows(k)), cache_keys(cache_rows(v)),
                      rows(heads_first(out)))
+    run_descs = (keys(cache_rows(k)), keys(cache_rows(v))) if runs else (None, None)
     args = (
-        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table,
+        *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *run_descs,
         B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         band.off, band.left, band.right,
         *score_scales(scale, softcap),
@@ -202,6 +205,9 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         slots = (Slot(0, "q", packed), Slot(1, "k_cache", cached), Slot(2, "v_cache", cached), Slot(3, "out", packed),
                  Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"))
         slots += (Slot(10, "block_table"),) if table is not None else ()
+        if runs:
+            tile_rows = (lambda t: keys(cache_rows(t)))
+            slots += (Slot(11, "k_cache", tile_rows), Slot(12, "v_cache", tile_rows))
     slots += (Slot(4, "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot(5, "tile_counter"),)
@@ -243,6 +249,8 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
     from triton.experimental.gluon._runtime import GluonASTSource
 
     rows, keys = _block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
+    tile_keys = _block_shapes(tiles.block_n, head_dim)[1]
+    runs = 0 < page_size < tiles.block_n  # a run of pages' copy: descriptors in blocks of the tile's rows
     name = _GL_DTYPES[dtype]
 
     def desc(block):
@@ -254,6 +262,8 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
                  "Out": f"*{name}" if varlen else "constexpr",
                  "cache_seqlens": "*i32" if kv_cache else "constexpr",
                  "block_table": "*i32" if page_size else "constexpr",
+                 "kt_desc": desc(tile_keys) if runs else "constexpr",
+                 "vt_desc": desc(tile_keys) if runs else "constexpr",
                  "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
                  "o_stride_row": "i32", "o_stride_head": "i32", "kv_seq_rows": "i32", "table_stride": "i32",
                  "off": "i32", "left": "i32", "right": "i32",
@@ -271,5 +281,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
         constexprs = dict(constexprs, cache_seqlens=None)
     if not page_size:
         constexprs = dict(constexprs, block_table=None)
+    if not runs:
+        constexprs = dict(constexprs, kt_desc=None, vt_desc=None)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                           options=launch_options(tiles.block_m, tiles.ctas_per_sm))
