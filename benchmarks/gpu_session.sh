@@ -89,9 +89,9 @@ for step in "$@"; do
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
     chunked_ring) # chunked prefill's K/V ring at other depths (CHUNKED_PAGES, default 16,64; CHUNKED_VARIANTS
-                    # block_n:stages[:q_buffers], default 128:3:1,64:4,64:3:1)
+                    # block_n:stages[:q_buffers], default 128:3:1,64:4,64:3:1, empty for none)
                     sampled chunked_ring timeout ${CHUNKED_TIMEOUT:-300} python3 -m benchmarks.experiments.chunked_ring \
-                      --pages "${CHUNKED_PAGES:-16,64}" --variants "${CHUNKED_VARIANTS:-128:3:1,64:4,64:3:1}" \
+                      --pages "${CHUNKED_PAGES:-16,64}" --variants "${CHUNKED_VARIANTS-128:3:1,64:4,64:3:1}" \
                       --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
                     tail -4 "$R/chunked_ring.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
