@@ -83,8 +83,9 @@ for step in "$@"; do
     ring) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu --out "$R/ring_single_gpu.csv" \
             > "$R/ring_single_gpu.txt" 2>&1; tail -30 "$R/ring_single_gpu.txt" ;;
     sanitize) # issue 22: every serving kernel on edge-case metadata under compute-sanitizer's memcheck
+              # (SANITIZE_ARGS: the script's options, e.g. --in-order-only)
               timeout ${SANITIZE_TIMEOUT:-400} compute-sanitizer --tool memcheck --error-exitcode 1 \
-                python3 -m benchmarks.experiments.sanitize_serving > "$R/sanitize.txt" 2>&1
+                python3 -m benchmarks.experiments.sanitize_serving ${SANITIZE_ARGS:-} > "$R/sanitize.txt" 2>&1
               echo "sanitize rc $?" >> "$R/sanitize.txt"; tail -25 "$R/sanitize.txt" ;;
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;

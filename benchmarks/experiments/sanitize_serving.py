@@ -6,7 +6,8 @@ Covered: attention_varlen on both kernels (zero-length sequences, a slab crossin
 sequence's end, the last sequence at the packed tensors' end), attention_with_kvcache
 decode (pages of 1, 16, 17, 64, 256 and a contiguous cache; split-KV, also into a strided out=;
 batch-invariant) and chunked prefill (pages of 16 and
-64 and a contiguous cache on the sm90 kernel, pages of 17 on the portable one; cache rows past
+64 and a contiguous cache on the sm90 kernel, pages of 16 and 32 also in order (a tile's pages in one
+copy), pages of 17 on the portable one; cache rows past
 each length and spare pages NaN, the block table's unused entries out of range), write_kvcache
 with padding slots, merge_states with -inf rows.
 
@@ -34,13 +35,13 @@ def _check(name, out, ref, same, dtype):
     return verdict.passed
 
 
-def _paged_cache(lens, page, hkv, d, dtype, device, seed):
-    # shuffled pages, a spare page, NaN past each length and in the spare page, unused table
-    # entries far out of range (the kernels must not read them)
+def _paged_cache(lens, page, hkv, d, dtype, device, seed, in_order=False):
+    # shuffled pages (in_order: each sequence's pages one after another), a spare page, NaN past each
+    # length and in the spare page, unused table entries far out of range (the kernels must not read them)
     g = torch.Generator().manual_seed(seed)
     need = [max(1, -(-n // page)) for n in lens]
     n_pages = sum(need) + 1
-    order = torch.randperm(n_pages, generator=g).tolist()
+    order = list(range(n_pages)) if in_order else torch.randperm(n_pages, generator=g).tolist()
     table = torch.full((len(lens), max(need) + 2), 1 << 30, dtype=torch.int32)
     caches = [torch.randn(n_pages, page, hkv, d, generator=g).to(dtype) for _ in range(2)]
     used = 0
@@ -70,17 +71,23 @@ def varlen(device, dtype, d):
     return ok
 
 
-def kvcache(device, dtype, d):
+def kvcache(device, dtype, d, in_order_only=False):
     ok = True
     cuda = device.type == "cuda"
     lens_k = [1000, 77, 129, 3] if cuda else [40, 7, 17, 3]
-    for page, n_q, opts in ((1, 1, {}), (16, 1, dict(num_splits=3)), (17, 1, dict(batch_invariant=True)),
-                            (16, 2, dict(num_splits=5, out="strided")), (0, 1, dict(num_splits=4)),
-                            (64, 1, dict(num_splits=2)), (256, 1, {}),
-                            (16, 300 if cuda else 12, {}), (64, 300 if cuda else 12, {}),
-                            (17, 300 if cuda else 12, {}), (0, 300 if cuda else 12, {})):
+    chunk = 300 if cuda else 12
+    cases = ((1, 1, {}), (16, 1, dict(num_splits=3)), (17, 1, dict(batch_invariant=True)),
+             (16, 2, dict(num_splits=5, out="strided")), (0, 1, dict(num_splits=4)),
+             (64, 1, dict(num_splits=2)), (256, 1, {}),
+             (16, chunk, {}), (64, chunk, {}), (17, chunk, {}), (0, chunk, {}),
+             (16, chunk, dict(in_order=True)), (32, chunk, dict(in_order=True)))
+    for page, n_q, opts in cases:
+        opts = dict(opts)
+        in_order = opts.pop("in_order", False)
+        if in_order_only and not in_order:
+            continue
         if page:
-            k_cache, v_cache, table = _paged_cache(lens_k, page, 2, d, dtype, device, seed=page)
+            k_cache, v_cache, table = _paged_cache(lens_k, page, 2, d, dtype, device, seed=page, in_order=in_order)
         else:  # contiguous, NaN past each length
             k_cache, v_cache = (torch.randn(4, max(lens_k) + 5, 2, d).to(dtype).to(device) for _ in range(2))
             for b, n in enumerate(lens_k):
@@ -99,6 +106,7 @@ def kvcache(device, dtype, d):
                                                   compute_dtype=torch.float64)
         same, _ = attention_with_kvcache_reference(qp, k_cache, v_cache, seqlens, ref_table, cu, compute_dtype=None)
         name = {k: "strided" if k == "out" else v for k, v in opts.items()}
+        name.update(dict(in_order=True) if in_order else {})
         ok &= _check(f"kvcache page={page} n_q={n_q} {name}", out.reshape(-1, 8, d), ref, same, dtype)
     return ok
 
@@ -122,13 +130,19 @@ def write_and_merge(device, dtype, d):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--in-order-only", action="store_true",
+                    help="only chunked prefill on caches whose pages are in order (a tile's pages in one copy)")
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype, dims = (torch.bfloat16, (64, 128)) if device.type == "cuda" else (torch.float32, (16,))
     ok = True
     for d in dims:
-        ok &= varlen(device, dtype, d) & kvcache(device, dtype, d)
-    ok &= write_and_merge(device, dtype, dims[-1])
+        if args.in_order_only:
+            ok &= kvcache(device, dtype, d, in_order_only=True)
+        else:
+            ok &= varlen(device, dtype, d) & kvcache(device, dtype, d)
+    if not args.in_order_only:
+        ok &= write_and_merge(device, dtype, dims[-1])
     if device.type == "cuda":
         torch.cuda.synchronize()
     print("all ok" if ok else "SOME WRONG")
