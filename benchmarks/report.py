@@ -744,7 +744,7 @@ def serving_text(folder, base=""):
 
 def _chunked_bar(rows, base):
     # issue 22's chunked bar (within 10 % of the same work dense), a line a cache method
-    cache = ("vflash_paged16", "vflash_paged64", "vflash_contig")
+    cache = ("vflash_paged16", "vflash_paged16_in_order", "vflash_paged64", "vflash_contig")
     ratios = defaultdict(list)
     for r in rows:
         if r["method"] in cache and r["status"] == "ok" and r.get("vs_vflash_dense"):
@@ -759,7 +759,8 @@ def _chunked_bar(rows, base):
             lines.append(f"{m[len('vflash_'):]} {met} of {len(v)} ({min(v):.3f}-{max(v):.3f}x)")
     text = "Chunked bar (0.9x dense) met: " + "; ".join(lines) + "."
     if any(x < 0.9 for x in ratios.get("vflash_paged16", [])):
-        text += " Pages of 16: eight 16-row TMA copies a K or V tile (64: two)."
+        text += " Pages of 16: eight 16-row TMA copies a K or V tile (64: two)"
+        text += ", one where they run on in the cache (in order)." if "vflash_paged16_in_order" in ratios else "."
     text += f" [More]({_link('docs', base)}/performance.md#chunked-prefill-on-a-kv-cache)"
     return [_wrap(text), ""]
 

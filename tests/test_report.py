@@ -306,3 +306,18 @@ def test_host_line_splits_the_calls_by_the_cpu_probe(tmp_path):
     assert "18-28 us; with `out=`" in text
     assert "within 25 % of its quickest (6.0 us) on 2 of 3 rows, whose calls took 18-19 us" in text
     assert "on the other 1 the probe ran 2.0-2.0x slower and the calls took 28-28 us" in text
+
+
+def test_chunked_bar_counts_each_cache_method_and_names_the_copies(tmp_path):
+    # the chunked bar: a line a cache method (pages in order among them), rows at 0.9x dense or above
+    # counted, and the reason for pages of 16 naming a tile's one copy where its pages run on
+    rows = [("vflash_paged16", 0.88), ("vflash_paged16", 0.91), ("vflash_paged16_in_order", 0.95),
+            ("vflash_paged16_in_order", 0.97), ("vflash_paged64", 0.96), ("vflash_paged64", 0.97),
+            ("vflash_contig", 0.97), ("vflash_contig", 0.98)]
+    got = report._chunked_bar([dict(method=m, status="ok", vs_vflash_dense=str(x)) for m, x in rows], str(tmp_path))
+    text = " ".join(" ".join(got).split())
+    assert "paged16 1 of 2 (0.880-0.910x); paged16_in_order 2 of 2 (0.950-0.970x); paged64 2 of 2" in text, text
+    assert "one where they run on in the cache (in order)." in text, text
+    shuffled_only = report._chunked_bar([dict(method="vflash_paged16", status="ok", vs_vflash_dense="0.88")],
+                                        str(tmp_path))
+    assert "(64: two). [More]" in " ".join(" ".join(shuffled_only).split())

@@ -28,7 +28,10 @@ def test_chunked_rows_check_every_output_against_dense():
     from vflash.harness import serving
     rows = serving.chunked_rows(2, 5, 27, (4, 2, 16), torch.bfloat16, torch.device("cpu"))
     checked = {r["method"]: r for r in rows if r["method"] != "vflash_dense"}
-    assert set(checked) == {"vflash_paged16", "vflash_paged64", "vflash_contig", "vflash_varlen", "vflash_dense_bnhd"}
+    assert set(checked) == {"vflash_paged16", "vflash_paged16_in_order", "vflash_paged64", "vflash_contig",
+                            "vflash_varlen"}
+    assert {r["method"]: r["page"] for r in rows if "paged" in r["method"]} == {
+        "vflash_paged16": 16, "vflash_paged16_in_order": 16, "vflash_paged64": 64}
     for r in checked.values():
         assert r["status"] == "ok" and float(r["max_diff_vs_dense"]) <= serving.CHUNKED_MAX_DIFF, r
 

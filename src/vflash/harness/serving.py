@@ -13,7 +13,8 @@ varlen   8 causal sequences of mixed lengths packed in one attention_varlen call
          vflash.attention and SDPA cuDNN called once per sequence (the GPU time of the loop):
          TFLOP/s counting each sequence's own causal pairs.
 chunked  a chunk of new queries per sequence against a cached prefix on a paged cache
-         (page size 16), against the same work done dense by vflash.attention.
+         (page size 16 and 64, shuffled; 16 also with each sequence's pages in order) and on a
+         contiguous cache, against the same work done dense by vflash.attention.
 
 Every method of a row is timed in the same process, one after another.
 """
@@ -326,9 +327,10 @@ def paged_cache(k: torch.Tensor, v: torch.Tensor, size: int,
 def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], dtype: torch.dtype,
                  device: torch.device, page: int = 16) -> List[Dict[str, object]]:
     """A chunk of n_new queries per sequence against prefix cached keys plus their own, on
-    a shuffled paged cache of page sizes 16 and 64 and on a contiguous [B, max_len] cache
-    holding the same keys, against vflash.attention on dense [B, H, N, D] copies (and on the
-    same [B, N, H, D] tensors as views, and attention_varlen on the same tokens packed)."""
+    a shuffled paged cache of page sizes 16 and 64, on pages of 16 in order (each sequence's
+    pages one after another, as a block allocator hands them out: a tile's pages in one copy)
+    and on a contiguous [B, max_len] cache holding the same keys, against vflash.attention on
+    dense [B, H, N, D] copies (and attention_varlen on the same tokens packed)."""
     Hq, Hkv, D = heads
     n_k = prefix + n_new
     q = torch.randn(B, n_new, Hq, D, device=device, dtype=dtype)
@@ -340,19 +342,16 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
     cu_q, cu_k = (torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device) for n in (n_new, n_k))
     flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
 
-    def paged(size):
-        kc, vc, table = paged_cache(k, v, size)
+    def paged(size, shuffled=True):
+        kc, vc, table = paged_cache(k, v, size, shuffled)
         return lambda: vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
-    methods = {f"vflash_paged{page}": paged(page), "vflash_paged64": paged(64),
+    methods = {f"vflash_paged{page}": paged(page), f"vflash_paged{page}_in_order": paged(page, shuffled=False),
+               "vflash_paged64": paged(64),
                "vflash_contig": lambda: vflash.attention_with_kvcache(q, k, v, seqlens, check_metadata=False),
                # the same tokens packed, keys as packed sequences: the varlen build without the cache's reads
                "vflash_varlen": lambda: vflash.attention_varlen(qp, kp, vp, cu_q, cu_k, n_new, n_k, causal=True,
                                                                 check_metadata=False),
-               "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True),
-               # dense on the cache methods' own [B, N, H, D] tensors (views as [B, H, N, D]): what of a gap
-               # to vflash_dense is the layout's, not the cache's (its output back in q's layout, a view)
-               "vflash_dense_bnhd": lambda: vflash.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                             causal=True).transpose(1, 2)}
+               "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
     rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
     # every method's output against vflash.attention's on the same work, in q's [B, n_new, Hq, D] layout
     ref = methods["vflash_dense"]().transpose(1, 2).float()
@@ -365,7 +364,7 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
     dense = next(r for r in rows if r["method"] == "vflash_dense")
     for r in rows:
         if "paged" in r["method"]:
-            r["page"] = int(r["method"][len("vflash_paged"):])
+            r["page"] = int(r["method"][len("vflash_paged"):].partition("_")[0])
         if r.get("us_median") and dense.get("us_median"):  # the bar: within 10 % of the same work dense
             r["vs_vflash_dense"] = round(dense["us_median"] / r["us_median"], 3)
     return rows
