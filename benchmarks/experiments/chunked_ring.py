@@ -66,16 +66,7 @@ def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
     methods["dense"] = lambda: vflash.attention(qd, kd, vd, causal=True)
     flops = 4.0 * D * Hq * B * serving.visible_pairs(n_new, n_k, True)
     rows = serving._prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
-    ref = methods["dense"]().transpose(1, 2).float()
-    dense_us = next(r for r in rows if r["method"] == "dense").get("us_median")
-    for r in rows:
-        if r["status"] == "ok" and r["method"] != "dense":
-            diff = (methods[r["method"]]().reshape(ref.shape).float() - ref).abs().max().item()
-            r["max_diff_vs_dense"] = f"{diff:.2e}"
-            if not diff <= serving.CHUNKED_MAX_DIFF:
-                r["status"] = f"wrong: max diff {diff:.2e}"
-        if r.get("us_median") and dense_us:
-            r["vs_dense"] = round(dense_us / r["us_median"], 3)
+    serving.against_dense(rows, methods, "dense", "vs_dense")
     return rows
 
 

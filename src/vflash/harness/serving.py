@@ -353,21 +353,29 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
                                                                 check_metadata=False),
                "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
     rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
-    # every method's output against vflash.attention's on the same work, in q's [B, n_new, Hq, D] layout
-    ref = methods["vflash_dense"]().transpose(1, 2).float()
+    against_dense(rows, methods, "vflash_dense", "vs_vflash_dense")
     for r in rows:
-        if r["status"] == "ok" and r["method"] != "vflash_dense":
+        if "paged" in r["method"]:
+            r["page"] = int(r["method"][len("vflash_paged"):].partition("_")[0])
+    return rows
+
+
+def against_dense(rows: List[Dict[str, object]], methods: Dict[str, Callable[[], object]], dense: str,
+                  field: str) -> None:
+    """Chunked rows against method `dense` (vflash.attention on dense [B, H, N, D] copies): each other
+    method's output, in q's [B, n_new, Hq, D] layout, within CHUNKED_MAX_DIFF of dense's or its row marked
+    wrong; and `field` the dense time over the row's (the bar: within 10 % of the same work dense)."""
+    ref = methods[dense]().transpose(1, 2).float()
+    for r in rows:
+        if r["status"] == "ok" and r["method"] != dense:
             diff = (methods[r["method"]]().reshape(ref.shape).float() - ref).abs().max().item()
             r["max_diff_vs_dense"] = f"{diff:.2e}"
             if not diff <= CHUNKED_MAX_DIFF:  # NaN included
                 r["status"] = f"wrong: max diff {diff:.2e} from vflash.attention"
-    dense = next(r for r in rows if r["method"] == "vflash_dense")
+    dense_us = next(r for r in rows if r["method"] == dense).get("us_median")
     for r in rows:
-        if "paged" in r["method"]:
-            r["page"] = int(r["method"][len("vflash_paged"):].partition("_")[0])
-        if r.get("us_median") and dense.get("us_median"):  # the bar: within 10 % of the same work dense
-            r["vs_vflash_dense"] = round(dense["us_median"] / r["us_median"], 3)
-    return rows
+        if r.get("us_median") and dense_us:
+            r[field] = round(dense_us / r["us_median"], 3)
 
 
 def run_serving(sweep: str, out_csv: str, device: torch.device, methods: Optional[Sequence[str]] = None,

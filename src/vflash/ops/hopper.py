@@ -92,6 +92,12 @@ def page_rows(page_size: int, block_n: int) -> int:
     return min(page_size, block_n)
 
 
+def page_runs(page_size: int, block_n: int) -> bool:
+    """Pages shorter than a tile, so that a run of consecutive ones can go in one copy of the tile's
+    rows: the kernel then takes descriptors in blocks of block_n rows beside the page-row ones."""
+    return 0 < page_size < block_n
+
+
 def pages_fit(page_size: int, block_n: int) -> bool:
     """The kernel's copies of a paged cache's tiles never straddle a page and keep the
     shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows."""
@@ -168,7 +174,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
             raise ValueError("the sm90 kernel needs caches whose pages merge into rows TMA can address")
         _, cache_keys = describers(page_rows(page_size, tiles.block_n) if paged else tiles.block_n, D, q.dtype)
         cache_strides = (0 if paged else k.shape[1], table.stride(0) if paged else 0)
-        runs = paged and page_size < tiles.block_n
+        runs = page_runs(page_size, tiles.block_n)
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -250,7 +256,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
 
     rows, keys = _block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
     tile_keys = _block_shapes(tiles.block_n, head_dim)[1]
-    runs = 0 < page_size < tiles.block_n  # a run of pages' copy: descriptors in blocks of the tile's rows
+    runs = page_runs(page_size, tiles.block_n)
     name = _GL_DTYPES[dtype]
 
     def desc(block):
