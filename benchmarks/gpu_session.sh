@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab producer_order
+#   steps: check tests tests_serving decode varlen chunked chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -95,11 +95,6 @@ for step in "$@"; do
                       --pages "${CHUNKED_PAGES:-16,64}" --variants "${CHUNKED_VARIANTS-128:3:1,64:4,64:3:1}" \
                       --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
                     tail -4 "$R/chunked_ring.txt" ;;
-    producer_order) # the sm90 forward's producer order, K a tile ahead of V against K and V together (K_AHEAD),
-                    # timed in turn on the chunked rows and dense rows at ORDER_N (default 1024,4096,16384)
-                    sampled producer_order timeout ${ORDER_TIMEOUT:-400} python3 -m benchmarks.experiments.producer_order \
-                      --dense-n "${ORDER_N:-1024,4096,16384}" --out "$R/producer_order.csv" > "$R/producer_order.txt" 2>&1
-                    tail -8 "$R/producer_order.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
                    ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} \
                    --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1; grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;

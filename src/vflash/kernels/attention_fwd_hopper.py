@@ -116,7 +116,6 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         KV_CACHE: gl.constexpr
         PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
-        K_AHEAD: gl.constexpr
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
@@ -125,14 +124,14 @@ if HAVE_GLUON:
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, K_AHEAD):
+                     PAGE_SIZE):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
-                                ("PAGE_SIZE", PAGE_SIZE), ("K_AHEAD", K_AHEAD)):
+                                ("PAGE_SIZE", PAGE_SIZE)):
                 setattr(self, name, gl.constexpr(value))
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
@@ -319,54 +318,25 @@ if HAVE_GLUON:
                           smem.q_ready.index(qb), smem.q_smem.index(qb))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
-        if cfg.K_AHEAD:
-            # K runs a tile ahead of V (FlashAttention-3's producer order): step j of a consumer
-            # needs K_j and V_{j-1}, and releases K_j before V_{j-1}, so K_{i+1} is issued as soon
-            # as its slot is free instead of behind V_i's slot wait. A tile's copies' rows (a paged
-            # cache: their page ids) are read before each slot wait, whose time hides the reads'
-            # latency: for V a second time (from L1), since the producer's registers cannot hold
-            # two tiles' page ids.
-            if n_tiles > 0:
-                rows, run = _tile_rows(tile.lo, tile, block_table, call, cfg)
-                _issue_copy(k_desc, kt_desc, smem.k_smem, smem.k_empty, smem.k_ready, rows, run, kv, tile, cfg)
-                for i in range(1, n_tiles):
-                    rows, run = _tile_rows(tile.lo + i * cfg.BLOCK_N, tile, block_table, call, cfg)
-                    _issue_copy(k_desc, kt_desc, smem.k_smem, smem.k_empty, smem.k_ready, rows, run, kv + i, tile,
-                                cfg)
-                    rows, run = _tile_rows(tile.lo + (i - 1) * cfg.BLOCK_N, tile, block_table, call, cfg)
-                    _issue_copy(v_desc, vt_desc, smem.v_smem, smem.v_empty, smem.v_ready, rows, run, kv + i - 1,
-                                tile, cfg)
-                rows, run = _tile_rows(tile.lo + (n_tiles - 1) * cfg.BLOCK_N, tile, block_table, call, cfg)
-                _issue_copy(v_desc, vt_desc, smem.v_smem, smem.v_empty, smem.v_ready, rows, run, kv + n_tiles - 1,
-                            tile, cfg)
-            kv += n_tiles
-        else:
-            for i in range(n_tiles):
-                rows, run = _tile_rows(tile.lo + i * cfg.BLOCK_N, tile, block_table, call, cfg)
-                _issue_copy(k_desc, kt_desc, smem.k_smem, smem.k_empty, smem.k_ready, rows, run, kv, tile, cfg)
-                _issue_copy(v_desc, vt_desc, smem.v_smem, smem.v_empty, smem.v_ready, rows, run, kv, tile, cfg)
-                kv += 1
-        return kv
-
-    @gluon.jit
-    def _tile_rows(key, tile, block_table, call, cfg):
-        # The descriptors' rows of the K/V copies of the key tile at `key` (in the sequence), and
-        # whether they run on as one copy (_page_run).
         COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS  # TMA copies a K or V tile
-        rows = ()
-        for c in gl.static_range(COPIES):
-            rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
-        return rows, _page_run(rows, cfg)
-
-    @gluon.jit
-    def _issue_copy(desc, tile_desc, bufs, empty, ready, rows, run, ring_tile, tile, cfg):
-        # Ring tile `ring_tile`'s K or V copies into its slot once the consumers released the slot's
-        # previous tile (a fresh barrier's parity-1 phase counts as complete).
-        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
-        slot, phase = _ring(ring_tile, cfg.STAGES)
-        mbarrier.wait(empty.index(slot), phase ^ 1)
-        mbarrier.expect(ready.index(slot), desc.block_type.nbytes * COPIES)
-        _copy_tile(desc, tile_desc, bufs.index(slot), ready.index(slot), rows, run, tile, cfg)
+        for i in range(n_tiles):
+            slot, phase = _ring(kv, cfg.STAGES)
+            empty_phase = phase ^ 1
+            key = tile.lo + i * cfg.BLOCK_N  # in the sequence
+            # The copies' rows (a paged cache: their page ids) are read before the slot waits, whose
+            # time hides the reads' latency, and once for both K and V; K's copies still go first.
+            rows = ()
+            for c in gl.static_range(COPIES):
+                rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
+            run = _page_run(rows, cfg)
+            mbarrier.wait(smem.k_empty.index(slot), empty_phase)
+            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
+            _copy_tile(k_desc, kt_desc, smem.k_smem.index(slot), smem.k_ready.index(slot), rows, run, tile, cfg)
+            mbarrier.wait(smem.v_empty.index(slot), empty_phase)
+            mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
+            _copy_tile(v_desc, vt_desc, smem.v_smem.index(slot), smem.v_ready.index(slot), rows, run, tile, cfg)
+            kv += 1
+        return kv
 
     @gluon.jit
     def _page_run(rows, cfg):
@@ -740,7 +710,7 @@ if HAVE_GLUON:
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
-        PAGE_SIZE: gl.constexpr, K_AHEAD: gl.constexpr,
+        PAGE_SIZE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -799,8 +769,7 @@ if HAVE_GLUON:
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     K_AHEAD)
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).

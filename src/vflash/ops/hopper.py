@@ -235,7 +235,7 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
-                KV_CACHE=kv_cache, PAGE_SIZE=page_size, K_AHEAD=True)
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
 def desc_signature(block, dtype: torch.dtype) -> str:
