@@ -373,7 +373,7 @@ RESULTS = "benchmarks/results"
 # The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
 PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
-SERVING = "benchmarks/results/2026-12-03-h200-s29-serving"
+SERVING = "benchmarks/results/2026-12-03-h200-s31-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 # The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
 # the fa sweep in bf16 and fp16 (session 24), D 256 with the sm_90 kernels from N 512 (session 28).
@@ -606,8 +606,8 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
         out.append("One line per group of rows, with the measured gap and its reason.\n")
         out.append("\n".join(_wrap(g, "  ") for g in gaps) + "\n")
     out += serving_text(serving, base) if serving else []
-    for bwd_folder, files in backward:
-        out += backward_text(bwd_folder, base, files)[0]
+    for i, (bwd_folder, files) in enumerate(backward):  # the protocol and the bar said once
+        out += backward_text(bwd_folder, base, files, protocol=i == 0)[0]
     out += transformers_text(hf, base)[0] if hf else []
     out += ring_text(ring, base)[0] if ring else []
     out += _sweeps(bench, mem, base)
@@ -738,26 +738,51 @@ def serving_text(folder, base=""):
                        f"{r['us_median']} | {r['vs_sdpa_cudnn'] or '-'} | {r.get('vs_vflash_dense') or '-'} |")
         out.append("")
         if sweep == "chunked":
-            out += _chunked_bar(rows, base)
+            out += _chunked_bar(rows, base, _chunked_repeats(folder))
     return out
 
 
-def _chunked_bar(rows, base):
-    # issue 22's chunked bar (within 10 % of the same work dense), a line a cache method
-    cache = ("vflash_paged16", "vflash_paged16_in_order", "vflash_paged64", "vflash_contig")
+CHUNKED_CACHES = ("vflash_paged16", "vflash_paged16_in_order", "vflash_paged64", "vflash_contig")
+
+
+def _chunked_ratios(rows):
+    # each cache method's ratios to vflash dense on the same work, rows whose output was checked
     ratios = defaultdict(list)
     for r in rows:
-        if r["method"] in cache and r["status"] == "ok" and r.get("vs_vflash_dense"):
+        if r["method"] in CHUNKED_CACHES and r["status"] == "ok" and r.get("vs_vflash_dense"):
             ratios[r["method"]].append(float(r["vs_vflash_dense"]))
+    return ratios
+
+
+def _chunked_repeats(folder):
+    # the serving run's repeats of the chunked sweep (chunked_again*.csv): (names, ratios pooled)
+    paths = sorted(glob.glob(os.path.join(folder, "chunked_again*.csv")))
+    pooled = defaultdict(list)
+    for p in paths:
+        for m, v in _chunked_ratios(_read(p)).items():
+            pooled[m] += v
+    return [os.path.basename(p) for p in paths], pooled
+
+
+def _chunked_bar(rows, base, repeats=((), {})):
+    # issue 22's chunked bar (within 10 % of the same work dense), a line a cache method; with the run's
+    # repeats of the sweep, their ratios beside
+    ratios = _chunked_ratios(rows)
     if not ratios:
         return []
     lines = []
-    for m in cache:
+    for m in CHUNKED_CACHES:
         v = ratios.get(m)
         if v:
             met = sum(x >= 0.9 for x in v)
             lines.append(f"{m[len('vflash_'):]} {met} of {len(v)} ({min(v):.3f}-{max(v):.3f}x)")
     text = "Chunked bar (0.9x dense) met: " + "; ".join(lines) + "."
+    names, pooled = repeats
+    if names:
+        again = pooled.get("vflash_paged16")
+        if again:
+            text += (f" The sweep repeated in the same session ({', '.join(f'`{n}`' for n in names)}): paged16 "
+                     f"{sum(x >= 0.9 for x in again)} of {len(again)} ({min(again):.3f}-{max(again):.3f}x).")
     if any(x < 0.9 for x in ratios.get("vflash_paged16", [])):
         text += " Pages of 16: eight 16-row TMA copies a K or V tile (64: two)"
         text += ", one where they run on in the cache (in order)." if "vflash_paged16_in_order" in ratios else "."
@@ -858,22 +883,26 @@ def _bwd_bar(d, causal, n, cudnn, anchors):
     return bar, 1.0
 
 
-def backward_text(folder, base="", files=None):
+def backward_text(folder, base="", files=None, protocol=True):
     """A run's backward CSVs (`vflash bench --mode bwd`), row by row against issue 23's bar and
-    SDPA flash's peak memory; returns (markdown lines, the CSV file names rendered)."""
+    SDPA flash's peak memory; returns (markdown lines, the CSV file names rendered). protocol=False:
+    the protocol and the bar are those of the backward section above it."""
     csvs = [(p, _read(p)) for p in sorted(glob.glob(os.path.join(folder, "*.csv")))]
     csvs = [(p, rows) for p, rows in csvs if _backward_csv(rows) and "tflops" in rows[0]
             and (files is None or os.path.basename(p) in files)]
     if not csvs:
         return [], []
     anchors = _bwd_anchors()
-    out = [f"## Backward (`{os.path.basename(folder)}`)\n",
-           _wrap(f"`vflash bench --mode bwd` on the run in [{os.path.basename(folder)}]({_link(folder, base)}/"
-                 "REPORT.md): the backward of one recorded forward, TFLOP/s counting 2.5x the forward's FLOPs, "
-                 "SDPA flash and cuDNN backward in the same run. vflash's backward is deterministic (no atomics). "
-                 "The bar is issue 23's: at or above same-run cuDNN from N = 1024, also FA4's anchor (fp16, "
-                 "docs/ANCHORS.md) at D 128 from N = 4096, 0.9x cuDNN at N = 512; peak memory (one call's "
-                 "incremental peak) at most SDPA flash's.") + "\n"]
+    run = f"`vflash bench --mode bwd` on the run in [{os.path.basename(folder)}]({_link(folder, base)}/REPORT.md)"
+    if protocol:
+        text = (run + ": the backward of one recorded forward, TFLOP/s counting 2.5x the forward's FLOPs, SDPA "
+                "flash and cuDNN backward in the same run. vflash's backward is deterministic (no atomics). The "
+                "bar is issue 23's: at or above same-run cuDNN from N = 1024, also FA4's anchor (fp16, "
+                "docs/ANCHORS.md) at D 128 from N = 4096, 0.9x cuDNN at N = 512; peak memory (one call's "
+                "incremental peak) at most SDPA flash's.")
+    else:
+        text = run + ": the protocol and the bar of the backward section above."
+    out = [f"## Backward (`{os.path.basename(folder)}`)\n", _wrap(text) + "\n"]
     names = []
     for p, rows in csvs:
         names.append(os.path.basename(p))
