@@ -778,12 +778,11 @@ def _chunked_bar(rows, base, repeats=((), {})):
             lines.append(f"{m[len('vflash_'):]} {met} of {len(v)} ({min(v):.3f}-{max(v):.3f}x)")
     text = "Chunked bar (0.9x dense) met: " + "; ".join(lines) + "."
     names, pooled = repeats
-    if names:
-        again = pooled.get("vflash_paged16")
-        if again:
-            text += (f" The sweep repeated in the same session ({', '.join(f'`{n}`' for n in names)}): paged16 "
-                     f"{sum(x >= 0.9 for x in again)} of {len(again)} ({min(again):.3f}-{max(again):.3f}x).")
-    if any(x < 0.9 for x in ratios.get("vflash_paged16", [])):
+    again = pooled.get("vflash_paged16", [])
+    if again:
+        text += (f" The sweep repeated in the same session ({', '.join(f'`{n}`' for n in names)}): paged16 "
+                 f"{sum(x >= 0.9 for x in again)} of {len(again)} ({min(again):.3f}-{max(again):.3f}x).")
+    if any(x < 0.9 for x in ratios.get("vflash_paged16", []) + again):
         text += " Pages of 16: eight 16-row TMA copies a K or V tile (64: two)"
         text += ", one where they run on in the cache (in order)." if "vflash_paged16_in_order" in ratios else "."
     text += f" [More]({_link('docs', base)}/performance.md#chunked-prefill-on-a-kv-cache)"

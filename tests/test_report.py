@@ -321,3 +321,20 @@ def test_chunked_bar_counts_each_cache_method_and_names_the_copies(tmp_path):
     shuffled_only = report._chunked_bar([dict(method="vflash_paged16", status="ok", vs_vflash_dense="0.88")],
                                         str(tmp_path))
     assert "(64: two). [More]" in " ".join(" ".join(shuffled_only).split())
+
+
+def test_chunked_bar_sets_the_repeated_sweeps_beside_and_gives_the_reason_for_any_miss(tmp_path):
+    # the serving folder's chunked_again*.csv: pages of 16 pooled over the repeats, beside the bar's line;
+    # a repeat under 0.9x brings the reason even where the reported sweep met the bar
+    cols = ["method", "status", "vs_vflash_dense"]
+    for name, ratios in (("chunked_again.csv", (0.93, 0.95)), ("chunked_again2.csv", (0.89, 0.92))):
+        with open(tmp_path / name, "w") as f:
+            f.write(",".join(cols) + "\n" + "".join(f"vflash_paged16,ok,{x}\n" for x in ratios))
+    repeats = report._chunked_repeats(str(tmp_path))
+    assert repeats[0] == ["chunked_again.csv", "chunked_again2.csv"]
+    got = report._chunked_bar([dict(method="vflash_paged16", status="ok", vs_vflash_dense="0.92")], str(tmp_path),
+                              repeats)
+    text = " ".join(" ".join(got).split())
+    assert "paged16 1 of 1 (0.920-0.920x)." in text, text
+    assert "(`chunked_again.csv`, `chunked_again2.csv`): paged16 3 of 4 (0.890-0.950x)." in text, text
+    assert "eight 16-row TMA copies" in text, text
