@@ -7,7 +7,8 @@ rotating cache copies (vflash.harness.serving). Prints one line a candidate and 
 
 --grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
-pages of 64 and a contiguous cache.
+pages of 64 and a contiguous cache; --rows / --tiles / --splits replace the grid's rows, tiles and
+split counts.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
       [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64]
@@ -50,19 +51,22 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="--grid on the CPU, one tiny row (a test of this script)")
     ap.add_argument("--rows", help="rows B:KV, comma-separated (default: ROWS)")
     ap.add_argument("--tiles", help="tiles block_m,block_n,warps,stages, semicolon-separated (default: TILES)")
-    ap.add_argument("--splits", help="the best tile's split counts, comma-separated (default: SPLITS)")
+    ap.add_argument("--splits", help="split counts, comma-separated (default: SPLITS; with --grid GRID_SPLITS)")
     args = ap.parse_args()
+    parse_rows = lambda text: [tuple(int(x) for x in r.split(":")) for r in text.split(",")]  # noqa: E731
+    parse_tiles = lambda text: [tuple(int(x) for x in t.split(",")) for t in text.split(";")]  # noqa: E731
     if args.grid or args.smoke:
-        return grid(args.out, args.smoke)
+        return grid(args.out, args.smoke, grid_rows=parse_rows(args.rows) if args.rows else None,
+                    grid_tiles=parse_tiles(args.tiles) if args.tiles else None,
+                    grid_splits=[int(x) for x in args.splits.split(",")] if args.splits else None)
     dev = torch.device("cuda")
     Hq, Hkv, D, page = 32, 8, 128, 16
     dt = torch.bfloat16
     band = sequence_band("bottom_right", (-1, -1))
     scale = D ** -0.5
     out_rows = []
-    rows = [tuple(int(x) for x in r.split(":")) for r in args.rows.split(",")] if args.rows else \
-        (ROWS[:3] if args.quick else ROWS)
-    tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles.split(";")] if args.tiles else TILES
+    rows = parse_rows(args.rows) if args.rows else (ROWS[:3] if args.quick else ROWS)
+    tiles = parse_tiles(args.tiles) if args.tiles else TILES
     splits = [int(x) for x in args.splits.split(",")] if args.splits else SPLITS
     for B, KV in rows:
         pages = -(-KV // page)
@@ -111,11 +115,13 @@ def main() -> int:
     return 0
 
 
-def grid(out_path: str, smoke: bool = False) -> int:
+def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, grid_splits=None) -> int:
     dev = torch.device("cpu" if smoke else "cuda")
     Hq, Hkv, D = (4, 2, 16) if smoke else (32, 8, 128)
     dt = torch.bfloat16
-    row_list, tile_list = ([(2, 512)], GRID_TILES[:1]) if smoke else (GRID_ROWS, GRID_TILES)
+    row_list, tile_list = ([(2, 512)], GRID_TILES[:1]) if smoke else (grid_rows or GRID_ROWS,
+                                                                          grid_tiles or GRID_TILES)
+    split_list = grid_splits or GRID_SPLITS
     band = sequence_band("bottom_right", (-1, -1))
     scale = D ** -0.5
     rows = []
@@ -156,7 +162,7 @@ def grid(out_path: str, smoke: bool = False) -> int:
         record("dispatch", 16, chosen, time_tiles(caches, table, chosen))
         best, best_us = chosen, float("inf")
         for tl_ in tile_list:
-            for s in GRID_SPLITS:
+            for s in split_list:
                 if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
                     continue
                 t = KVCacheTiles(*tl_)._replace(**_split_fields(dispatch.select_kvcache(problem, Hkv,
