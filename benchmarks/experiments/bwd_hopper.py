@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--out", default="bwd_hopper.csv")
     ap.add_argument("--rows", nargs="*", default=ROWS, help="D:N:causal (0/1), shapes of the fa / d256 sweeps")
     ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128", "192:64"],
-                    help="the sm_90 dQ kernel's block_m:block_n")
+                    help="the sm_90 dQ kernel's block_m:block_n[:stages]")
     ap.add_argument("--dkdv-tiles", nargs="*", default=["64:128", "64:64"],
                     help="the sm_90 dK / dV kernel's block_m (query rows a tile):block_n (keys a CTA)[:stages]")
     ap.add_argument("--paired", action="store_true",
@@ -83,8 +83,8 @@ def main() -> int:
         want = (dq_portable.clone(), dk_portable.clone(), dv_portable.clone())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         def dq_launches(t):
-            m, n = (int(x) for x in t.split(":"))
-            return [hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n)]
+            m, n, stages = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES])[:3]
+            return [hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n, stages)]
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_launches(t):
