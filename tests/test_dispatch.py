@@ -191,10 +191,19 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
     # 5 would make a second wave of 56
     (8, 32, 8, 1, 8192, {}, decode_tiles(4, 4)),
     (32, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
-    (128, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
+    # unsplit grids past a wave of three programs an SM (396 places): a ring one stage deeper (two an SM, 264)
+    # where its last wave is fuller: B 64's 512 programs 1.29 three-stage waves, 1.94 four-stage ones; B 128's
+    # 2.59 against 3.88 only for programs of 64 key tiles or more; B 48 (one wave of three-stage places) and
+    # B 256 (past three waves) keep three stages
+    (64, 32, 8, 1, 1024, {}, decode_tiles(1, 1)._replace(num_stages=4)),
+    (128, 32, 8, 1, 8192, {}, decode_tiles(1, 1)._replace(num_stages=4)),
+    (128, 32, 8, 1, 2048, {}, decode_tiles(1, 1)),
+    (48, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
+    (256, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
     # 16 splits of 33 key tiles, none empty
     (2, 32, 8, 1, 32868, {}, decode_tiles(16, 16)),
     (128, 32, 8, 1, 8192, dict(num_splits=3), decode_tiles(3, 4)),
+    (128, 32, 8, 1, 8192, dict(num_splits=1), decode_tiles(1, 1)._replace(num_stages=4)),  # forced unsplit alike
     # a key tile a split at most
     (2, 32, 8, 1, 300, dict(num_splits=64), decode_tiles(5, 8)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles

@@ -36,20 +36,29 @@ def compile_launch(launch):
 
     fn = launch.kernel
     constexprs = dict(launch.constexprs)
-    signature = {}
-    for name, arg in zip(fn.arg_names, launch.args):
+    signature, attrs = {}, {}
+    # the launch's specializations, as Triton's JIT makes them: an int of 1 a constant, pointers (16-byte
+    # aligned: torch's allocations) and ints divisible by 16 marked so (vectorized and asynchronous copies
+    # need it: without it the pipeliner and the resource figures are not the launch's)
+    for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
         if arg is None:
             signature[name], constexprs[name] = "constexpr", None
         elif isinstance(arg, torch.Tensor):
             signature[name] = "*" + _DTYPES[arg.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(arg, float):
             signature[name] = "fp32"
+        elif arg == 1:
+            signature[name], constexprs[name] = "constexpr", 1
         else:
             signature[name] = "i32"
+            if arg % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
     for name in fn.arg_names[len(launch.args):]:
         signature[name] = "constexpr"
     opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
-    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=opts)
 
 
 def spills(compiled) -> str:

@@ -1,0 +1,74 @@
+"""Decode's compiled builds on the GPU: registers, shared memory and the programs an SM holds, beside
+the output against the paged reference.
+
+For each row (B:KV, bf16, Hq 32 / Hkv 8, D 128, one query a sequence) and cache (pages of 16 and 64
+shuffled, contiguous), one `attention_with_kvcache` call with the dispatch's tiles, its max error against
+the gathered reference (reference.paged, fp32; a contiguous cache as one page a sequence), and every compiled build of
+attention_kvcache_kernel so far: its stages, registers, shared bytes and the programs an SM holds by
+both (the occupancy that dispatch/tables.KVCACHE_WAVES assumes).
+
+  PYTHONPATH=src python3 -m benchmarks.experiments.decode_residency [--rows 64:8192 128:1024 ...]
+"""
+
+import argparse
+
+import torch
+
+import vflash
+from vflash import dispatch
+from vflash.harness.serving import _shuffled_table
+from vflash.kernels.attention_fwd import attention_kvcache_kernel
+from vflash.ops.band import sequence_band
+from vflash.reference.paged import attention_with_kvcache_reference
+
+REG_FILE, SMEM_PER_SM, SMEM_RESERVED = 65536, 228 * 1024, 1024
+
+
+def builds():
+    """(stages, registers, shared bytes, programs an SM) of every attention_kvcache_kernel build."""
+    out = []
+    for caches in attention_kvcache_kernel.device_caches.values():
+        for kernel in caches[0].values():
+            threads = 32 * kernel.metadata.num_warps
+            regs = -(-kernel.n_regs // 8) * 8  # allocated a warp at a time, 8 a thread
+            per_sm = min(REG_FILE // (regs * threads), SMEM_PER_SM // (kernel.metadata.shared + SMEM_RESERVED))
+            out.append((kernel.metadata.num_stages, kernel.n_regs, kernel.metadata.shared, per_sm))
+    return sorted(set(out))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", nargs="*", default=["48:8192", "64:1024", "64:8192", "128:1024", "128:8192"])
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    Hq, Hkv, D = 32, 8, 128
+    for row in args.rows:
+        B, KV = (int(x) for x in row.split(":"))
+        q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)
+        seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
+        for page in (16, 64, 0):
+            if page:
+                pages = -(-KV // page)
+                kc = torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)
+                table = _shuffled_table(B, pages, dev)
+            else:
+                kc, table = torch.randn(B, KV, Hkv, D, device=dev, dtype=dt), None
+            vc = torch.randn_like(kc)
+            out = vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table)
+            ref_table = table if page else torch.arange(B, dtype=torch.int32, device=dev)[:, None]
+            ref, _ = attention_with_kvcache_reference(q.view(B, Hq, D), kc, vc, seqlens, ref_table,
+                                                      torch.arange(B + 1, dtype=torch.int32, device=dev))
+            err = float((out.view(B, Hq, D).float() - ref).abs().max())
+            problem = dispatch.varlen_problem_of(q.view(B, Hq, D), B, 1, kc.shape[1] * (table.shape[1] if page else 1),
+                                                 sequence_band("bottom_right", (-1, -1)))
+            tiles = dispatch.select_kvcache(problem, Hkv, page_size=page).tiles
+            print(f"B {B:4d} KV {KV:6d} page {page:3d}: stages {tiles.num_stages} splits {tiles.num_splits}, "
+                  f"max err {err:.2e}", flush=True)
+            del kc, vc
+    for stages, regs, shared, per_sm in builds():
+        print(f"build: {stages} stages, {regs} registers, {shared} B shared -> {per_sm} programs an SM")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
