@@ -200,6 +200,10 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
     (128, 32, 8, 1, 2048, {}, decode_tiles(1, 1)),
     (48, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
     (256, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
+    # pages of 64 (a key tile within one page): two three-stage programs an SM already, so nothing to fill
+    (64, 32, 8, 1, 8192, dict(page_size=64), decode_tiles(1, 1)),
+    (128, 32, 8, 1, 32768, dict(page_size=64), decode_tiles(1, 1)),
+    (64, 32, 8, 1, 8192, dict(page_size=16), decode_tiles(1, 1)._replace(num_stages=4)),
     # 16 splits of 33 key tiles, none empty
     (2, 32, 8, 1, 32868, {}, decode_tiles(16, 16)),
     (128, 32, 8, 1, 8192, dict(num_splits=3), decode_tiles(3, 4)),

@@ -257,22 +257,24 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
                            split_chunk=min(tiles.split_chunk, _pow2(splits)))
     if splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        if _deeper_ring(tables.KVCACHE_WAVES[d], programs, _sm_count(p), -(-p.n_k // tiles.block_n)):
-            stages = tables.KVCACHE_WAVES[d].num_stages
+        rule = tables.KVCACHE_WAVES[d]
+        per_sm = rule.per_sm_tile_in_page if page_size >= tiles.block_n else rule.per_sm
+        if _deeper_ring(rule, per_sm, programs, _sm_count(p), -(-p.n_k // tiles.block_n)):
+            stages = rule.num_stages
             tiles, why = tiles._replace(num_stages=stages), f"{why}, KVCACHE_WAVES: {stages} stages"
     return Choice("portable", tiles, f"portable kernel: {why}, {splits} splits ({how})")
 
 
-def _deeper_ring(rule: tables.WaveRule, programs: int, sms: int, key_tiles: int) -> bool:
+def _deeper_ring(rule: tables.WaveRule, per_sm: int, programs: int, sms: int, key_tiles: int) -> bool:
     """Whether an unsplit decode grid takes tables.KVCACHE_WAVES' deeper ring (its comment): where
-    its last wave is enough fuller than the table's stages'."""
+    its last wave is enough fuller than at the table's stages (per_sm programs an SM)."""
     def fill(places: int) -> float:
         waves = programs / places
         return 1.0 if waves <= 1 else waves / math.ceil(waves)
-    waves = programs / (rule.per_sm * sms)
+    waves = programs / (per_sm * sms)
     if not 1 < waves < rule.max_waves:
         return False
-    ahead = fill(rule.per_sm_deeper * sms) - fill(rule.per_sm * sms)
+    ahead = fill(rule.per_sm_deeper * sms) - fill(per_sm * sms)
     return ahead >= (rule.gain_long if key_tiles >= rule.long_tiles else rule.gain)
 
 
