@@ -159,13 +159,11 @@ KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_
 # Each program streams its whole cache, so a grid that runs a wave and a few programs pays a second wave's
 # time for them. Triton 3.6's D 128 decode builds at three stages hold 70 KiB of shared memory and 138-148
 # registers (contiguous, pages smaller than a key tile: three programs an SM) or 194 (a tile within one page:
-# two), at four 102 KiB (two). A wave's fill W / ceil(W) (W: programs over the
-# places) is compared between the two, from one to `max_waves` waves of the three-stage places: the deeper
-# ring where its fill is ahead by `gain`, or by `gain_long` for programs of at least `long_tiles` key tiles
-# (their tail lasts longest). Measured (decode_tune --grid, bf16, Hq 32 / Hkv 8, page 16, H200): B 64
-# (512 programs) +8-22 % at KV 1k-32k, B 128 +2-4 % from KV 4k and -1 to -3 % below it; B 40-48 (one
-# three-stage wave) -12 to -21 %, B 96 / 192 / 256 level or behind; pages of 64 (two an SM either way) level
-# to -2 %, so they keep three stages; the other head dims unmeasured.
+# two), at four 102 KiB (two). A wave's fill W / ceil(W) (W: programs over the places) is compared between the
+# two, from one to `max_waves` waves of the three-stage places: the deeper ring where its fill is ahead by
+# `gain`, or by `gain_long` for programs of at least `long_tiles` key tiles (their tail lasts longest). Where a
+# tile lies within one page both depths hold two programs an SM, so nothing is filled. Other head dims
+# unmeasured; measurements in docs/performance.md (decode on a KV cache).
 class WaveRule(NamedTuple):
     num_stages: int  # the deeper ring's stages
     per_sm: int  # programs an SM holds at the table's stages (a contiguous cache, pages smaller than a tile)
