@@ -184,12 +184,14 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
     # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until one wave of the places the SMs' shared
-    # memory holds (two 64-key three-stage programs an SM: 264 on 132 SMs); the merge over the 4 real rows,
-    # up to 32 splits a load (16384 values / (4 x 128)), no more than the splits' power of two
+    # memory holds (a 64-key three-stage program's two K/V buffers and 7 KiB: three an SM, 396 on 132 SMs), 32
+    # at most; the merge over the 4 real rows, up to 32 splits a load (16384 values / (4 x 128)), no more than
+    # the splits' power of two
     (1, 32, 8, 1, 8192, {}, decode_tiles(32, 32)),
     (1, 32, 8, 1, 1024, {}, decode_tiles(8, 8)),  # no split under 128 keys
-    # 5 would make a second wave of 56
-    (8, 32, 8, 1, 8192, {}, decode_tiles(4, 4)),
+    # 7 would make a second wave of 52
+    (8, 32, 8, 1, 8192, {}, decode_tiles(6, 8)),
+    (1, 32, 8, 1, 32768, {}, decode_tiles(32, 32)),  # 49 would fit the places
     (32, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
     # unsplit grids past a wave of three programs an SM (396 places): a ring one stage deeper (two an SM, 264)
     # where its last wave is fuller: B 64's 512 programs 1.29 three-stage waves, 1.94 four-stage ones; B 128's
@@ -204,14 +206,16 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
     (64, 32, 8, 1, 8192, dict(page_size=64), decode_tiles(1, 1)),
     (128, 32, 8, 1, 32768, dict(page_size=64), decode_tiles(1, 1)),
     (64, 32, 8, 1, 8192, dict(page_size=16), decode_tiles(1, 1)._replace(num_stages=4)),
-    # 16 splits of 33 key tiles, none empty
-    (2, 32, 8, 1, 32868, {}, decode_tiles(16, 16)),
+    # 24 splits of 22 key tiles, none empty
+    (2, 32, 8, 1, 32868, {}, decode_tiles(24, 32)),
+    # 11 splits (1500 // 128) would share 24 key tiles unevenly: 8 splits of 3
+    (2, 32, 8, 1, 1500, {}, decode_tiles(8, 8)),
     (128, 32, 8, 1, 8192, dict(num_splits=3), decode_tiles(3, 4)),
     (128, 32, 8, 1, 8192, dict(num_splits=1), decode_tiles(1, 1)._replace(num_stages=4)),  # forced unsplit alike
     # a key tile a split at most
     (2, 32, 8, 1, 300, dict(num_splits=64), decode_tiles(5, 8)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
-    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=2, merge_rows=64,
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=6, split_chunk=2, merge_rows=64,
                                                   one_loop=True)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1, split_chunk=1, merge_rows=128)),

@@ -239,7 +239,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     else:
         rule = tables.KVCACHE_SPLIT
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        buffers = tiles.num_stages * tiles.block_n * d * 2 * p.dtype.itemsize  # K and V pipelines
+        buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * p.dtype.itemsize  # K and V rings
         resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
         # the interpreter runs programs one at a time: a split there buys nothing
         places = 1 if _backend.interpreted(p.device) else resident * _sm_count(p)

@@ -139,21 +139,21 @@ KVCACHE_INTERPRETER = KVCacheTiles(32, 16, 4, 1)  # small key tiles: CPU tests c
 
 class SplitRule(NamedTuple):
     smem_per_sm: int  # shared memory an SM shares among resident programs (sm_90: 228 KiB), bytes
-    smem_reserved: int  # what each resident program holds beyond its K/V buffers (the CUDA-reserved KiB)
+    smem_reserved: int  # what each resident program holds beyond its K/V buffers (its build's other shared
+    # memory and the CUDA-reserved KiB), bytes
     min_split_keys: int  # no split of fewer keys than this
     max_splits: int
 
 
 # Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU: split until the grid is one
-# wave of the programs the SMs hold at once, each SM as many as its shared memory holds K/V pipelines
-# (stages x block_n x D x 2 of the cache dtype), never more, so no second wave of a few programs doubles the
-# call's time. Measured at D 128 (decode_tune --grid, page 16, H200; two programs of 64-key three-stage tiles
-# an SM, four of 32-key ones): at B 8 / KV 8k four splits of 64-key tiles ran 73.6 us where five (a grid of
-# 320 programs for 264 places) took 98.8; the best counts were 8 at B 1 / KV 1k (128-key splits: 0.90x the
-# time of 4), 32 at B 1 / KV 8k-32k, 4-8 at B 8 and 1 at B 32 and B 128, which this rule gives.
-# The count is an estimate: Triton holds stages - 1 of those buffers, and since the split build's registers
-# fell to 123-158 a third program fits an SM: a split-count sweep at today's kernel is owed (docs/perf/log.md).
-KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=1024, min_split_keys=128, max_splits=64)
+# wave of the programs the SMs hold at once, each SM as many as its shared memory holds: Triton's pipeline
+# of S stages keeps S - 1 K/V buffers (block_n x D x 2 of the cache dtype each), and D 128's 64-key
+# three-stage split build 6 KiB beside them, 70 KiB in all with 113-168 registers (decode_residency): three
+# programs an SM, 396 places on 132 SMs. Never more, so no second wave of a few programs doubles the call's
+# time: at B 8 / KV 8k (D 128, page 16) five splits of two-program places (320 programs for 264) took 98.8
+# us where four took 73.6. At most 32 splits: B 1's best count at KV 8k-32k, the merge's one load of
+# partials there (MERGE_VALUES). Measurements in docs/performance.md (decode on a KV cache).
+KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=7 * 1024, min_split_keys=128, max_splits=32)
 
 # Unsplit decode grids of more programs than a wave: the ring one stage deeper where that fills the last wave.
 # Each program streams its whole cache, so a grid that runs a wave and a few programs pays a second wave's
