@@ -184,13 +184,15 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
 
 @pytest.mark.parametrize("batch,hq,hkv,n_q,capacity,kw,tiles", [
     # decode, Hq 32 / Hkv 8: 4 packed rows -> 16-row tiles; splits until one wave of the places the SMs' shared
-    # memory holds (a 64-key three-stage program's two K/V buffers and 7 KiB: three an SM, 396 on 132 SMs), 32
-    # at most; the merge over the 4 real rows, up to 32 splits a load (16384 values / (4 x 128)), no more than
-    # the splits' power of two
+    # memory holds (a 64-key three-stage program's two K/V buffers and 7 KiB: three an SM, 396 on 132 SMs; two,
+    # 264, where splits would stream fewer than 16 key tiles), 32 at most; the merge over the 4 real rows, up to
+    # 32 splits a load (16384 values / (4 x 128)), no more than the splits' power of two
     (1, 32, 8, 1, 8192, {}, decode_tiles(32, 32)),
     (1, 32, 8, 1, 1024, {}, decode_tiles(8, 8)),  # no split under 128 keys
     # 7 would make a second wave of 52
     (8, 32, 8, 1, 8192, {}, decode_tiles(6, 8)),
+    (8, 32, 8, 1, 1024, {}, decode_tiles(4, 4)),  # 6 splits of 3 key tiles: two an SM
+    (24, 32, 8, 1, 8192, {}, decode_tiles(2, 2)),
     (1, 32, 8, 1, 32768, {}, decode_tiles(32, 32)),  # 49 would fit the places
     (32, 32, 8, 1, 8192, {}, decode_tiles(1, 1)),
     # unsplit grids past a wave of three programs an SM (396 places): a ring one stage deeper (two an SM, 264)
@@ -215,7 +217,7 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
     # a key tile a split at most
     (2, 32, 8, 1, 300, dict(num_splits=64), decode_tiles(5, 8)),
     # MQA, 16 heads: 16 rows a query; 4 new queries -> 64 rows, still the decode tiles
-    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=6, split_chunk=2, merge_rows=64,
+    (64, 16, 1, 4, 4096, {}, KVCacheTiles(64, 64, 4, 3, num_splits=4, split_chunk=2, merge_rows=64,
                                                   one_loop=True)),
     # chunked prefill: 128-row tiles of PORTABLE's, 32 queries x 4 heads
     (4, 32, 8, 512, 8192, {}, KVCacheTiles(128, 128, 8, 3, num_splits=1, split_chunk=1, merge_rows=128)),

@@ -241,14 +241,20 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
         buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * p.dtype.itemsize  # K and V rings
         resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
-        # the interpreter runs programs one at a time: a split there buys nothing
-        places = 1 if _backend.interpreted(p.device) else resident * _sm_count(p)
-        splits = max(1, min(places // programs, p.n_k // rule.min_split_keys, rule.max_splits))
+
+        def count(per_sm: int) -> int:  # one wave of per_sm programs an SM
+            # the interpreter runs programs one at a time: a split there buys nothing
+            places = 1 if _backend.interpreted(p.device) else per_sm * _sm_count(p)
+            return max(1, min(places // programs, p.n_k // rule.min_split_keys, rule.max_splits))
+        splits = count(resident)
+        if resident > 1 and p.n_k < splits * rule.full_residency_tiles * tiles.block_n:
+            resident -= 1  # splits too short to gain from the SM's last program
+            splits = count(resident)
         # the count that gives every split the same number of key tiles of a full cache (the kernel deals a
         # sequence's tiles out to its splits in turn): no split without a tile
         part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
         splits = -(-p.n_k // part)
-        how = f"KVCACHE_SPLIT: {programs} programs unsplit, {places} places"
+        how = f"KVCACHE_SPLIT: {programs} programs unsplit, {resident} an SM"
     # A split's few key tiles (four at B 1 / KV 8k) in one masked loop: one pipeline prologue where the band's
     # three loops pay three. Unsplit programs (tens to hundreds of tiles) keep the three, whose unmasked
     # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than

@@ -143,6 +143,7 @@ class SplitRule(NamedTuple):
     # memory and the CUDA-reserved KiB), bytes
     min_split_keys: int  # no split of fewer keys than this
     max_splits: int
+    full_residency_tiles: int  # splits shorter than this many key tiles count one program an SM fewer
 
 
 # Split-KV when (sequence, KV head, row tile) programs cannot fill the GPU: split until the grid is one
@@ -150,10 +151,13 @@ class SplitRule(NamedTuple):
 # of S stages keeps S - 1 K/V buffers (block_n x D x 2 of the cache dtype each), and D 128's 64-key
 # three-stage split build 6 KiB beside them, 70 KiB in all with 113-168 registers (decode_residency): three
 # programs an SM, 396 places on 132 SMs. Never more, so no second wave of a few programs doubles the call's
-# time: at B 8 / KV 8k (D 128, page 16) five splits of two-program places (320 programs for 264) took 98.8
-# us where four took 73.6. At most 32 splits: B 1's best count at KV 8k-32k, the merge's one load of
-# partials there (MERGE_VALUES). Measurements in docs/performance.md (decode on a KV cache).
-KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=7 * 1024, min_split_keys=128, max_splits=32)
+# time. The SM's last program pays only for long splits: at D 128 (decode_tune --grid, page 16) one wave
+# of 384 programs beat one of 256 by 1.5-5.6 % where a split streams 21-85 key tiles (B 8 at KV 8k-32k, B 16
+# and 24 at KV 8k) and lost 4-11 % where it streams 3-5 (B 1-2 at KV 8k, B 8 at KV 1k; a split's fixed
+# cost and the merge grow with the count); level at 11 (B 4). At most 32 splits: B 1's best count at KV
+# 8k-32k (40 and 48 level or slower). Measurements in docs/performance.md (decode on a KV cache).
+KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=7 * 1024, min_split_keys=128, max_splits=32,
+                          full_residency_tiles=16)
 
 # Unsplit decode grids of more programs than a wave: the ring one stage deeper where that fills the last wave.
 # Each program streams its whole cache, so a grid that runs a wave and a few programs pays a second wave's
