@@ -373,12 +373,12 @@ RESULTS = "benchmarks/results"
 # The run BENCHMARKS.md reports (benchmarks/results/INDEX.md lists every run).
 PRIMARY = "benchmarks/results/2026-11-30-h200-s16"
 # The serving run (vflash bench --sweep decode | varlen | chunked) BENCHMARKS.md reports.
-SERVING = "benchmarks/results/2026-12-03-h200-s31-serving"
+SERVING = "benchmarks/results/2026-12-04-h200-s33-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke")
 # The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
-# the fa sweep in bf16 and fp16 (session 24), D 256 with the sm_90 kernels from N 512 (session 28).
-BACKWARD = (("benchmarks/results/2026-12-02-h200-s24-backward", ("bwd.csv", "bwd_fp16.csv")),
-            ("benchmarks/results/2026-12-03-h200-s28-backward", ("bwd_d256.csv",)))
+# the fa sweep in bf16 and D 256 (session 33), the fa sweep in fp16 (session 24).
+BACKWARD = (("benchmarks/results/2026-12-04-h200-s33-backward", ("bwd.csv", "bwd_d256.csv")),
+            ("benchmarks/results/2026-12-02-h200-s24-backward", ("bwd_fp16.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
