@@ -96,7 +96,7 @@ for step in "$@"; do
                       --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
                     tail -4 "$R/chunked_ring.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
-                   ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} \
+                   ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} \
                    --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1; grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments, split on spaces), TESTS_K (a -k expression,
                 # spaces kept), TESTS_TIMEOUT seconds (default 300)

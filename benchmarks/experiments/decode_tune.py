@@ -8,10 +8,10 @@ rotating cache copies (vflash.harness.serving). Prints one line a candidate and 
 --grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
 pages of 64 and a contiguous cache; --rows / --tiles / --splits replace the grid's rows, tiles and
-split counts.
+split counts. --head-dim sets D (default 128; Hq 32 / Hkv 8 at every D).
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
-      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64]
+      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64] [--head-dim 64]
 """
 
 import argparse
@@ -52,15 +52,17 @@ def main() -> int:
     ap.add_argument("--rows", help="rows B:KV, comma-separated (default: ROWS)")
     ap.add_argument("--tiles", help="tiles block_m,block_n,warps,stages, semicolon-separated (default: TILES)")
     ap.add_argument("--splits", help="split counts, comma-separated (default: SPLITS; with --grid GRID_SPLITS)")
+    ap.add_argument("--head-dim", type=int, default=128, help="D (Hq 32 / Hkv 8 at every D)")
     args = ap.parse_args()
     parse_rows = lambda text: [tuple(int(x) for x in r.split(":")) for r in text.split(",")]  # noqa: E731
     parse_tiles = lambda text: [tuple(int(x) for x in t.split(",")) for t in text.split(";")]  # noqa: E731
     if args.grid or args.smoke:
         return grid(args.out, args.smoke, grid_rows=parse_rows(args.rows) if args.rows else None,
                     grid_tiles=parse_tiles(args.tiles) if args.tiles else None,
-                    grid_splits=[int(x) for x in args.splits.split(",")] if args.splits else None)
+                    grid_splits=[int(x) for x in args.splits.split(",")] if args.splits else None,
+                    head_dim=args.head_dim)
     dev = torch.device("cuda")
-    Hq, Hkv, D, page = 32, 8, 128, 16
+    Hq, Hkv, D, page = 32, 8, args.head_dim, 16
     dt = torch.bfloat16
     band = sequence_band("bottom_right", (-1, -1))
     scale = D ** -0.5
@@ -89,9 +91,9 @@ def main() -> int:
 
         def record(kind, t, us):
             gbps = cache_bytes / us / 1e3
-            out_rows.append(dict(B=B, KV=KV, kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
+            out_rows.append(dict(B=B, KV=KV, D=D, kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
                                  stages=t.num_stages, splits=t.num_splits, us=round(us, 2), gbps=round(gbps, 1)))
-            print(f"B {B:4d} KV {KV:6d} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
+            print(f"B {B:4d} KV {KV:6d} D {D} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
             return gbps
 
         record("dispatch", chosen, time_tiles(chosen))
@@ -115,9 +117,10 @@ def main() -> int:
     return 0
 
 
-def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, grid_splits=None) -> int:
+def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, grid_splits=None,
+         head_dim: int = 128) -> int:
     dev = torch.device("cpu" if smoke else "cuda")
-    Hq, Hkv, D = (4, 2, 16) if smoke else (32, 8, 128)
+    Hq, Hkv, D = (4, 2, 16) if smoke else (32, 8, head_dim)
     dt = torch.bfloat16
     row_list, tile_list = ([(2, 512)], GRID_TILES[:1]) if smoke else (grid_rows or GRID_ROWS,
                                                                           grid_tiles or GRID_TILES)
@@ -149,10 +152,10 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
 
         def record(kind, page, t, us):
             gbps = cache_bytes / us / 1e3
-            rows.append(dict(B=B, KV=KV, kind=kind, page=page, block_m=t.block_m, block_n=t.block_n,
+            rows.append(dict(B=B, KV=KV, D=D, kind=kind, page=page, block_m=t.block_m, block_n=t.block_n,
                              warps=t.num_warps, stages=t.num_stages, splits=t.num_splits, us=round(us, 2),
                              gbps=round(gbps, 1)))
-            print(f"B {B:4d} KV {KV:6d} {kind:8s} page {page:3d} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s",
+            print(f"B {B:4d} KV {KV:6d} D {D} {kind:8s} page {page:3d} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s",
                   flush=True)
             return us
 
@@ -174,7 +177,7 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
                     continue
                 if us < best_us:
                     best, best_us = t, us
-        print(f"B {B:4d} KV {KV:6d} best {tuple(best)} {best_us:.2f} us", flush=True)
+        print(f"B {B:4d} KV {KV:6d} D {D} best {tuple(best)} {best_us:.2f} us", flush=True)
         caches = None
         for page in (64, 0):
             caches, table = layout(page)
