@@ -1,11 +1,11 @@
 """Decode's compiled builds on the GPU: registers, shared memory and the programs an SM holds, beside
 the output against the paged reference.
 
-For each row (B:KV, bf16, Hq 32 / Hkv 8, D 128, one query a sequence) and cache (pages of 16 and 64
+For each row (B:KV, bf16, Hq 32 / Hkv 8, D 128 or --head-dim, one query a sequence) and cache (pages of 16 and 64
 shuffled, contiguous), one `attention_with_kvcache` call with the dispatch's tiles, its max error against
 the gathered reference (reference.paged, fp32; a contiguous cache as one page a sequence), and every compiled build of
 attention_kvcache_kernel so far: its stages, registers, shared bytes and the programs an SM holds by
-both (the occupancy that dispatch/tables.KVCACHE_WAVES assumes).
+both (the occupancy that dispatch/tables.KVCACHE_WAVES assumes), printed after the call that compiled it.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_residency [--rows 64:8192 128:1024 ...]
 """
@@ -39,9 +39,11 @@ def builds():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", nargs="*", default=["48:8192", "64:1024", "64:8192", "128:1024", "128:8192"])
+    ap.add_argument("--head-dim", type=int, default=128, help="D (Hq 32 / Hkv 8 at every D)")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
-    Hq, Hkv, D = 32, 8, 128
+    Hq, Hkv, D = 32, 8, args.head_dim
+    seen = set()
     for row in args.rows:
         B, KV = (int(x) for x in row.split(":"))
         q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)
@@ -62,11 +64,14 @@ def main() -> int:
             problem = dispatch.varlen_problem_of(q.view(B, Hq, D), B, 1, kc.shape[1] * (table.shape[1] if page else 1),
                                                  sequence_band("bottom_right", (-1, -1)))
             tiles = dispatch.select_kvcache(problem, Hkv, page_size=page).tiles
-            print(f"B {B:4d} KV {KV:6d} page {page:3d}: stages {tiles.num_stages} splits {tiles.num_splits}, "
-                  f"max err {err:.2e}", flush=True)
+            print(f"B {B:4d} KV {KV:6d} D {D} page {page:3d}: stages {tiles.num_stages} splits {tiles.num_splits} "
+                  f"chunk {tiles.split_chunk}, max err {err:.2e}", flush=True)
+            for build in builds():  # the builds this call compiled
+                if build not in seen:
+                    seen.add(build)
+                    stages, regs, shared, per_sm = build
+                    print(f"  build: {stages} stages, {regs} registers, {shared} B shared -> {per_sm} programs an SM")
             del kc, vc
-    for stages, regs, shared, per_sm in builds():
-        print(f"build: {stages} stages, {regs} registers, {shared} B shared -> {per_sm} programs an SM")
     return 0
 
 
