@@ -232,6 +232,20 @@ def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, 
     assert choice.tiles == tiles, choice.why
 
 
+@pytest.mark.parametrize("batch,capacity,splits", [
+    # D 64: five programs an SM by shared memory (36 KiB), four by registers where the merge loads 32 splits
+    # at once: B 4 KV 32k 16 splits (20 would make 640 programs, past a wave of 528)
+    (4, 32768, 16),
+    (4, 8192, 16),  # splits of 8 key tiles: four an SM (16 fewer than full_residency_tiles), the merge's 16
+    (1, 32768, 32),  # 66 would fit four an SM: max_splits
+    (8, 32768, 10),  # 640 programs, the merge's 16: five an SM
+])
+def test_select_kvcache_counts_the_wide_merge_registers(h200, monkeypatch, batch, capacity, splits):
+    monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)
+    choice = dispatch.select_kvcache(kv_problem(batch, 32, 1, capacity, d=64), 8)
+    assert choice.tiles.num_splits == splits, choice.why
+
+
 @pytest.mark.parametrize("page,kw,kernel", [
     (16, {}, "sm90"), (0, {}, "sm90"), (256, {}, "sm90"),  # chunked prefill: the sm90 kernel's KV_CACHE build
     (17, {}, "portable"), (8, {}, "portable"),  # pages its copies cannot take

@@ -250,6 +250,10 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         if resident > 1 and p.n_k < splits * rule.full_residency_tiles * tiles.block_n:
             resident -= 1  # splits too short to gain from the SM's last program
             splits = count(resident)
+        wide_chunk, held = tables.KVCACHE_SPLIT_MERGE_RESIDENT.get(d, (0, resident))
+        if why == "KVCACHE_DECODE" and held < resident and min(tiles.split_chunk, _pow2(splits)) >= wide_chunk:
+            resident = held  # the wide merge's registers hold fewer programs an SM
+            splits = count(resident)
         # the count that gives every split the same number of key tiles of a full cache (the kernel deals a
         # sequence's tiles out to its splits in turn): no split without a tile
         part = -(-(-(-p.n_k // splits)) // tiles.block_n) * tiles.block_n
