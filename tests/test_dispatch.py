@@ -236,7 +236,7 @@ def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, 
     # D 64: five programs an SM by shared memory (36 KiB), four by registers where the merge loads 32 splits
     # at once: B 4 KV 32k 16 splits (20 would make 640 programs, past a wave of 528)
     (4, 32768, 16),
-    (4, 8192, 16),  # splits of 8 key tiles: four an SM (16 fewer than full_residency_tiles), the merge's 16
+    (4, 8192, 16),  # splits of 8 key tiles, under full_residency_tiles: four an SM, the merge's chunk 16
     (1, 32768, 32),  # 66 would fit four an SM: max_splits
     (8, 32768, 10),  # 640 programs, the merge's 16: five an SM
 ])

@@ -234,6 +234,10 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         splits = max(1, -(-p.n_k // keys))
         return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys, one_loop=True),
                       f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
+
+    def merge_chunk(splits: int) -> int:  # the splits the merge loads at once for this count (below)
+        return min(tiles.split_chunk, _pow2(splits))
+
     if num_splits is not None:
         splits, how = max(1, min(num_splits, -(-p.n_k // tiles.block_n))), "num_splits given"
     else:
@@ -251,7 +255,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
             resident -= 1  # splits too short to gain from the SM's last program
             splits = count(resident)
         wide_chunk, held = tables.KVCACHE_SPLIT_MERGE_RESIDENT.get(d, (0, resident))
-        if why == "KVCACHE_DECODE" and held < resident and min(tiles.split_chunk, _pow2(splits)) >= wide_chunk:
+        if why == "KVCACHE_DECODE" and held < resident and merge_chunk(splits) >= wide_chunk:
             resident = held  # the wide merge's registers hold fewer programs an SM
             splits = count(resident)
         # the count that gives every split the same number of key tiles of a full cache (the kernel deals a
@@ -263,8 +267,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     # three loops pay three. Unsplit programs (tens to hundreds of tiles) keep the three, whose unmasked
     # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than
     # there are (batch-invariant calls keep theirs fixed, above).
-    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1,
-                           split_chunk=min(tiles.split_chunk, _pow2(splits)))
+    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1, split_chunk=merge_chunk(splits))
     if splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
         rule = tables.KVCACHE_WAVES[d]

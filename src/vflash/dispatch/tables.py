@@ -162,9 +162,8 @@ KVCACHE_SPLIT = SplitRule(smem_per_sm=228 * 1024, smem_reserved=7 * 1024, min_sp
 # Where the split build's registers, not its shared memory, bound the programs an SM: by head dim, the merge
 # chunk (splits a load) from which they do and the programs an SM then. Triton 3.6's D 64 split builds
 # (decode_residency, 36 KiB shared, five an SM by it) take 80-96 registers a thread with chunks of 8-16 and
-# 113-127 with 32: four an SM, so 20 splits at B 4 (640 programs) ran a second wave (94 us against 16
-# splits' 71 at KV 32k). D 128's and D 256's shared memory binds first (D 128: 113-168 registers, three an
-# SM either way).
+# 113-127 with 32: four an SM, and a grid counted at five runs a second wave. D 128's and D 256's shared
+# memory binds first (D 128: 113-168 registers, three an SM either way). Measurements in docs/performance.md.
 KVCACHE_SPLIT_MERGE_RESIDENT: Dict[int, Tuple[int, int]] = {64: (32, 4)}
 
 # Unsplit decode grids of more programs than a wave: the ring one stage deeper where that fills the last wave.
