@@ -67,3 +67,22 @@ def test_host_time_is_the_least_round_with_its_probe(monkeypatch):
 def test_cpu_probe_times_its_loop():
     from vflash.harness import serving
     assert 0 < serving._cpu_probe_us(n=3) < 1e6
+
+
+def test_merge_and_write_rows_check_their_outputs(monkeypatch):
+    # merge_states and write_kvcache rows (tiny, through the interpreter): each method's output is checked
+    # (the fp64 merge; the cache's rows) before it is timed, against a PyTorch-ops row of the same work
+    import vflash
+    from vflash.harness import serving
+    cpu = torch.device("cpu")
+    merge = {r["method"]: r for r in serving.merge_rows(1, 2, 5, 16, cpu)}
+    write = {r["method"]: r for r in serving.write_rows(5, (2, 16), 4, cpu)}
+    for rows in (merge, write):
+        assert set(rows) in ({"vflash_merge", "torch_merge"}, {"vflash_write", "torch_write"})
+        for r in rows.values():
+            assert r["status"] == "ok" and float(r["us_median"]) > 0 and r["gbps"] != "" and r["vs_torch"], r
+    real_merge, real_write = vflash.merge_states, vflash.write_kvcache
+    monkeypatch.setattr(vflash, "merge_states", lambda *a: (real_merge(*a)[0] + 0.1, real_merge(*a)[1]))
+    monkeypatch.setattr(vflash, "write_kvcache", lambda kc, vc, k, v, s, **kw: real_write(kc, vc, k, -v, s, **kw))
+    assert serving.merge_rows(1, 2, 5, 16, cpu)[0]["status"].startswith("wrong")
+    assert serving.write_rows(5, (2, 16), 4, cpu)[0]["status"].startswith("wrong")

@@ -399,19 +399,28 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if k_new.shape[0] > _INT32_MAX // 2:
         raise ValueError(f"{k_new.shape[0]} tokens in one call are too many; write them in parts")
     if check_metadata and slot_mapping.numel():
-        slots = slot_mapping.tolist()
         capacity = num_blocks * block_size
-        seen = {}
-        for t, s in enumerate(slots):
-            if s == -1:
-                continue
-            if not 0 <= s < capacity:
-                raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache's {capacity} slots "
-                                 f"({num_blocks} blocks of {block_size}); -1 skips a token")
-            if s in seen:
-                raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
-                                 f"token a call")
-            seen[s] = t
+        # on the device, one sync for two flags; only a bad call walks the slots to name the first bad one
+        s = slot_mapping.to(torch.int64)
+        srt = torch.sort(s).values
+        flags = torch.stack([((s < -1) | (s >= capacity)).any(), ((srt[1:] == srt[:-1]) & (srt[1:] >= 0)).any()])
+        if any(flags.tolist()):
+            _name_bad_slot(slot_mapping.tolist(), num_blocks, block_size)
+
+
+def _name_bad_slot(slots, num_blocks: int, block_size: int) -> None:
+    capacity = num_blocks * block_size
+    seen = {}
+    for t, s in enumerate(slots):
+        if s == -1:
+            continue
+        if not 0 <= s < capacity:
+            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache's {capacity} slots "
+                             f"({num_blocks} blocks of {block_size}); -1 skips a token")
+        if s in seen:
+            raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
+                             f"token a call")
+        seen[s] = t
 
 
 def _check_offsets(name: str, offsets, total: int, longest: int) -> None:

@@ -137,7 +137,7 @@ def cmd_bench(args) -> int:
     from vflash.harness.bench import METHODS, Shape, run_bench, sweep_shapes
     from vflash.harness.serving import run_serving
 
-    if args.sweep in ("decode", "varlen", "chunked"):
+    if args.sweep in ("decode", "varlen", "chunked", "merge", "write"):
         if args.shape or args.smoke or args.methods or args.interleave:
             args.subparser.error(f"--sweep {args.sweep} runs its own rows and methods (bf16); it does not combine "
                                  "with --shape, --smoke, --methods or --interleave")
@@ -261,11 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Benchmark vflash and the baselines in one run and write a long-format "
                                    "CSV plus an environment record (<out>.env.json). Needs a GPU, except "
                                    "--smoke.")
-    p.add_argument("--sweep", choices=["fa", "article", "d256", "decode", "varlen", "chunked"],
+    p.add_argument("--sweep", choices=["fa", "article", "d256", "decode", "varlen", "chunked", "merge", "write"],
                    help="fa (default): 16k tokens, hidden 2048, D 64/128, N 512..16384; article: B1 H16 D64, "
                         "N 128..8192; d256: 16k tokens, H8, D256, N 512..16384; decode: paged-KV decode GB/s, "
                         "B 1..128 x KV 1k..32k (bf16, Hq 32 / Hkv 8, D 128); varlen: 8 packed causal "
-                        "sequences, 31k tokens; chunked: a chunk of new queries over a paged cached prefix")
+                        "sequences, 31k tokens; chunked: a chunk of new queries over a paged cached prefix; merge / "
+                        "write: merge_states and write_kvcache GB/s against PyTorch ops")
     p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="benchmark one shape instead of a sweep")
     p.add_argument("--causal", action="store_true", default=None, help="with --shape: causal (bottom-right)")
     p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16,fp32 (default fp16)")

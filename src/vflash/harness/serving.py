@@ -1,5 +1,5 @@
-"""`vflash bench --sweep decode | varlen | chunked`: the serving path against the engines
-people would otherwise use, in the same run.
+"""`vflash bench --sweep decode | varlen | chunked | merge | write`: the serving path against
+the engines people would otherwise use, in the same run.
 
 decode   one new query per sequence (bf16, Hq 32 / Hkv 8, D 128), B x KV rows. GB/s of K+V
          read per call (2 * B * KV * Hkv * D * 2 bytes over the time) for vflash on a paged
@@ -15,6 +15,13 @@ varlen   8 causal sequences of mixed lengths packed in one attention_varlen call
 chunked  a chunk of new queries per sequence against a cached prefix on a paged cache
          (page size 16 and 64, shuffled; 16 also with each sequence's pages in order) and on a
          contiguous cache, against the same work done dense by vflash.attention.
+merge    vflash.merge_states on [B, H, N, D] bf16 outputs and their fp32 LSEs (decode's and
+         ring attention's shapes) against the same formula in PyTorch ops: GB/s of the
+         bytes it must move (two outputs and LSEs read, one written), beside the run's copy
+         bandwidth.
+write    vflash.write_kvcache of T new tokens (bf16, Hkv 8, D 128) into a paged cache at
+         shuffled slots against PyTorch's index_copy_ into the same cache: GB/s of the
+         new K / V read and written.
 
 Every method of a row is timed in the same process, one after another.
 """
@@ -36,10 +43,15 @@ DECODE_METHODS = ["vflash_paged16", "vflash_paged64", "vflash_paged16_invariant"
                   "sdpa_cudnn", "sdpa_flash"]
 VARLEN_LENGTHS = [512, 1024, 1536, 2048, 3072, 4096, 8192, 11000]  # 31,480 tokens
 CHUNKED_ROWS = [(4, 512, 2048), (4, 2048, 8192), (2, 1024, 32768)]  # (B, new queries, cached prefix)
+# merge_states' [B, H, N, D]: split / cascade decode (B 1-128, one query), ring attention's chunk outputs
+MERGE_ROWS = [(1, 32, 1, 128), (128, 32, 1, 128), (1, 32, 4096, 128), (4, 32, 8192, 128), (1, 32, 32768, 64)]
+WRITE_TOKENS = [1, 128, 2048, 32768]  # write_kvcache: a decode step (B 1, 128), prefill chunks
+WRITE_HEADS = (8, 128)  # Hkv, D
+WRITE_PAGE = 16
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
-           "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense"]
+           "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense", "vs_torch"]
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
@@ -378,10 +390,96 @@ def against_dense(rows: List[Dict[str, object]], methods: Dict[str, Callable[[],
             r[field] = round(dense_us / r["us_median"], 3)
 
 
+def _against_torch(rows: List[Dict[str, object]]) -> None:
+    # each row's time against the torch_ row's of the same shape (above 1: faster)
+    base = next((r.get("us_median") for r in rows if r["method"].startswith("torch_") and r["status"] == "ok"), None)
+    for r in rows:
+        if base and r.get("us_median"):
+            r["vs_torch"] = round(base / r["us_median"], 3)
+
+
+def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dict[str, object]]:
+    """merge_states on [B, H, N, D] bf16 outputs with [B, H, N] fp32 LSEs (some -inf, as a split that
+    saw no key leaves them) against the merge written in PyTorch ops: GB/s of the bytes it must move."""
+    from vflash.reference.merge import merge_states_reference
+    dtype = torch.bfloat16
+    one = B * H * N * (D * 2 + 4)  # one output and its LSE
+    n = _copies(3 * one) if device.type == "cuda" else 1
+    parts = []
+    for _ in range(n):
+        oa, ob = (torch.randn(B, H, N, D, device=device, dtype=dtype) for _ in range(2))
+        la, lb = (torch.randn(B, H, N, device=device) * 4 for _ in range(2))
+        la.view(-1)[::7] = float("-inf")
+        parts.append((oa, la, ob, lb))
+
+    def torch_merge(oa, la, ob, lb):
+        out, lse = merge_states_reference(oa, la, ob, lb, dtype=torch.float32)
+        return out.to(dtype), lse
+    methods = {"vflash_merge": vflash.merge_states, "torch_merge": torch_merge}
+    want = merge_states_reference(*parts[0])
+    tol = 2.0 ** -7 * max(1.0, want[0].abs().max().item())  # one bf16 step at the largest output: its rounding
+    rows = []
+    for name, fn in methods.items():
+        row = dict(method=name, B=B, Hq=H, Hkv=H, Nq=N, Nk=N, D=D, page="", status="ok")
+        try:
+            got, got_lse = fn(*parts[0])
+            diff = (got.double() - want[0]).abs().max().item()
+            row["max_diff_vs_dense"] = f"{diff:.2e}"
+            if not diff <= tol or not torch.equal(torch.isneginf(got_lse), torch.isneginf(want[1])):
+                row["status"] = f"wrong: max diff {diff:.2e} from the fp64 merge"
+            else:
+                _time_into(row, [lambda p=p: fn(*p) for p in parts], device, "gbps", 3 * one / 1e3)
+        except Exception as exc:
+            row["status"] = _error_text(exc)
+        rows.append(row)
+    _against_torch(rows)
+    return rows
+
+
+def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) -> List[Dict[str, object]]:
+    """write_kvcache of T tokens [T, Hkv, D] (bf16) into a paged cache at shuffled distinct slots,
+    against PyTorch's index_copy_ of the same rows: GB/s of the new K / V read plus written."""
+    Hkv, D = heads
+    dtype = torch.bfloat16
+    blocks = max(64, 4 * -(-T // page))  # a cache 4x the tokens, so the slots scatter
+    kc, vc = (torch.zeros(blocks, page, Hkv, D, device=device, dtype=dtype) for _ in range(2))
+    n = _copies(2 * T * Hkv * D * 2) if device.type == "cuda" else 1
+    g = torch.Generator().manual_seed(T)
+    news = [(torch.randn(T, Hkv, D, device=device, dtype=dtype), torch.randn(T, Hkv, D, device=device, dtype=dtype),
+             torch.randperm(blocks * page, generator=g)[:T].to(device)) for _ in range(n)]
+
+    def vflash_write(k, v, slots):
+        vflash.write_kvcache(kc, vc, k, v, slots, check_metadata=False)
+
+    def torch_write(k, v, slots):
+        kc.view(-1, Hkv, D).index_copy_(0, slots, k)
+        vc.view(-1, Hkv, D).index_copy_(0, slots, v)
+    rows = []
+    k0, v0, s0 = news[0]
+    for name, fn in (("vflash_write", vflash_write), ("torch_write", torch_write)):
+        row = dict(method=name, B=T, Hq=Hkv, Hkv=Hkv, Nq=T, Nk=T, D=D, page=page, status="ok")
+        try:
+            kc.zero_()
+            vc.zero_()
+            fn(k0, v0, s0)
+            ok = (torch.equal(kc.view(-1, Hkv, D)[s0], k0) and torch.equal(vc.view(-1, Hkv, D)[s0], v0)
+                  and int((kc != 0).any(-1).any(-1).sum()) <= T)
+            if not ok:
+                row["status"] = "wrong: the cache's rows differ from the new tokens"
+            else:
+                calls = [lambda k=k, v=v, s=s: fn(k, v, s) for k, v, s in news]
+                _time_into(row, calls, device, "gbps", 2 * 2 * T * Hkv * D * 2 / 1e3)
+        except Exception as exc:
+            row["status"] = _error_text(exc)
+        rows.append(row)
+    _against_torch(rows)
+    return rows
+
+
 def run_serving(sweep: str, out_csv: str, device: torch.device, methods: Optional[Sequence[str]] = None,
                 printer: Callable[[str], None] = print) -> List[Dict[str, object]]:
-    """Run one serving sweep ("decode", "varlen", "chunked", or "smoke": tiny decode rows
-    through the interpreter) and write its CSV; returns the rows."""
+    """Run one serving sweep ("decode", "varlen", "chunked", "merge", "write", or "smoke": tiny decode
+    rows through the interpreter) and write its CSV; returns the rows."""
     env = environment()
     dtype = torch.bfloat16
     smoke = sweep == "smoke"
@@ -405,6 +503,16 @@ def run_serving(sweep: str, out_csv: str, device: torch.device, methods: Optiona
             rows += got
             printer(f"B {B} new {n_new} prefix {prefix}: "
                     + "  ".join(f"{r['method']} {r.get('tflops', r['status'])}" for r in got))
+    elif sweep == "merge":
+        for shape in MERGE_ROWS:
+            got = merge_rows(*shape, device)
+            rows += got
+            printer(f"merge {list(shape)}: " + "  ".join(f"{r['method']} {r.get('gbps', r['status'])}" for r in got))
+    elif sweep == "write":
+        for T in WRITE_TOKENS:
+            got = write_rows(T, WRITE_HEADS, WRITE_PAGE, device)
+            rows += got
+            printer(f"write T {T}: " + "  ".join(f"{r['method']} {r.get('gbps', r['status'])}" for r in got))
     else:
         raise ValueError(f"unknown serving sweep {sweep!r}")
     gpu = env.get("gpu") or env.get("device") or device.type
