@@ -112,3 +112,22 @@ def test_many_slots_are_checked_on_the_device(device):
     far[298] = 512
     with pytest.raises(ValueError, match=r"slot_mapping\[298\] = 512 is outside"):
         vflash.write_kvcache(kc, vc, kn, vn, far.to(device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
+def test_gpu_unchecked_repeats_launch_a_recorded_plan():
+    # check_metadata=False records the launch at the first call of a metadata key; a repeat with other
+    # tensors of that metadata runs the plan and writes its own tokens into its own cache
+    from vflash.ops import plans
+    plans.clear()
+    dev = torch.device("cuda")
+    for seed in (0, 1, 2):
+        kc, vc, kn, vn, slots = _setup(16, 16, 8, 128, 40, dev, dtype=torch.bfloat16, seed=seed, pad_every=5)
+        want_k, want_v = write_kvcache_reference(kc, vc, kn, vn, slots)
+        vflash.write_kvcache(kc, vc, kn, vn, slots.to(torch.int32), check_metadata=False)
+        assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+        assert len(plans._plans) == 1  # one key for the three calls
+    vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)  # int64 slots: a key of their own
+    vflash.write_kvcache(kc, vc, kn, vn, slots.to(torch.int32))  # checked calls are never planned
+    assert len(plans._plans) == 2

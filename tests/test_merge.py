@@ -188,3 +188,30 @@ def test_split_merge_ignores_trailing_empty_splits_bitwise(device):
         lse_more = torch.cat([lse_part, torch.full((total - 20, 2, 2), float("-inf"))])
         more = _fold(o_more.to(device), lse_more.to(device))
         assert torch.equal(more[0], alone[0]) and torch.equal(more[1], alone[1]), total
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
+def test_gpu_repeats_launch_a_recorded_plan():
+    # the first call of a metadata key records its launch; repeats with other values run the plan and
+    # give the full path's bits; an LSE whose rows need a copy ([total, H] of varlen's [H, total]) is
+    # merged right and never planned (a plan reads the caller's tensors themselves)
+    from vflash.ops import plans
+    plans.clear()
+    dev = torch.device("cuda")
+    for seed in (0, 1, 2):
+        parts = _parts((4, 8, 3, 128), torch.bfloat16, dev, seed=seed)
+        out, lse = vflash.merge_states(*parts)
+        assert len(plans._plans) == 1
+        plans.clear()
+        full = vflash.merge_states(*parts)
+        assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
+        vflash.merge_states(*parts)  # recorded again for the next seed's planned call
+    oa, la, ob, lb = _parts((6, 4, 64), torch.float16, dev)
+    la_t, lb_t = la.t().contiguous().t(), lb.t().contiguous().t()  # [6, 4] views of [4, 6] storage
+    for _ in range(2):
+        out, lse = vflash.merge_states(oa, la_t, ob, lb_t)
+        ref_o, ref_l = merge_states_reference(oa, la_t, ob, lb_t)
+        fin = torch.isfinite(ref_l)
+        assert torch.allclose(out.double()[fin], ref_o[fin], atol=2e-3, rtol=2e-3)
+    assert len(plans._plans) == 1

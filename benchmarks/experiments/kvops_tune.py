@@ -16,13 +16,14 @@ from collections import defaultdict
 import torch
 
 from benchmarks.experiments.common import require_cuda, write_rows
+from vflash import dispatch
 from vflash.dispatch import tables
 from vflash.harness import serving
 from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.tiles import CacheWriteTiles, MergeTiles
 
-MERGE_CANDIDATES = [MergeTiles(r, d, w) for r in (8, 16, 32, 64, 128) for d in (64, 128) for w in (1, 2, 4, 8)]
+MERGE_CANDIDATES = [MergeTiles(r, d, w) for r in (4, 8, 16, 32, 64, 128) for d in (32, 64, 128) for w in (1, 2, 4, 8)]
 WRITE_CANDIDATES = [CacheWriteTiles(h, w) for h in (1, 2, 4, 8) for w in (1, 2, 4, 8)]
 
 
@@ -37,7 +38,6 @@ def merge_calls(B, H, N, D, dev):
         parts.append((oa, la, ob, lb))
 
     def make(tiles):
-        tiles = tiles._replace(block_d=min(tiles.block_d, max(16, 1 << (D - 1).bit_length())))
         return [lambda p=p: merge_states_forward(*p, tiles) for p in parts], lambda: merge_states_forward(*parts[0],
                                                                                                          tiles)
     return make, 3 * one
@@ -74,8 +74,8 @@ def main() -> int:
         return 2
     dev = torch.device("cuda")
     rows = []
-    jobs = [(f"merge B{B} H{H} N{N} D{D}", merge_calls(B, H, N, D, dev), MERGE_CANDIDATES, tables.MERGE)
-            for B, H, N, D in serving.MERGE_ROWS]
+    jobs = [(f"merge B{B} H{H} N{N} D{D}", merge_calls(B, H, N, D, dev), MERGE_CANDIDATES,
+             dispatch.merge_tiles(D, dev)) for B, H, N, D in serving.MERGE_ROWS]
     jobs += [(f"write T{T}", write_calls(T, dev), WRITE_CANDIDATES, tables.CACHE_WRITE) for T in serving.WRITE_TOKENS]
     for name, (make, nbytes), candidates, table in jobs:
         _, ref_check = make(table)

@@ -184,10 +184,17 @@ def merge_states(
     Returns:
         (out [..., D] in the outputs' dtype, lse [...] fp32). A part whose lse is
         -inf (it saw no key) adds nothing, whatever its output holds; a row with
-        both -inf gets out 0 and lse -inf.
+        both -inf gets out 0 and lse -inf. Repeats of a call's metadata (CUDA) launch the
+        plan its first call recorded.
     """
+    # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
+    key = plans.op_plan_key("merge_states", (out_a, lse_a, out_b, lse_b), ())
+    plan = plans.lookup(key, out_a, lse_a, out_b, lse_b)
+    if plan is not None:
+        return plan(out_a, lse_a, out_b, lse_b)
     _validate.check_merge(out_a, lse_a, out_b, lse_b)
-    return merge_states_forward(out_a, lse_a, out_b, lse_b, dispatch.merge_tiles(out_a.shape[-1], out_a.device))
+    return merge_states_forward(out_a, lse_a, out_b, lse_b, dispatch.merge_tiles(out_a.shape[-1], out_a.device),
+                                plan_key=key)
 
 
 def write_kvcache(
@@ -206,11 +213,19 @@ def write_kvcache(
             slot_mapping[t] = block_id * block_size + offset; -1 skips the token (padding).
         check_metadata: check every slot is -1 or a distinct slot of the cache before
             the launch (one host sync for CUDA tensors); off only for slots you have
-            checked (an out-of-range slot would write out of bounds).
+            checked (an out-of-range slot would write out of bounds). Unchecked repeats
+            of a call's metadata launch the plan its first call recorded.
     """
+    # with check_metadata=False a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
+    key = (plans.op_plan_key("write_kvcache", (k_cache, v_cache, k_new, v_new, slot_mapping), ())
+           if check_metadata is False else None)
+    plan = plans.lookup(key, k_cache, v_cache, k_new, v_new, slot_mapping)
+    if plan is not None:
+        plan(k_cache, v_cache, k_new, v_new, slot_mapping)
+        return
     _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping,
                                   _validate.check_flag("check_metadata", check_metadata))
-    write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles())
+    write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles(), plan_key=key)
 
 
 def attention_with_kvcache(

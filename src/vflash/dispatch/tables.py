@@ -241,10 +241,14 @@ HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
 HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 512, 256: 512}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
-# 32 rows of up to 256 columns a program (16 KiB of fp16 per input tile): not tuned on the GPU yet.
-MERGE = MergeTiles(block_rows=32, block_d=256, num_warps=4)
+# 16 rows of up to 64 columns a program: picked by benchmarks/experiments/kvops_tune.py on the H200 (bf16,
+# the merge sweep's five shapes, 72 candidates of 4-128 rows, 32-128 columns, 1-8 warps): within 5 % of each
+# shape's best, where no other candidate is within 5 % of all five; decode's small merges (32-4096 rows) want
+# many small programs, the large ones are bound by HBM whatever the tile.
+MERGE = MergeTiles(block_rows=16, block_d=64, num_warps=4)
 MERGE_INTERPRETER = MergeTiles(block_rows=16, block_d=256, num_warps=4)  # fewer numpy ops a program
 
 # --- write_kvcache (kernels/cache.py): a scatter of T tokens' [Hkv, D] rows ------------------------
-# Eight heads of one token a program (8 x 128 fp16 = 2 KiB each of K and V): not tuned on the GPU yet.
+# Eight heads of one token a program (8 x 128 bf16 = 2 KiB each of K and V): within 3 % of the best of 16
+# candidates (1-8 heads, 1-8 warps) at 1-32768 tokens in kvops_tune.py on the H200.
 CACHE_WRITE = CacheWriteTiles(block_h=8, num_warps=4)

@@ -51,7 +51,8 @@ WRITE_PAGE = 16
 ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
-           "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense", "vs_torch"]
+           "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense", "vs_torch",
+           "checked_wall_us"]
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
@@ -400,7 +401,8 @@ def _against_torch(rows: List[Dict[str, object]]) -> None:
 
 def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dict[str, object]]:
     """merge_states on [B, H, N, D] bf16 outputs with [B, H, N] fp32 LSEs (some -inf, as a split that
-    saw no key leaves them) against the merge written in PyTorch ops: GB/s of the bytes it must move."""
+    saw no key leaves them) against the merge written in PyTorch ops: GB/s of the bytes it must move
+    (finite outputs everywhere: the PyTorch formula would take 0 x NaN from an empty part's garbage)."""
     from vflash.reference.merge import merge_states_reference
     dtype = torch.bfloat16
     one = B * H * N * (D * 2 + 4)  # one output and its LSE
@@ -412,8 +414,10 @@ def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dic
         la.view(-1)[::7] = float("-inf")
         parts.append((oa, la, ob, lb))
 
-    def torch_merge(oa, la, ob, lb):
-        out, lse = merge_states_reference(oa, la, ob, lb, dtype=torch.float32)
+    def torch_merge(oa, la, ob, lb):  # the formula in fp32 PyTorch ops, as a user would write it
+        lse = torch.logaddexp(la, lb)
+        ref = torch.where(torch.isneginf(lse), 0.0, lse)  # a row no part saw: weights exp(-inf) = 0
+        out = oa.float() * torch.exp(la - ref)[..., None] + ob.float() * torch.exp(lb - ref)[..., None]
         return out.to(dtype), lse
     methods = {"vflash_merge": vflash.merge_states, "torch_merge": torch_merge}
     want = merge_states_reference(*parts[0])
@@ -429,6 +433,9 @@ def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dic
                 row["status"] = f"wrong: max diff {diff:.2e} from the fp64 merge"
             else:
                 _time_into(row, [lambda p=p: fn(*p) for p in parts], device, "gbps", 3 * one / 1e3)
+                if name == "vflash_merge" and device.type == "cuda":  # a planned call's host time
+                    host, probe = _host_us(lambda: fn(*parts[0]), device, rounds=HOST_ROUNDS)
+                    row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
         except Exception as exc:
             row["status"] = _error_text(exc)
         rows.append(row)
@@ -482,11 +489,12 @@ def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) 
             else:
                 calls = [lambda k=k, v=v, s=s: fn(k, v, s) for k, v, s in news]
                 _time_into(row, calls, device, "gbps", 2 * 2 * T * Hkv * D * 2 / 1e3)
-                if name == "vflash_write" and device.type == "cuda":  # the slot check's cost: a call's wall time
-                    # with it (its host sync included) and without, each the least of 5 rounds of 50 calls
-                    for field, check in (("host_us", True), ("host_out_us", False)):
-                        row[field] = round(_wall_us(lambda: vflash.write_kvcache(kc, vc, k0, v0, s0,
-                                                                                 check_metadata=check)), 2)
+                if name == "vflash_write" and device.type == "cuda":
+                    # a planned call's host time (check_metadata=False), and a checked call's wall time (its
+                    # slot check's host sync included)
+                    host, probe = _host_us(calls[0], device, rounds=HOST_ROUNDS)
+                    row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS,
+                               checked_wall_us=round(_wall_us(lambda: vflash.write_kvcache(kc, vc, k0, v0, s0)), 2))
         except Exception as exc:
             row["status"] = _error_text(exc)
         rows.append(row)

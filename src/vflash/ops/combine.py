@@ -1,13 +1,16 @@
 """Launcher of merge_states_kernel (kernels/combine.py)."""
 
-from typing import Tuple
+from typing import Hashable, Optional, Tuple
 
 import torch
 
 from vflash.kernels.combine import merge_states_kernel
 from vflash.ops import launch as launches
-from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.tiles import MergeTiles
+
+INPUTS = ("out_a", "lse_a", "out_b", "lse_b")
+OUTPUTS = ("out", "lse")
 
 
 def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
@@ -16,9 +19,11 @@ def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
 
 
 def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
-                         tiles: MergeTiles) -> Tuple[torch.Tensor, torch.Tensor]:
+                         tiles: MergeTiles, plan_key: Optional[Hashable] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out [..., D] in out_a's dtype and lse [...] fp32 of the union of two partial
-    results (inputs validated by vflash._validate.check_merge)."""
+    results (inputs validated by vflash._validate.check_merge). With a `plan_key`
+    (vflash.ops.plans) the launch is recorded for later calls of the same metadata,
+    where the kernel reads the caller's tensors themselves (no copy made their rows)."""
     D = out_a.shape[-1]
     out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
     lse = torch.empty(lse_a.shape, dtype=torch.float32, device=out_a.device)
@@ -29,8 +34,12 @@ def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
     la, lb = lse_a.reshape(-1).contiguous(), lse_b.reshape(-1).contiguous()
     grid = ((rows + tiles.block_rows - 1) // tiles.block_rows, (D + tiles.block_d - 1) // tiles.block_d, 1)
     args = (a, la, b, lb, o, lse.view(-1), *a.stride(), *b.stride(), *o.stride(), rows, D)
-    slots = (Slot(0, "out_a"), Slot(1, "lse_a"), Slot(2, "out_b"), Slot(3, "lse_b"), Slot(4, "out"), Slot(5, "lse"))
+    slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS + OUTPUTS))
     launch = KernelLaunch(merge_states_kernel, grid, args, dict(BLOCK_ROWS=tiles.block_rows, BLOCK_D=tiles.block_d),
                           dict(num_warps=tiles.num_warps), slots)
-    launches.run(launch, out_a.device)
+    compiled = launches.run(launch, out_a.device)
+    views = all(x.data_ptr() == y.data_ptr() for x, y in ((a, out_a), (b, out_b), (la, lse_a), (lb, lse_b)))
+    if plan_key is not None and views and out_a.device.index == torch.cuda.current_device():
+        allocs = (Alloc("out", tuple(out.shape), out.dtype), Alloc("lse", tuple(lse.shape), lse.dtype))
+        launches.record(plan_key, launch, compiled, INPUTS, allocs, OUTPUTS, out_a.device.index)
     return out, lse
