@@ -96,22 +96,28 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
     assert torch.equal(kc, before)  # nothing written
 
 
-def test_many_slots_are_checked_on_the_device(device):
-    # 300 tokens, every third one padding (-1 repeats freely): the check passes them, then names the one
-    # token that repeats a slot and the one past the cache, each found by the device-side flags first
-    kc, vc, kn, vn, slots = _setup(128, 4, 1, 16, 300, device, pad_every=3)
+@pytest.mark.parametrize("tokens", [300, 1500])  # the check on the host, and on the device past 1024 slots
+def test_many_slots_are_checked(tokens, device):
+    # every third token padding (-1 repeats freely): the check passes them, then names the one token that
+    # repeats a slot and the one past the cache
+    kc, vc, kn, vn, slots = _setup(128, 16, 1, 16, tokens, device, pad_every=3)
     slots = slots.cpu()
     vflash.write_kvcache(kc, vc, kn, vn, slots.to(device))
     kept = slots >= 0
     assert torch.equal(kc.view(-1, 1, 16)[slots[kept].to(device)], kn[kept.to(device)])
+    last = tokens - 1
     dup = slots.clone()
-    dup[299] = dup[1]
-    with pytest.raises(ValueError, match=rf"slot_mapping\[299\] = {int(dup[1])} repeats slot_mapping\[1\]"):
+    dup[last] = dup[1]
+    with pytest.raises(ValueError, match=rf"slot_mapping\[{last}\] = {int(dup[1])} repeats slot_mapping\[1\]"):
         vflash.write_kvcache(kc, vc, kn, vn, dup.to(device))
     far = slots.clone()
-    far[298] = 512
-    with pytest.raises(ValueError, match=r"slot_mapping\[298\] = 512 is outside"):
+    far[last - 1] = 2048
+    with pytest.raises(ValueError, match=rf"slot_mapping\[{last - 1}\] = 2048 is outside"):
         vflash.write_kvcache(kc, vc, kn, vn, far.to(device))
+    low = slots.clone()
+    low[last] = -3
+    with pytest.raises(ValueError, match=rf"slot_mapping\[{last}\] = -3 is outside"):
+        vflash.write_kvcache(kc, vc, kn, vn, low.to(device))
 
 
 @pytest.mark.gpu
