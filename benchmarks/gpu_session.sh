@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked kvops kvops_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -92,6 +92,10 @@ for step in "$@"; do
     kvops) # merge_states and write_kvcache against PyTorch ops (vflash bench --sweep merge, write)
            sampled merge timeout 120 python3 -m vflash bench --sweep merge --out "$R/merge.csv" | tail -6
            sampled write timeout 120 python3 -m vflash bench --sweep write --out "$R/write.csv" | tail -5 ;;
+    invariant_tune) # the batch-invariant split rule's variants (INVARIANT_VARIANTS keys:most splits) on the decode rows
+                    timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.invariant_tune --rounds ${TUNE_ROUNDS:-2} \
+                      ${INVARIANT_VARIANTS:+--variants $INVARIANT_VARIANTS} --out "$R/invariant_tune.csv" \
+                      > "$R/invariant_tune.txt" 2>&1; grep "VARIANT\|Error" "$R/invariant_tune.txt" | tail -12 ;;
     kvops_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.kvops_tune --out "$R/kvops_tune.csv" \
                   > "$R/kvops_tune.txt" 2>&1; grep "BEST\|Error\|WRONG" "$R/kvops_tune.txt" | tail -20 ;;
     chunked_ring) # chunked prefill's K/V ring at other depths (CHUNKED_PAGES, default 16,64; CHUNKED_VARIANTS

@@ -294,9 +294,14 @@ def test_split_kv_scratch_past_the_pool_limit_is_allocated_per_call(device, monk
     assert torch.equal(run(), pooled) and not scratch._pools
 
 
-def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(device):
+@pytest.mark.parametrize("most", [None, 4])  # 4: the split cap binds for the 3000-key sequence, not for 1500
+def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(most, device, monkeypatch):
     # sequence 0 alone, then batched with longer and shorter ones (more splits in the grid, other
     # row counts): its output and LSE are the same bits, and still attention's
+    from vflash.dispatch import tables
+    if most is not None:
+        monkeypatch.setattr(tables, "INVARIANT_SPLIT_KEYS", 512)
+        monkeypatch.setattr(tables, "INVARIANT_MAX_SPLITS", most)
     lens = [1500, 3000, 7]
     k_cache, v_cache, table = _paged(lens, 64, 1, 16, torch.float16, device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)

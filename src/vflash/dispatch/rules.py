@@ -196,7 +196,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     capacity a sequence (the longest a sequence can be without a host sync);
     page_size 0 for a contiguous cache. num_splits forces the split count;
     batch_invariant fixes the tiles and a sequence's split count by its own length
-    (one split for every tables.INVARIANT_SPLIT_KEYS keys).
+    (one split for every tables.INVARIANT_SPLIT_KEYS keys, at most tables.INVARIANT_MAX_SPLITS).
 
     Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
     takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
@@ -231,7 +231,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     tiles = rows_of(base)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS
-        splits = max(1, -(-p.n_k // keys))
+        # the kernel gives each sequence min(splits, its own cdiv(length, keys)): at most the cap, whatever
+        # the cache's capacity, so its splits still depend on its own length alone
+        splits = max(1, min(tables.INVARIANT_MAX_SPLITS, -(-p.n_k // keys)))
         return Choice("portable", tiles._replace(num_splits=splits, split_keys=keys, one_loop=True),
                       f"portable kernel: {why}, batch-invariant: {keys} keys a split, {splits} splits")
 

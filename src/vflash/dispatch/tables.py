@@ -194,6 +194,7 @@ KVCACHE_WAVES: Dict[int, WaveRule] = {128: WaveRule(4, 3, 2, 2, gain=0.25, gain_
 # arithmetic. 16-row blocks are the default's for decode; 512 keys give small caches splits enough to fill
 # the GPU. Measured at 0.56-1.24x the default mode's decode bandwidth on the H200 (BENCHMARKS.md, Serving).
 INVARIANT_SPLIT_KEYS = 512
+INVARIANT_MAX_SPLITS = 1 << 16
 INVARIANT_ROWS = 16
 
 # Split-KV's merge, done by each row tile's last split in the split kernel (no combine launch): it loads
