@@ -225,6 +225,9 @@ def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
     # whole tile
     (4, 32, 8, 512, 8192, dict(batch_invariant=True), KVCacheTiles(16, 64, 4, 3, num_splits=16, split_keys=512,
                                                                    split_chunk=8, merge_rows=16, one_loop=True)),
+    # past 16k keys the grid's splits stop at the cap (each sequence takes min(32, its own cdiv(length, 512)))
+    (1, 32, 8, 1, 40000, dict(batch_invariant=True), KVCacheTiles(16, 64, 4, 3, num_splits=32, split_keys=512,
+                                                                  split_chunk=8, merge_rows=16, one_loop=True)),
 ])
 def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, capacity, kw, tiles):
     monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)

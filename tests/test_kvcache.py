@@ -323,11 +323,12 @@ def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(most, device, 
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("splits", [None, 1, 7, "invariant"])
 def test_decode_at_serving_sizes_on_the_gpu(page, splits):
-    # Llama-3-8B's attention shape (Hq 32 / Hkv 8, D 128, bf16), lengths across split and page edges
-    lens = [4000, 1, 777, 8192]
+    # Llama-3-8B's attention shape (Hq 32 / Hkv 8, D 128, bf16), lengths across split and page edges; 17000
+    # keys pass the batch-invariant mode's split cap
+    lens = [4000, 1, 777, 8192, 17000]
     k_cache, v_cache, table = _paged(lens, page, 8, 128, torch.bfloat16, "cuda")
     opts = dict(batch_invariant=True) if splits == "invariant" else dict(num_splits=splits)
-    _check(_q(4, 1, 32, 128, torch.bfloat16, "cuda"), k_cache, v_cache,
+    _check(_q(len(lens), 1, 32, 128, torch.bfloat16, "cuda"), k_cache, v_cache,
            torch.tensor(lens, dtype=torch.int32, device="cuda"), table, **opts)
 
 

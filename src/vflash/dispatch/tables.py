@@ -188,13 +188,15 @@ class WaveRule(NamedTuple):
 
 KVCACHE_WAVES: Dict[int, WaveRule] = {128: WaveRule(4, 3, 2, 2, gain=0.25, gain_long=0.1, long_tiles=64, max_waves=3)}
 
-# batch_invariant=True: a sequence has one split for every INVARIANT_SPLIT_KEYS of its keys (its splits depend on
-# its own length only) and every call runs KVCACHE_DECODE's tiles in INVARIANT_ROWS-row blocks (the group's power of
-# two if larger), whatever the call's row count, so no other sequence of the batch changes a sequence's
-# arithmetic. 16-row blocks are the default's for decode; 512 keys give small caches splits enough to fill
-# the GPU. Measured at 0.56-1.24x the default mode's decode bandwidth on the H200 (BENCHMARKS.md, Serving).
+# batch_invariant=True: a sequence has one split for every INVARIANT_SPLIT_KEYS of its keys, at most
+# INVARIANT_MAX_SPLITS (its splits depend on its own length only), and every call runs KVCACHE_DECODE's tiles in
+# INVARIANT_ROWS-row blocks (the group's power of two if larger), whatever the call's row count, so no other
+# sequence of the batch changes a sequence's arithmetic. 16-row blocks are the default's for decode; 512 keys
+# give small caches splits enough to fill the GPU; past 32 splits (KV 16k) a split's fixed costs outweigh the
+# places it fills (benchmarks/experiments/invariant_tune.py on the H200: docs/performance.md, decode). The
+# mode's cost against the default: BENCHMARKS.md, Serving.
 INVARIANT_SPLIT_KEYS = 512
-INVARIANT_MAX_SPLITS = 1 << 16
+INVARIANT_MAX_SPLITS = 32
 INVARIANT_ROWS = 16
 
 # Split-KV's merge, done by each row tile's last split in the split kernel (no combine launch): it loads
