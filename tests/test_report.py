@@ -305,7 +305,7 @@ def test_host_line_splits_the_calls_by_the_cpu_probe(tmp_path):
     text = " ".join(" ".join(report.serving_text(str(tmp_path))).split())
     assert "18-28 us; with `out=`" in text
     assert "within 25 % of its quickest (6.0 us) on 2 of 3 rows, whose calls took 18-19 us" in text
-    assert "on the other 1 the probe ran 2.0-2.0x slower and the calls took 28-28 us" in text
+    assert "on the other 1 the probe ran 2.0x slower and the calls took 28 us" in text  # one value, not a span
 
 
 def test_chunked_bar_counts_each_cache_method_and_names_the_copies(tmp_path):
@@ -338,3 +338,29 @@ def test_chunked_bar_sets_the_repeated_sweeps_beside_and_gives_the_reason_for_an
     assert "paged16 1 of 1 (0.920-0.920x)." in text, text
     assert "(`chunked_again.csv`, `chunked_again2.csv`): paged16 3 of 4 (0.890-0.950x)." in text, text
     assert "eight 16-row TMA copies" in text, text
+
+
+def test_kvops_text_reads_the_merge_and_write_rows(tmp_path):
+    # merge.csv / write.csv of `vflash bench --sweep merge | write`: a row a shape with vflash beside PyTorch,
+    # the share of the copy bandwidth, a failed method's status, and the planned calls' host time by phase
+    fields = ["sweep", "method", "B", "Hq", "Hkv", "Nq", "D", "page", "status", "us_median", "gbps", "copy_gbps",
+              "vs_torch", "host_us", "host_probe_us", "checked_wall_us"]
+    rows = {"merge": [("vflash_merge", "4,32,8192,8192,128,", "ok", 200.0, 4100.0, 10.7, 27.0, 12.0, ""),
+                      ("torch_merge", "4,32,8192,8192,128,", "ok", 2140.0, 381.0, 1.0, "", "", "")],
+            "write": [("vflash_write", "128,8,8,128,128,16", "ok", 1.9, 560.0, 3.2, 14.0, 6.0, 110.0),
+                      ("torch_write", "128,8,8,128,128,16", "RuntimeError: no", "", "", "", "", "", "")]}
+    for sweep, lines in rows.items():
+        with open(tmp_path / f"{sweep}.csv", "w") as f:
+            f.write(",".join(fields) + "\n")
+            for m, shape, status, us, gbps, ratio, host, probe, checked in lines:
+                f.write(f"{sweep},{m},{shape},{status},{us},{gbps},4200,{ratio},{host},{probe},{checked}\n")
+    lines, csvs = report.kvops_text(str(tmp_path))
+    text = "\n".join(lines)
+    assert csvs == ["merge.csv", "write.csv"]
+    assert "| 4 x 32 x 8192 x 128 | 4100.0 | 200.0 | 381.0 | 2140.0 | 10.7x | 0.98 |" in text
+    assert "| 128 x 8 x 128, pages of 16 | 560.0 | 1.9 | RuntimeError: no | - | 3.2x | 0.13 |" in text
+    flat = " ".join(text.split())
+    assert "merge_states 27 us in the host's slow phases" in flat
+    assert "write_kvcache 14 us where the run's pure-Python probe ran within 25 % of its quickest" in flat
+    assert "110 us of wall time" in flat
+    assert report.kvops_text(str(tmp_path / "none")) == ([], [])
