@@ -268,9 +268,10 @@ def attention_with_kvcache(
             fixed-order combine, the same bits from run to run). None picks it from
             how many (sequence, KV head) programs the batch has against the GPU's
             SMs and the cache's capacity; 1 turns splitting off.
-        batch_invariant: fix the tiles and each split's length (512 keys), so a
-            sequence's output is bitwise the same whatever else is in the batch (its
-            splits depend only on its own length). Not with num_splits.
+        batch_invariant: fix the tiles and each split's length (512 keys, at most 32
+            splits a sequence), so a sequence's output is bitwise the same whatever else
+            is in the batch (its splits depend only on its own length). Not with
+            num_splits.
         return_lse: also return the LSE, [B, Hq, Nq] (or [Hq, total_q] packed), fp32.
         check_metadata: check cache_seqlens against the cache's capacity, the pages
             each sequence uses and cu_seqlens_q before the launch (one host sync for
