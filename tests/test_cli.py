@@ -59,7 +59,7 @@ def test_cpu_matrix_covers_the_features():
     names = " ".join(c.name for c in cpu_matrix())
     for word in ("fp16", "bf16", "fp32", "top_left", "window=", "softcap=", "bnhd", "sliced",
                  "H8/1", "stability", "fully masked", "D256", "D40", "varlen[", "chunked", "kvcache[", "splits=",
-                 "grad ", "batch-invariant"):
+                 "grad ", "batch-invariant", "merge ", "write_kvcache "):
         assert word in names
 
 

@@ -213,3 +213,20 @@ def test_smoke_bench_times_the_backward(tmp_path, mode, factor):
                       r["causal"] == "True")
         tflops = attention_flops(shape) * factor / (float(r["ms_median"]) * 1e-3) / 1e12
         assert float(r["tflops"]) == pytest.approx(tflops, rel=1e-6)
+
+
+def test_merge_and_cache_write_cases_pass_and_catch_a_wrong_op(monkeypatch):
+    # the check's merge case (attention over split keys, a causal part that some queries see none of) and
+    # cache-write case pass, and each fails when its op is wrong: a merge that drops one part's weight, a
+    # write that lands one token in the wrong slot
+    from vflash.harness.cases import CacheWriteCase, MergeCase
+    cpu = torch.device("cpu")
+    merge, write = MergeCase(40, 15, causal=True, D=16), CacheWriteCase(12, 4, page=8, Hkv=1, D=16, pad_every=4)
+    assert all(v.passed for v in merge.run(cpu)) and all(v.passed for v in write.run(cpu))
+    real_merge, real_write = vflash.merge_states, vflash.write_kvcache
+    monkeypatch.setattr(vflash, "merge_states", lambda oa, la, ob, lb: real_merge(oa, la, ob, lb - 0.5))
+    monkeypatch.setattr(vflash, "write_kvcache",
+                        lambda kc, vc, k, v, s, **kw: real_write(kc, vc, k, v, torch.where(s == s.max(), s - 1, s),
+                                                                 check_metadata=False))
+    assert not merge.run(cpu)[0].passed
+    assert not all(v.passed for v in write.run(cpu))

@@ -8,7 +8,8 @@ import torch
 
 import vflash
 from vflash.harness.oracle import Verdict, compare
-from vflash.reference import attention_explicit, attention_varlen_reference, attention_with_kvcache_reference
+from vflash.reference import (attention_explicit, attention_varlen_reference, attention_with_kvcache_reference,
+                              write_kvcache_reference)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -274,6 +275,86 @@ class KVCacheCase:
                for c in (torch.float64, None, torch.float32)}
         return [compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), dt),
                 compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class MergeCase:
+    """`vflash.merge_states` of attention over the keys split at `split`: `vflash.attention` on
+    each part (causal: the first part's band top-left, the second's bottom-right, so each query
+    sees its own keys of the part; queries before the split see none of the second and get LSE
+    -inf), merged, against attention over all the keys (explicit fp64; same rule as Case)."""
+    N: int
+    split: int
+    B: int = 1
+    Hq: int = 4
+    Hkv: int = 2
+    D: int = 64
+    dtype: str = "fp16"
+    causal: bool = False
+    tag: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        parts = [self.dtype, f"merge B{self.B} H{self.Hq}/{self.Hkv} N{self.N} split {self.split}", f"D{self.D}",
+                 f"causal={self.causal}"]
+        return " ".join(parts + ([self.tag] if self.tag else []))
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        case = Case(B=self.B, Hq=self.Hq, Hkv=self.Hkv, Nq=self.N, Nk=self.N, D=self.D, dtype=self.dtype,
+                    causal=self.causal, tag=self.name)
+        q, k, v = make_inputs(case, device)
+        s = self.split
+        with torch.no_grad():
+            a, la = vflash.attention(q, k[:, :, :s], v[:, :, :s], causal="top_left" if self.causal else False,
+                                     return_lse=True)
+            b, lb = vflash.attention(q, k[:, :, s:], v[:, :, s:], causal=self.causal, return_lse=True)
+            out, lse = vflash.merge_states(a, la, b, lb)
+            ref_out, ref_lse = attention_explicit(q, k, v, causal=self.causal, compute_dtype=torch.float64)
+            same_out, _ = attention_explicit(q, k, v, causal=self.causal, compute_dtype=None)
+            _, f32_lse = attention_explicit(q, k, v, causal=self.causal, compute_dtype=torch.float32)
+        dt = DTYPES[self.dtype]
+        return [compare("out", out.cpu(), ref_out.cpu(), same_out.cpu(), dt),
+                compare("lse", lse.cpu(), ref_lse.cpu(), f32_lse.cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class CacheWriteCase:
+    """`vflash.write_kvcache` of `tokens` new tokens at shuffled distinct slots of a paged cache
+    (every `pad_every`-th slot -1, skipped), against the reference's copy: bitwise the same cache."""
+    tokens: int
+    blocks: int
+    page: int = 16
+    Hkv: int = 2
+    D: int = 64
+    dtype: str = "fp16"
+    pad_every: int = 0
+    tag: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        parts = [self.dtype, f"write_kvcache T{self.tokens} into {self.blocks} pages of {self.page}",
+                 f"H{self.Hkv}", f"D{self.D}"] + ([f"-1 every {self.pad_every}"] if self.pad_every else [])
+        return " ".join(parts + ([self.tag] if self.tag else []))
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(self.name.encode()))
+        dt = DTYPES[self.dtype]
+        k_cache, v_cache = (torch.randn(self.blocks, self.page, self.Hkv, self.D, generator=gen).to(dt).to(device)
+                            for _ in range(2))
+        k_new, v_new = (torch.randn(self.tokens, self.Hkv, self.D, generator=gen).to(dt).to(device) for _ in range(2))
+        slots = torch.randperm(self.blocks * self.page, generator=gen)[:self.tokens]
+        if self.pad_every:
+            slots[::self.pad_every] = -1
+        slots = slots.to(device)
+        want_k, want_v = write_kvcache_reference(k_cache, v_cache, k_new, v_new, slots)
+        vflash.write_kvcache(k_cache, v_cache, k_new, v_new, slots)
+        verdicts = []
+        for what, got, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+            err = (got.double() - want.double()).abs()
+            same = torch.equal(got, want)
+            verdicts.append(Verdict(what, err.max().item(), err.mean().item(), 0.0, same,
+                                    "" if same else "differs from the reference's copy"))
+        return verdicts
 
 
 @dataclass(frozen=True)

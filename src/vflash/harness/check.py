@@ -6,7 +6,8 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import torch
 
-from vflash.harness.cases import BaselineCheck, Case, GradCase, KVCacheCase, TiledCheck, VarlenCase
+from vflash.harness.cases import (BaselineCheck, CacheWriteCase, Case, GradCase, KVCacheCase, MergeCase, TiledCheck,
+                                  VarlenCase)
 
 CAUSAL_MODES = (False, True, "top_left")
 
@@ -53,6 +54,9 @@ def cpu_matrix() -> list:
               KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", tag="decode"),
               KVCacheCase((9, 0, 20), (40, 5, 20), page=16, window=(12, 0), tag="chunked"),
               KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, softcap=5.0, batch_invariant=True, tag="MQA")]
+    # partial results merged (split keys, causal queries that see no key of a part), cache writes
+    cases += [MergeCase(70, 29, causal=True), MergeCase(40, 33, Hq=2, Hkv=1, D=32, dtype="bf16"),
+              CacheWriteCase(37, 8, page=16, pad_every=5), CacheWriteCase(9, 20, page=1, Hkv=1, D=24, dtype="bf16")]
     # gradients (the backward), fp32 and half precision, the band, softcap, GQA
     cases += [GradCase(Case(Hq=4, Hkv=2, Nq=33, Nk=47, D=16, dtype="fp32", causal=True)),
               GradCase(Case(Nq=40, Nk=30, D=32, dtype="bf16", causal="top_left", window=(9, 4))),
@@ -114,6 +118,11 @@ def gpu_matrix() -> list:
               KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, dtype="bf16", batch_invariant=True, tag="decode"),
               KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=32, Hkv=8, D=128, tag="chunked"),
               KVCacheCase((4, 4), (5000, 64), page=16, Hq=16, Hkv=1, D=64, window=(1000, 0), tag="MQA")]
+    # partial results merged (ring attention's and split-KV's step), cache writes of a decode step and a prefill
+    cases += [MergeCase(4096, 1500, B=2, Hq=8, Hkv=2, D=128, dtype="bf16", causal=True),
+              MergeCase(3000, 1024, Hq=8, Hkv=8, D=64, causal=False),
+              CacheWriteCase(128, 1024, page=16, Hkv=8, D=128, dtype="bf16", tag="decode"),
+              CacheWriteCase(5000, 512, page=16, Hkv=8, D=128, dtype="bf16", pad_every=7, tag="prefill")]
     # gradients: lengths around tile edges, GQA ratios, long sequences, every option
     for dtype, causal, n, d in itertools.product(("fp16", "bf16"), (False, True), (63, 129, 1000), (64, 128)):
         cases.append(GradCase(Case(B=2, Hq=8, Hkv=2, Nq=n, Nk=n, D=d, dtype=dtype, causal=causal)))
