@@ -373,6 +373,49 @@ def test_planned_repeats_follow_growing_lengths_and_capture_in_a_graph(splits):
     assert all(torch.equal(a, b) for a, b in zip(captured, want))
 
 
+@pytest.mark.gpu
+def test_a_whole_decode_step_captures_in_a_graph():
+    # one decode step as a serving loop runs it: the new token's K / V written at the slot its length and
+    # block table give (computed on the device), the length grown, attention against the cache, all in one
+    # CUDA graph (unchecked calls: no host sync, planned launches); replayed step after step it matches the
+    # same steps run eagerly, bit for bit
+    lens, page = [300, 47], 16
+    k_cache, v_cache, table = _paged([n + 8 for n in lens], page, 8, 128, torch.bfloat16, "cuda")
+    g = torch.Generator().manual_seed(3)
+    steps = [(torch.randn(2, 1, 32, 128, generator=g), torch.randn(2, 8, 128, generator=g),
+              torch.randn(2, 8, 128, generator=g)) for _ in range(3)]
+    steps = [tuple(t.to(torch.bfloat16).cuda() for t in step) for step in steps]
+
+    def run(kc, vc, seqlens, q, k, v, out):
+        pos = seqlens.long()
+        slots = table[torch.arange(2, device="cuda"), pos // page].long() * page + pos % page
+        vflash.write_kvcache(kc, vc, k, v, slots, check_metadata=False)
+        seqlens.add_(1)
+        vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False, out=out)
+
+    eager_kc, eager_vc = k_cache.clone(), v_cache.clone()
+    eager_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    want = []
+    for q, k, v in steps:
+        out = torch.empty_like(q)
+        run(eager_kc, eager_vc, eager_lens, q, k, v, out)
+        want.append(out)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q_in, k_in, v_in = (t.clone() for t in steps[0])
+    out = torch.empty_like(q_in)
+    warm_kc, warm_vc, warm_lens = k_cache.clone(), v_cache.clone(), seqlens.clone()
+    run(warm_kc, warm_vc, warm_lens, q_in, k_in, v_in, out)  # records the plans outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(k_cache, v_cache, seqlens, q_in, k_in, v_in, out)
+    for (q, k, v), expected in zip(steps, want):
+        q_in.copy_(q), k_in.copy_(k), v_in.copy_(v)
+        graph.replay()
+        assert torch.equal(out, expected)
+    assert torch.equal(k_cache, eager_kc) and torch.equal(v_cache, eager_vc)
+    assert seqlens.tolist() == [n + 3 for n in lens]
+
+
 def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda", runs=False):
     """A cache whose rows past each sequence's length (and spare pages) hold NaN: paged
     (page > 0, shuffled pages) or contiguous [B, max_len] (page 0)."""
