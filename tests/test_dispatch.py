@@ -124,9 +124,10 @@ def test_select_backward_refusals_and_forcing(h200, monkeypatch):
     # packed sequences take the same kernels and tiles as dense ones of their longest lengths
     varlen = dataclasses.replace(problem(128, True, 4096, 32), varlen=True)
     assert dispatch.select_backward(varlen) == dispatch.select_backward(problem(128, True, 4096, 32))
-    short = dispatch.select_backward(problem(64, True, 1024, 32))
+    short = dispatch.select_backward(problem(64, True, 256, 32))
     assert short.kernel == "portable" and "not ahead" in short.why, short.why
-    assert dispatch.select_backward(problem(64, True, 1024, 32), kernel="sm90").kernel == "sm90"
+    assert dispatch.select_backward(problem(64, True, 256, 32), kernel="sm90").kernel == "sm90"
+    assert dispatch.select_backward(problem(64, False, 512, 32)).kernel == "sm90"  # ahead from N 512 (session 35)
     assert dispatch.select_backward(problem(128, True, 512, 32)).kernel == "sm90"
     assert dispatch.select_backward(problem(128, True, 256, 32)).kernel == "portable"
     assert dispatch.select_backward(problem(256, True, 512, 32)).kernel == "sm90"  # ahead from N 512 (session 28)

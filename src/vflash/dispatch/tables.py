@@ -237,11 +237,11 @@ HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     256: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
 }
-# Shorter sequences (the smaller of n_q and n_k) take the portable kernels, ahead there in the same run
-# (bwd_hopper.py as CUDA graphs, bf16): D 64 N 512-1024 0.93-0.96x their time. D 128's sm_90 kernels
-# lead from N 512 (0.77-0.86x the portable time), D 256's too (0.73-0.77x at N 512, 0.71 at N 1024 causal);
+# Shorter sequences (the smaller of n_q and n_k) take the portable kernels. Timed in one run as CUDA graphs
+# (bwd_hopper.py, bf16), the sm_90 kernels take 0.94-0.95x the portable time at D 64 N 1024 and N 512
+# non-causal (1.01x at N 512 causal), 0.77-0.86x at D 128 from N 512, 0.71-0.77x at D 256 from N 512;
 # shorter rows are untimed.
-HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 2048, 128: 512, 256: 512}
+HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 512, 128: 512, 256: 512}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 16 rows of up to 64 columns a program: picked by benchmarks/experiments/kvops_tune.py on the H200 (bf16,
