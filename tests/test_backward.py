@@ -287,7 +287,9 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     (1, 2, 2, 4096, 4096, 64, "bhnd", dict()),
     (1, 4, 2, 1100, 1300, 256, "bhnd", dict(causal=True)),
     (2, 4, 4, 520, 512, 256, "bnhd", dict()),
-], ids=["gqa_causal_bnhd", "window_softcap_d64", "mqa_top_left", "long_d64", "gqa_causal_d256", "short_d256"])
+    (2, 8, 2, 600, 700, 64, "bnhd", dict(causal=True)),
+], ids=["gqa_causal_bnhd", "window_softcap_d64", "mqa_top_left", "long_d64", "gqa_causal_d256", "short_d256",
+        "short_d64"])
 def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, Hkv, Nq, Nk, D, layout, opts):
     from vflash import dispatch
     from vflash.ops import mask_band
