@@ -137,3 +137,13 @@ def test_gpu_unchecked_repeats_launch_a_recorded_plan():
     vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)  # int64 slots: a key of their own
     vflash.write_kvcache(kc, vc, kn, vn, slots.to(torch.int32))  # checked calls are never planned
     assert len(plans._plans) == 2
+
+
+def test_unchecked_slots_outside_the_cache_are_skipped(device):
+    # check_metadata=False trusts the slots, but a slot past the cache (or below -1) is skipped like
+    # padding, never written out of bounds: only the good tokens land, and the cache is otherwise unchanged
+    kc, vc, kn, vn, _ = _setup(4, 4, 2, 16, 5, device)
+    slots = torch.tensor([3, 16, 1 << 20, -7, 9], device=device)
+    want_k, want_v = write_kvcache_reference(kc, vc, kn[[0, 4]], vn[[0, 4]], slots[[0, 4]])
+    vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)

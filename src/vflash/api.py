@@ -212,9 +212,10 @@ def write_kvcache(
         slot_mapping: int32 or int64 [T]: token t goes to slot
             slot_mapping[t] = block_id * block_size + offset; -1 skips the token (padding).
         check_metadata: check every slot is -1 or a distinct slot of the cache before
-            the launch (one host sync for CUDA tensors); off only for slots you have
-            checked (an out-of-range slot would write out of bounds). Unchecked repeats
-            of a call's metadata launch the plan its first call recorded.
+            the launch (one host sync for CUDA tensors). Unchecked, a slot outside the
+            cache is skipped like -1 (never written out of bounds) and a slot given twice
+            takes either token; unchecked repeats of a call's metadata launch the plan
+            its first call recorded.
     """
     # with check_metadata=False a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
     key = (plans.op_plan_key("write_kvcache", (k_cache, v_cache, k_new, v_new, slot_mapping), ())

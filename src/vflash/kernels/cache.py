@@ -1,6 +1,7 @@
 """Writing new tokens' keys and values into a paged KV cache (vLLM's
 reshape_and_cache_flash): token t goes to slot slot_mapping[t] = block * block_size +
-offset of the cache [num_blocks, block_size, Hkv, D]; a slot of -1 (padding) is skipped."""
+offset of the cache [num_blocks, block_size, Hkv, D]; a slot of -1 (padding) is skipped,
+and so is any slot outside the cache, so that an unchecked call never writes out of bounds."""
 
 import triton
 import triton.language as tl
@@ -13,14 +14,14 @@ def write_kvcache_kernel(
     stride_vc_block, stride_vc_pos, stride_vc_h, stride_vc_d,
     stride_kn_t, stride_kn_h, stride_kn_d,
     stride_vn_t, stride_vn_h, stride_vn_d,
-    block_size, n_heads, head_dim,
+    block_size, n_slots, n_heads, head_dim,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # grid = (tokens, cdiv(n_heads, BLOCK_H)): one token's [BLOCK_H, BLOCK_D] tile of
     # heads x head dim a program, for K and V.
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
-    if slot < 0:  # padding
+    if (slot < 0) | (slot >= n_slots):  # padding, or a slot past the cache (check_metadata=False)
         return
     block = slot // block_size
     pos = slot % block_size
