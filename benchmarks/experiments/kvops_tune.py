@@ -28,31 +28,17 @@ WRITE_CANDIDATES = [CacheWriteTiles(h, w) for h in (1, 2, 4, 8) for w in (1, 2, 
 
 
 def merge_calls(B, H, N, D, dev):
-    one = B * H * N * (D * 2 + 4)
-    n = serving._copies(3 * one)
-    parts = []
-    for _ in range(n):
-        oa, ob = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
-        la, lb = (torch.randn(B, H, N, device=dev) * 4 for _ in range(2))
-        la.view(-1)[::7] = float("-inf")
-        parts.append((oa, la, ob, lb))
+    parts, moved = serving.merge_inputs(B, H, N, D, dev)
 
     def make(tiles):
         return [lambda p=p: merge_states_forward(*p, tiles) for p in parts], lambda: merge_states_forward(*parts[0],
                                                                                                          tiles)
-    return make, 3 * one
+    return make, moved
 
 
 def write_calls(T, dev):
     Hkv, D = serving.WRITE_HEADS
-    page = serving.WRITE_PAGE
-    blocks = max(64, 4 * -(-T // page))
-    kc, vc = (torch.zeros(blocks, page, Hkv, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    n = serving._copies(2 * T * Hkv * D * 2)
-    g = torch.Generator().manual_seed(T)
-    news = [(torch.randn(T, Hkv, D, device=dev, dtype=torch.bfloat16),
-             torch.randn(T, Hkv, D, device=dev, dtype=torch.bfloat16),
-             torch.randperm(blocks * page, generator=g)[:T].to(dev)) for _ in range(n)]
+    kc, vc, news, moved = serving.write_inputs(T, serving.WRITE_HEADS, serving.WRITE_PAGE, dev)
 
     def make(tiles):
         def check():
@@ -62,7 +48,7 @@ def write_calls(T, dev):
             write_kvcache_forward(kc, vc, k, v, s, tiles)
             return kc.view(-1, Hkv, D)[s].clone(), vc.view(-1, Hkv, D)[s].clone(), int((kc != 0).any(-1).any(-1).sum())
         return [lambda k=k, v=v, s=s: write_kvcache_forward(kc, vc, k, v, s, tiles) for k, v, s in news], check
-    return make, 2 * 2 * T * Hkv * D * 2
+    return make, moved
 
 
 def main() -> int:

@@ -135,9 +135,9 @@ def cmd_bench(args) -> int:
     import torch
 
     from vflash.harness.bench import METHODS, Shape, run_bench, sweep_shapes
-    from vflash.harness.serving import run_serving
+    from vflash.harness.serving import SWEEPS, run_serving
 
-    if args.sweep in ("decode", "varlen", "chunked", "merge", "write"):
+    if args.sweep in SWEEPS:
         if args.shape or args.smoke or args.methods or args.interleave:
             args.subparser.error(f"--sweep {args.sweep} runs its own rows and methods (bf16); it does not combine "
                                  "with --shape, --smoke, --methods or --interleave")

@@ -56,6 +56,7 @@ COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "N
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
+SWEEPS = ("decode", "varlen", "chunked", "merge", "write")  # run_serving's, as `vflash bench --sweep` names them
 SMOKE_DECODE = [(2, 40)]
 SMOKE_HEADS = (4, 2, 16)
 
@@ -399,20 +400,44 @@ def _against_torch(rows: List[Dict[str, object]]) -> None:
             r["vs_torch"] = round(base / r["us_median"], 3)
 
 
+def merge_inputs(B: int, H: int, N: int, D: int, device: torch.device) -> Tuple[list, int]:
+    """merge_states' inputs for the merge sweep: (out_a, lse_a, out_b, lse_b) [B, H, N, D] bf16 and [B, H, N]
+    fp32 (every 7th of lse_a -inf), one set per rotating copy on the GPU; and the bytes a merge must move
+    (two outputs and LSEs read, one written)."""
+    one = B * H * N * (D * 2 + 4)  # one output and its LSE
+    parts = []
+    for _ in range(_copies(3 * one) if device.type == "cuda" else 1):
+        oa, ob = (torch.randn(B, H, N, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+        la, lb = (torch.randn(B, H, N, device=device) * 4 for _ in range(2))
+        la.view(-1)[::7] = float("-inf")
+        parts.append((oa, la, ob, lb))
+    return parts, 3 * one
+
+
+def write_inputs(T: int, heads: Tuple[int, int], page: int,
+                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, list, int]:
+    """write_kvcache's inputs for the write sweep: zeroed caches [blocks, page, Hkv, D] bf16 four times the
+    tokens' size (so the slots scatter), (k_new, v_new [T, Hkv, D], distinct shuffled slots [T] int64) per
+    rotating copy on the GPU; and the bytes a write must move (the new K / V read and written)."""
+    Hkv, D = heads
+    blocks = max(64, 4 * -(-T // page))
+    kc, vc = (torch.zeros(blocks, page, Hkv, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+    new_bytes = 2 * T * Hkv * D * 2  # k_new and v_new
+    g = torch.Generator().manual_seed(T)
+    news = [(torch.randn(T, Hkv, D, device=device, dtype=torch.bfloat16),
+             torch.randn(T, Hkv, D, device=device, dtype=torch.bfloat16),
+             torch.randperm(blocks * page, generator=g)[:T].to(device))
+            for _ in range(_copies(new_bytes) if device.type == "cuda" else 1)]
+    return kc, vc, news, 2 * new_bytes
+
+
 def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dict[str, object]]:
     """merge_states on [B, H, N, D] bf16 outputs with [B, H, N] fp32 LSEs (some -inf, as a split that
     saw no key leaves them) against the merge written in PyTorch ops: GB/s of the bytes it must move
     (finite outputs everywhere: the PyTorch formula would take 0 x NaN from an empty part's garbage)."""
     from vflash.reference.merge import merge_states_reference
     dtype = torch.bfloat16
-    one = B * H * N * (D * 2 + 4)  # one output and its LSE
-    n = _copies(3 * one) if device.type == "cuda" else 1
-    parts = []
-    for _ in range(n):
-        oa, ob = (torch.randn(B, H, N, D, device=device, dtype=dtype) for _ in range(2))
-        la, lb = (torch.randn(B, H, N, device=device) * 4 for _ in range(2))
-        la.view(-1)[::7] = float("-inf")
-        parts.append((oa, la, ob, lb))
+    parts, moved = merge_inputs(B, H, N, D, device)
 
     def torch_merge(oa, la, ob, lb):  # the formula in fp32 PyTorch ops, as a user would write it
         lse = torch.logaddexp(la, lb)
@@ -432,7 +457,7 @@ def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dic
             if not diff <= tol or not torch.equal(torch.isneginf(got_lse), torch.isneginf(want[1])):
                 row["status"] = f"wrong: max diff {diff:.2e} from the fp64 merge"
             else:
-                _time_into(row, [lambda p=p: fn(*p) for p in parts], device, "gbps", 3 * one / 1e3)
+                _time_into(row, [lambda p=p: fn(*p) for p in parts], device, "gbps", moved / 1e3)
                 if name == "vflash_merge" and device.type == "cuda":  # a planned call's host time
                     host, probe = _host_us(lambda: fn(*parts[0]), device, rounds=HOST_ROUNDS)
                     row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
@@ -460,13 +485,7 @@ def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) 
     """write_kvcache of T tokens [T, Hkv, D] (bf16) into a paged cache at shuffled distinct slots,
     against PyTorch's index_copy_ of the same rows: GB/s of the new K / V read plus written."""
     Hkv, D = heads
-    dtype = torch.bfloat16
-    blocks = max(64, 4 * -(-T // page))  # a cache 4x the tokens, so the slots scatter
-    kc, vc = (torch.zeros(blocks, page, Hkv, D, device=device, dtype=dtype) for _ in range(2))
-    n = _copies(2 * T * Hkv * D * 2) if device.type == "cuda" else 1
-    g = torch.Generator().manual_seed(T)
-    news = [(torch.randn(T, Hkv, D, device=device, dtype=dtype), torch.randn(T, Hkv, D, device=device, dtype=dtype),
-             torch.randperm(blocks * page, generator=g)[:T].to(device)) for _ in range(n)]
+    kc, vc, news, moved = write_inputs(T, heads, page, device)
 
     def vflash_write(k, v, slots):
         vflash.write_kvcache(kc, vc, k, v, slots, check_metadata=False)
@@ -488,7 +507,7 @@ def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) 
                 row["status"] = "wrong: the cache's rows differ from the new tokens"
             else:
                 calls = [lambda k=k, v=v, s=s: fn(k, v, s) for k, v, s in news]
-                _time_into(row, calls, device, "gbps", 2 * 2 * T * Hkv * D * 2 / 1e3)
+                _time_into(row, calls, device, "gbps", moved / 1e3)
                 if name == "vflash_write" and device.type == "cuda":
                     # a planned call's host time (check_metadata=False), and a checked call's wall time (its
                     # slot check's host sync included)
