@@ -641,6 +641,12 @@ def _decode_bar(b, kv, cudnn):
     return bar
 
 
+def _fast_phase(probe, quick) -> bool:
+    """Whether a host timing's pure-Python probe ran within 25 % of the run's quickest: the host's fast
+    phase (its slow phases slow every CPU cost alike, up to 2x)."""
+    return probe <= 1.25 * quick
+
+
 def _host_phases(decode) -> str:
     """Runs since session 28 time a fixed pure-Python probe after each row's best host round
     (host_probe_us): the host calls split by whether that probe ran near its quickest."""
@@ -648,8 +654,8 @@ def _host_phases(decode) -> str:
     if not pairs:
         return ""
     quick = min(p for _, p in pairs)
-    fast = [h for h, p in pairs if p <= 1.25 * quick]
-    slow = [(h, p / quick) for h, p in pairs if p > 1.25 * quick]
+    fast = [h for h, p in pairs if _fast_phase(p, quick)]
+    slow = [(h, p / quick) for h, p in pairs if not _fast_phase(p, quick)]
     text = (f" A pure-Python probe timed after each row's best round ran within 25 % of its quickest ({quick:.1f} us) "
             f"on {len(fast)} of {len(pairs)} rows, whose calls took {_range(fast)} us")
     if slow:
@@ -840,19 +846,20 @@ def kvops_text(folder, base=""):
         out.append("")
     if host:
         quick = min(p for _, _, p, _ in host)
-        text = "Host time of a planned call (repeats of a call's metadata; write_kvcache with `check_metadata=False`):"
-        for name in ("merge", "write"):
-            fast = [h for n, h, p, _ in host if n == name and p <= 1.25 * quick]
-            slow = [h for n, h, p, _ in host if n == name and p > 1.25 * quick]
+        clauses = []
+        for name, op in (("merge", "merge_states"), ("write", "write_kvcache")):
+            fast = [h for n, h, p, _ in host if n == name and _fast_phase(p, quick)]
+            slow = [h for n, h, p, _ in host if n == name and not _fast_phase(p, quick)]
             parts = ([f"{_range(fast)} us where the run's pure-Python probe ran within 25 % of its quickest"]
                      if fast else []) + ([f"{_range(slow)} us in the host's slow phases"] if slow else [])
             if parts:
-                text += f" {'merge_states' if name == 'merge' else 'write_kvcache'} " + ", ".join(parts) + ";"
+                clauses.append(f"{op} " + ", ".join(parts))
         checked = [float(c) for n, _, _, c in host if n == "write" and c]
         if checked:
-            text += (f" a checked write_kvcache call (its slots checked, one host sync) {_range(checked)} us of wall "
-                     f"time.")
-        out.append(_wrap(text.rstrip(";") + ("" if text.endswith(".") else ".")) + "\n")
+            clauses.append(f"a checked write_kvcache call (its slots checked, one host sync) {_range(checked)} us of "
+                           f"wall time")
+        out.append(_wrap("Host time of a planned call (repeats of a call's metadata; write_kvcache with "
+                         "`check_metadata=False`): " + "; ".join(clauses) + ".") + "\n")
     return out, [f for f, rows in (("merge.csv", merge), ("write.csv", write)) if rows]
 
 
