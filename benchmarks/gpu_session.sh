@@ -4,13 +4,13 @@
 # a slow step cannot take the archive down with it.
 # Usage on the GPU machine: VFLASH_COMMIT=<sha> bash benchmarks/gpu_session.sh STEP...
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
-# A cold machine (empty Triton cache) needs ~380 s for `tests` (tests_fast: 384 s in session 13, before the
-# DYNAMIC tests); keep the call's limit above the sum, and run tests_fast alone in its call.
+# A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum, and run
+# tests_kernels and tests_rest (the whole GPU suite) each alone in its call.
 # HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_fast tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -33,8 +33,8 @@ sampled() {
   kill $smi; wait $smi 2>/dev/null
 }
 # The GPU suite over TESTS_WORKERS workers (default 8; pytest-xdist from .device-wheels): output file, time
-# limit, pytest arguments. Most of its time is Gluon compiles, on the CPU: the machine has 16 cores, and
-# tests_fast took 489 s of its 560 in session 15 at 8.
+# limit, pytest arguments. Most of its time is Gluon compiles, on the CPU: the machine has 16 cores (set
+# TESTS_WORKERS=16 for the whole suite).
 gpu_tests() {
   local out=$1 limit=$2; shift 2
   pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
@@ -45,7 +45,7 @@ gpu_tests() {
 for step in "$@"; do
   echo "== $step $(date -u +%H:%M:%S)"
   case $step in
-    check) # the full GPU matrix (244 cases): 129 of them took the first 200 s on a cold machine in session 35
+    check) # the full GPU matrix (244 cases): 437 s on a cold machine in session 36
            timeout ${CHECK_TIMEOUT:-560} python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
     tests) VFLASH_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider \
              tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
@@ -64,10 +64,12 @@ for step in "$@"; do
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
     d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
             --out "$R/d256_fp16.csv" | tail -3 ;;
-    tests_fast) gpu_tests pytest_gpu.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
-                  tests/test_hopper.py tests/test_dispatch.py tests/test_varlen.py tests/test_merge.py \
-                  tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py tests/test_backward.py \
-                  tests/test_transformers.py tests/test_distributed.py ;;
+    # The whole GPU suite in two calls (16 workers, session 36: 524 s and 197 s, a warm Triton cache).
+    tests_kernels) gpu_tests pytest_gpu_kernels.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
+                     tests/test_hopper.py tests/test_dispatch.py tests/test_backward.py ;;
+    tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
+                  tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py tests/test_distributed.py \
+                  tests/test_validation.py tests/test_layers.py ;;
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;

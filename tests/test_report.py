@@ -255,6 +255,25 @@ def test_backward_table_holds_the_bar_row_by_row(tmp_path):
     assert "Bar met on **1 of 2** rows; peak memory at or below SDPA flash's on 1 of 2." in body
 
 
+def test_backward_gaps_count_the_rows_below_cudnn_and_below_fa4(tmp_path):
+    # N 512 at 0.95x cuDNN is met (0.9x asked); D 64 N 2048 below cuDNN; D 128 N 4096 above cuDNN but below
+    # FA4's anchor (570); D 128 N 16384 below both (cuDNN 540, anchor 610)
+    head = "date,gpu,sweep,method,dtype,B,Hq,Hkv,Nq,Nk,D,causal,status,tflops,peak_mib,mode\n"
+    shapes = [(64, 512, 285, 300), (64, 2048, 360, 400), (128, 4096, 550, 500), (128, 16384, 486, 540)]
+    text = head + "".join(f"d,g,fa,{m},bf16,1,2,2,{n},{n},{d},False,ok,{t},1,bwd\n"
+                          for d, n, vf, cu in shapes for m, t in (("vflash", vf), ("sdpa_flash", 100),
+                                                                  ("sdpa_cudnn", cu)))
+    (tmp_path / "bwd.csv").write_text(text)
+    body = "\n".join(report.backward_gaps(((str(tmp_path), ("bwd.csv",)),)))
+    assert "- 2 rows below same-run cuDNN (N 1024 and up), at 0.900-0.900x of it." in body
+    assert "- 2 rows below FA4's anchor (D 128 from N 4096), at 0.797-0.965x of it." in body
+    assert "Why:" in body
+    (tmp_path / "bwd.csv").write_text(head + "".join(f"d,g,fa,{m},bf16,1,2,2,1024,1024,64,False,ok,{t},1,bwd\n"
+                                                     for m, t in (("vflash", 400), ("sdpa_flash", 100),
+                                                                  ("sdpa_cudnn", 380))))
+    assert report.backward_gaps(((str(tmp_path), ("bwd.csv",)),)) == []
+
+
 def test_ring_table_shows_the_last_rank_and_the_kept_range_at_131k(tmp_path):
     cols = "N,R,causal,layout,rank,mode,single_ms,ideal_ms,steps_ms,steps_with_copy_ms,kept,merges,merge_ms,per_step_ms"
     rows = ["131072,4,True,zigzag,0,fwd,200,50,60,61,0.83,3,1.0,15 15 15 15",

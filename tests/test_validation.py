@@ -1,6 +1,7 @@
 """Bad input raises a clear ValueError/TypeError before anything is launched."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -8,9 +9,11 @@ import torch
 import vflash
 
 
-def qkv(B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, dtype=torch.float16):
-    return (torch.randn(B, Hq, Nq, D, dtype=dtype), torch.randn(B, Hkv, Nk, D, dtype=dtype),
-            torch.randn(B, Hkv, Nk, D, dtype=dtype))
+def qkv(B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=16, dtype=torch.float16, device=None):
+    # On the suite's device (VFLASH_TEST_DEVICE): where the CPU cannot run kernels (Triton 3.6's interpreter
+    # with numpy >= 2.4 on the GPU machine), CPU tensors are refused before the options are read.
+    device = device or os.environ.get("VFLASH_TEST_DEVICE", "cpu")
+    return tuple(torch.randn(B, H, N, D, dtype=dtype, device=device) for H, N in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk)))
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +77,7 @@ def test_requires_grad_is_refused_by_the_entry_points_without_a_backward():
     q, k, v = (t.transpose(1, 2).contiguous() for t in qkv())  # [B, N, H, D]: decode queries, a contiguous cache
     q.requires_grad_(True)
     with pytest.raises(ValueError, match="vflash.attention_with_kvcache has no backward pass yet"):
-        vflash.attention_with_kvcache(q, k, v, torch.tensor([8], dtype=torch.int32))
+        vflash.attention_with_kvcache(q, k, v, torch.tensor([8], dtype=torch.int32, device=q.device))
 
 
 def test_device_mismatch():
@@ -90,7 +93,7 @@ def test_cpu_tensors_where_the_interpreter_cannot_run_say_why(monkeypatch):
     monkeypatch.setattr(val, "interpreter_refusal", lambda: "Triton 3.6.0's interpreter does not run with numpy "
                         "2.4.6: install numpy<2.4 or a newer Triton to run CPU tensors")
     with pytest.raises(ValueError, match="q is a CPU tensor, and .*numpy<2.4"):
-        vflash.attention(*qkv())
+        vflash.attention(*qkv(device="cpu"))
 
 
 def test_messages_do_not_print_tensor_contents():

@@ -9,7 +9,7 @@ batch-invariant) and chunked prefill (pages of 16 and
 64 and a contiguous cache on the sm90 kernel, pages of 16 and 32 also in order (a tile's pages in one
 copy), pages of 17 on the portable one; cache rows past
 each length and spare pages NaN, the block table's unused entries out of range), write_kvcache
-with padding slots, merge_states with -inf rows.
+with padding slots and (unchecked) slots past the cache, merge_states with -inf rows.
 
   compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m benchmarks.experiments.sanitize_serving
   PYTHONPATH=src python3 -m benchmarks.experiments.sanitize_serving --device cpu   # a smoke run, interpreter
@@ -117,6 +117,13 @@ def write_and_merge(device, dtype, d):
     slots = torch.tensor([0, -1, 17, 95, -1], dtype=torch.int32, device=device)
     vflash.write_kvcache(k_cache, v_cache, k_new, v_new, slots)
     ok = torch.equal(k_cache.view(-1, 2, d)[95], k_new[3]) and torch.equal(v_cache.view(-1, 2, d)[17], v_new[2])
+    # Unchecked slots past the cache (96 slots here) are skipped by the kernel, never written out of bounds.
+    before = k_cache.clone(), v_cache.clone()
+    wild = torch.tensor([96, 2**30, 5, 2**31 - 1, -1], dtype=torch.int32, device=device)
+    vflash.write_kvcache(k_cache, v_cache, k_new, v_new, wild, check_metadata=False)
+    for cache, old, new in ((k_cache, before[0], k_new), (v_cache, before[1], v_new)):
+        old.view(-1, 2, d)[5] = new[2]
+        ok &= torch.equal(cache, old)
     out_a, out_b = (torch.randn(2, 4, 33, d, device=device) for _ in range(2))
     lse_a, lse_b = (torch.randn(2, 4, 33, device=device) for _ in range(2))
     lse_a[0, 0, :5] = float("-inf")
