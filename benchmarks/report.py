@@ -751,9 +751,16 @@ def serving_text(folder, base=""):
         rounds = {r.get("host_rounds") for r in decode if r.get("host_rounds")}
         if rounds:  # runs since session 27: the least of several such rounds
             timer = f"the least of {max(rounds)} rounds of {timer}"
+        checked = [(float(r["checked_wall_us"]), float(r["unchecked_wall_us"])) for r in decode
+                   if r.get("checked_wall_us") and r.get("unchecked_wall_us")]
+        check_cost = (f" The metadata check (on by default: a few device ops and one host sync) costs a call "
+                      f"{min(c - u for c, u in checked):.0f}-{max(c - u for c, u in checked):.0f} us of wall "
+                      f"time (checked {min(c for c, _ in checked):.0f}-{max(c for c, _ in checked):.0f} us against "
+                      f"unchecked {min(u for _, u in checked):.0f}-{max(u for _, u in checked):.0f}, each "
+                      f"synchronized)." if checked else "")
         out.append(_wrap(f"Host cost of a planned decode call (`check_metadata=False`, page 16, {timer}): "
-                         f"{min(hosts):.0f}-{max(hosts):.0f} us{with_out} (goal: 20 us)." + _host_phases(decode))
-                   + "\n")
+                         f"{min(hosts):.0f}-{max(hosts):.0f} us{with_out} (goal: 20 us)." + _host_phases(decode)
+                         + check_cost) + "\n")
     for sweep, title in (("varlen", "Varlen prefill: 8 causal sequences, 31,480 tokens"),
                          ("chunked", "Chunked prefill on a KV cache against the same work dense")):
         rows = _serving_rows(folder, sweep)

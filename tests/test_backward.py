@@ -2,15 +2,16 @@
 against PyTorch autograd of the explicit reference, through the interpreter on the CPU (or
 the device VFLASH_TEST_DEVICE names): every forward option, the 3x rule of DESIGN.md
 (error at most 3x the same-dtype PyTorch error plus a floor); bitwise-repeatable
-gradients; the LSE's gradient; torch.library.opcheck; torch.compile(fullgraph=True) of a
-block forward and backward; autocast."""
+gradients; the LSE's gradient; torch.library.opcheck of the four ops; torch.autograd.gradcheck
+in fp32; torch.compile(fullgraph=True) of a block (dense and packed) forward and backward;
+autocast."""
 
 import pytest
 import torch
 
 import vflash
 from _hopper import needs_hopper
-from vflash.library import attention_fwd
+from vflash.library import attention_bwd, attention_fwd, attention_varlen_bwd, attention_varlen_fwd
 from vflash.harness.oracle import compare
 from vflash.reference import attention_explicit
 
@@ -116,6 +117,50 @@ def test_opcheck(device):
                                       "test_aot_dispatch_dynamic"))
 
 
+def _packed(lens_q, lens_k, hq, hkv, d, dtype, device, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype).to(device)
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g).to(dtype).to(device) for _ in range(2))
+    cq, ck = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=device)
+              for n in (lens_q, lens_k))
+    return q, k, v, cq, ck
+
+
+def test_opcheck_of_the_backward_and_varlen_ops(device):
+    # the backward op on its own, and the packed forward and backward ops (zero-length sequence included)
+    (q, k, v), do = _inputs(1, 2, 1, 9, 12, 16, torch.float32, device)
+    out, lse = attention_fwd(q, k, v, 3, -1, 0, 0.25, None)
+    torch.library.opcheck(attention_bwd, (do, None, q, k, v, out, lse, 3, -1, 0, 0.25, None),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    q, k, v, cq, ck = _packed([5, 0, 11], [7, 3, 11], 2, 1, 16, torch.float32, device)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(attention_varlen_fwd, (q, k, v, cq, ck, 11, 11, -1, 0, False, 0.25, None),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+    out, lse = attention_varlen_fwd(*(t.detach() for t in (q, k, v)), cq, ck, 11, 11, -1, 0, False, 0.25, None)
+    torch.library.opcheck(attention_varlen_bwd, (torch.randn_like(out), None, q.detach(), k.detach(), v.detach(),
+                                                 out, lse, cq, ck, 11, 11, -1, 0, False, 0.25, None),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_gradcheck_in_fp32(device):
+    # torch.autograd.gradcheck (every Jacobian entry by finite differences against the backward) in fp32, the
+    # widest dtype vflash takes: GQA 2 / 1, Nq != Nk, a causal window and softcap, tiny (each entry costs two
+    # forward calls); eps and tolerances sized for fp32 (fast_mode's random projections let a dq 1.2x too
+    # large through at these tolerances)
+    (q, k, v), _ = _inputs(1, 2, 1, 2, 3, 8, torch.float32, device, seed=7)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fn = lambda a, b, c: vflash.attention(a, b, c, causal=True, window=(1, -1), softcap=2.0)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-3, atol=1e-3, rtol=5e-3)
+
+
+def test_gradcheck_of_packed_sequences_in_fp32(device):
+    q, k, v, cq, ck = _packed([2, 0, 1], [1, 1, 2], 1, 1, 8, torch.float32, device)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fn = lambda a, b, c: vflash.attention_varlen(a, b, c, cq, ck, 2, 2, causal=True)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-3, atol=1e-3, rtol=5e-3)
+
+
 class _Block(torch.nn.Module):
     def __init__(self, d=32, heads=2):
         super().__init__()
@@ -152,6 +197,47 @@ def test_autocast_runs_in_the_autocast_dtype(device):
     with torch.autocast(device.type, dtype=torch.bfloat16):
         out = vflash.attention(q, k, v)
     assert out.dtype == torch.bfloat16
+    q, k, v, cq, ck = _packed([5, 0, 11], [7, 3, 11], 2, 1, 16, torch.float32, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        packed = vflash.attention_varlen(q, k, v, cq, ck, 11, 11, causal=True)
+    assert packed.dtype == torch.bfloat16
+    want = vflash.attention_varlen(*(t.bfloat16() for t in (q, k, v)), cq, ck, 11, 11, causal=True)
+    assert torch.equal(packed, want)
+
+
+class _PackedBlock(_Block):
+    # the block over packed sequences (cu_seqlens a buffer), metadata checked (the default)
+    def __init__(self, lens, d=32, heads=2):
+        super().__init__(d, heads)
+        self.longest = max(lens)
+        self.register_buffer("cu", torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32))
+
+    def forward(self, x):
+        T, d = x.shape
+        q, k, v = self.qkv(x).view(T, 3, self.heads, d // self.heads).unbind(1)
+        y = vflash.attention_varlen(q, k, v, self.cu, self.cu, self.longest, self.longest, causal=True)
+        return self.proj(y.reshape(T, d))
+
+
+def test_torch_compile_fullgraph_of_packed_sequences_checks_metadata_at_run_time(device):
+    # a traced call cannot read cu_seqlens: the custom op checks them when the graph runs, so fullgraph holds
+    # with the default check_metadata=True and bad offsets are still refused
+    torch.manual_seed(0)
+    block = _PackedBlock([7, 0, 12]).to(device)
+    x = torch.randn(19, 32, device=device)
+    eager = block(x)
+    eager.sum().backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, eager)
+    for p, g in zip(block.parameters(), want):
+        torch.testing.assert_close(p.grad, g)
+    block.cu.copy_(torch.tensor([0, 9, 4, 19], dtype=torch.int32))  # decreasing: sequence 1 ends before it starts
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        compiled(x)
 
 
 @pytest.mark.parametrize("causal", [False, True, "top_left"])

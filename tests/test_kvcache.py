@@ -68,6 +68,7 @@ def _check(q, k_cache, v_cache, cache_seqlens, table, cu_seqlens_q=None, max_seq
                     compare("lse", lse_p.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(),
                             torch.float32)):
         assert verdict.passed, f"{verdict.what}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    return out, lse
 
 
 def _q(B, n_q, hq, d, dtype, device, seed=1):
@@ -165,6 +166,24 @@ def _args(device):
                     max_seqlen_q=2), ValueError, r"cu_seqlens_q\[-1\] must be the packed length of q \(2\)"),
     (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 2], dtype=torch.int32, device=a["q"].device),
                     max_seqlen_q=2), ValueError, "2 entries for 2 sequences"),
+    (lambda a: dict(cache_seqlens=torch.tensor([20, -1], dtype=torch.int32, device=a["q"].device)), ValueError,
+     r"cache_seqlens\[1\] = -1 is outside 0..24"),
+    (lambda a: dict(cache_seqlens=a["cache_seqlens"][:0], q=a["q"][:0]), ValueError,
+     "cache_seqlens must hold 1 to 65535 sequences, got 0"),
+    (lambda a: dict(cache_seqlens=a["cache_seqlens"].to("meta")), ValueError,
+     "cache_seqlens must be on q's device"),
+    (lambda a: dict(block_table=a["block_table"].to("meta")), ValueError, "block_table must be on q's device"),
+    (lambda a: dict(block_table=a["block_table"].t().contiguous().t()), ValueError,
+     "block_table's rows must be contiguous"),
+    (lambda a: dict(block_table=None), ValueError,
+     r"a contiguous cache \[batch, max_len, Hkv, D\] must have one row per sequence: \d+ for 2 sequences"),
+    (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device="meta"),
+                    max_seqlen_q=1), ValueError, "cu_seqlens_q must be on q's device"),
+    (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device=a["q"].device),
+                    max_seqlen_q=1.0), TypeError, "max_seqlen_q must be an int >= 0 with cu_seqlens_q"),
+    (lambda a: dict(q=a["q"][:, 0].repeat(2, 1, 1),
+                    cu_seqlens_q=torch.tensor([0, 3, 4], dtype=torch.int32, device=a["q"].device), max_seqlen_q=2),
+     ValueError, "sequence 0 has 3 rows .* more than max_seqlen_q = 2"),
 ])
 def test_bad_metadata_is_refused_before_launch(change, error, match, device):
     args = _args(device)
@@ -198,6 +217,28 @@ def test_gqa_packing_of_uneven_groups(hq, hkv, device):
     k_cache, v_cache, table = _paged(lens, 16, hkv, 16, torch.float16, device)
     _check(_q(3, 3, hq, 16, torch.float16, device), k_cache, v_cache,
            torch.tensor(lens, dtype=torch.int32, device=device), table)
+
+
+@pytest.mark.parametrize("group", range(1, 17))
+def test_every_gqa_group_size_from_1_to_16_with_one_kv_head(group, device):
+    # MQA (one KV head) with 1..16 query heads, two new queries a sequence: 2-32 packed rows a tile
+    lens = [21, 4]
+    k_cache, v_cache, table = _paged(lens, 16, 1, 16, torch.float16, device)
+    _check(_q(2, 2, group, 16, torch.float16, device), k_cache, v_cache,
+           torch.tensor(lens, dtype=torch.int32, device=device), table)
+
+
+def test_a_sequence_with_an_empty_cache_sees_no_key(device):
+    # cache_seqlens 0 (the bottom-right rule then gives its queries no key): out 0 and lse -inf, split or not,
+    # beside sequences that do have keys
+    lens = [0, 19, 0]
+    k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = _q(3, 1, 4, 16, torch.float16, device)
+    for splits in (None, 1, 3):
+        out, lse = _check(q, k_cache, v_cache, seqlens, table, num_splits=splits)
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isneginf(lse[[0, 2]]).all()
+        assert torch.isfinite(lse[1]).all()
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 5, 16])

@@ -85,6 +85,9 @@ def test_no_tokens_and_all_padding(device):
     (lambda kc, vc, kn, vn, s: dict(k_new=kn[:, :, :8], v_new=vn[:, :, :8]), ValueError, "heads and head dim"),
     (lambda kc, vc, kn, vn, s: dict(k_new=kn.tolist()), TypeError, "k_new must be a torch.Tensor, got list"),
     (lambda kc, vc, kn, vn, s: dict(check_metadata="yes"), TypeError, "check_metadata"),
+    (lambda kc, vc, kn, vn, s: dict(slot_mapping=s.to("meta")), ValueError, "must be on one device"),
+    (lambda kc, vc, kn, vn, s: dict(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5], device=s.device)[::2]),
+     ValueError, "slot_mapping must be contiguous"),
 ])
 def test_bad_metadata_is_refused_before_launch(change, error, match, device):
     kc, vc, kn, vn, s = _setup(8, 4, 2, 16, 3, device)

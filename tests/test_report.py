@@ -310,6 +310,21 @@ def test_decode_rows_below_the_bar_get_their_group_and_reason(tmp_path):
     assert "the least of 5 rounds of 300 calls queued behind a sleep kernel): 18-18 us" in " ".join(text.split())
 
 
+def test_host_line_states_the_metadata_checks_cost(tmp_path):
+    # checked / unchecked wall times of the paged-16 rows: the check's cost is their difference per row
+    fields = ["sweep", "method", "B", "Nk", "gbps", "copy_gbps", "host_us", "host_out_us", "host_rounds",
+              "checked_wall_us", "unchecked_wall_us"]
+    with open(tmp_path / "decode.csv", "w") as f:
+        f.write(",".join(fields) + "\n")
+        for b, checked, unchecked in ((1, 95.0, 20.0), (8, 130.0, 40.0)):
+            for m in ("vflash_paged16", "vflash_paged64", "vflash_contig", "sdpa_cudnn"):
+                extra = f"18,16,5,{checked},{unchecked}" if m == "vflash_paged16" else ",,,,"
+                f.write(f"decode,{m},{b},8192,3000,4200,{extra}\n")
+    text = " ".join("\n".join(report.serving_text(str(tmp_path))).split())
+    assert ("The metadata check (on by default: a few device ops and one host sync) costs a call 75-90 us of wall "
+            "time (checked 95-130 us against unchecked 20-40, each synchronized).") in text
+
+
 def test_host_line_splits_the_calls_by_the_cpu_probe(tmp_path):
     # rows whose probe ran within 25 % of the quickest (6.0, 6.5 us) against one at 2x (12.0): the calls
     # of each phase are named apart

@@ -142,6 +142,8 @@ def _bad(device):
     (lambda q, k, v, cu: dict(cu_seqlens_q=torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=cu.device)[::2]),
      ValueError, "contiguous"),
     (lambda q, k, v, cu: dict(check_metadata=1), TypeError, "check_metadata"),
+    (lambda q, k, v, cu: dict(cu_seqlens_k=cu.to("meta")), ValueError, "cu_seqlens_k must be on q's device"),
+    (lambda q, k, v, cu: dict(max_seqlen_k=True), TypeError, "max_seqlen_k must be an int >= 0"),
 ])
 def test_bad_metadata_is_refused_before_launch(change, error, match, device):
     q, k, v, cu = _bad(device)

@@ -176,10 +176,18 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     for name, t, m in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         _check_span(name, m, D, t.stride(0), t.stride(2), "longest sequence's span")
     if check_metadata:
-        for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
-                                         ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
-            _check_offsets(name, cu.tolist(), total, longest)
+        check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
     return batch
+
+
+def check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                         max_seqlen_k: int) -> None:
+    """cu_seqlens' values (one host sync for CUDA tensors): 0 first, non-decreasing, the packed length
+    last, no sequence longer than its max_seqlen. Under torch.compile the custom op runs it (a traced
+    `.tolist()` would be a data-dependent graph break)."""
+    for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                     ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        _check_offsets(name, cu.tolist(), total, longest)
 
 
 def check_merge(out_a, lse_a, out_b, lse_b) -> None:

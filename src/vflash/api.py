@@ -149,17 +149,22 @@ def attention_varlen(
 
     On sm_90 the Hopper kernel takes it where the longest sequence is long enough
     (vflash.dispatch), else the portable Triton kernel; CPU tensors run that one
-    through Triton's interpreter. Autograd as `vflash.attention`'s (custom ops,
+    through Triton's interpreter. Autocast and autograd as `vflash.attention`'s (custom ops,
     deterministic backward).
     """
+    q, k, v = _autocast(q, k, v)
+    check_metadata = _validate.check_flag("check_metadata", check_metadata)
+    # A traced call cannot read cu_seqlens' values: under torch.compile the custom op checks them at run time.
+    traced = torch.compiler.is_compiling()
     batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   _validate.check_flag("check_metadata", check_metadata))
+                                   check_metadata and not traced)
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
     band = sequence_band(causal_mode, window_lr)
     if _through_library(q, k, v):
         out, lse = library.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                 band.left, band.right, causal_mode == "top_left", scale_f, softcap_f)
+                                                 band.left, band.right, causal_mode == "top_left", scale_f, softcap_f,
+                                                 check_metadata and traced)
         return (out, lse) if return_lse else out
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band, kv=(k, v)))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,

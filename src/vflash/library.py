@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from vflash import dispatch
+from vflash import _validate, dispatch
 from vflash.ops import attention_forward, attention_varlen_forward
 from vflash.ops import plans
 from vflash.ops.attention_bwd import attention_backward
@@ -89,8 +89,11 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 @torch.library.custom_op("vflash::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
-                         softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
-    """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api)."""
+                         softcap: Optional[float], check_metadata: bool = False) -> Tuple[Tensor, Tensor]:
+    """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api;
+    check_metadata: cu_seqlens' values checked here, at run time, which a traced call cannot do)."""
+    if check_metadata:
+        _validate.check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     key = plans.op_plan_key("attention_varlen_fwd", (q, k, v, cu_seqlens_q, cu_seqlens_k),
                             (max_seqlen_q, max_seqlen_k, left, right, top_left, scale, softcap))
     plan = plans.lookup(key)
@@ -105,7 +108,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
-                               top_left, scale, softcap):
+                               top_left, scale, softcap, check_metadata=False):
     total_q, Hq, D = q.shape
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
 
@@ -139,7 +142,7 @@ def _setup_varlen(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.options = tuple(options)
+    ctx.options = tuple(options[:7])  # the band, scale and softcap; not check_metadata
 
 
 def _backward_varlen(ctx, dout, dlse):
@@ -147,7 +150,7 @@ def _backward_varlen(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 9
+    return (dq, dk, dv) + (None,) * 10
 
 
 attention_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)

@@ -52,7 +52,7 @@ ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
            "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense", "vs_torch",
-           "checked_wall_us"]
+           "checked_wall_us", "unchecked_wall_us"]
 # chunked: a vflash method whose output differs from vflash.attention's on the same work by more than this
 # (bf16, unit-variance inputs: two right kernels differ by a few bf16 roundings, about 1e-2) is marked wrong
 CHUNKED_MAX_DIFF = 0.05
@@ -262,6 +262,11 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                     host, _ = _host_us(lambda: vflash.attention_with_kvcache(
                         q, *caches[0], seqlens, block_table=table, check_metadata=False, out=out), device)
                     row["host_out_us"] = round(host, 2)
+                    # a checked call (the default): its metadata check's device work and host sync, beside
+                    # an unchecked call's wall time (both synchronized, the kernel's time included)
+                    row["checked_wall_us"] = round(_wall_us(lambda: vflash.attention_with_kvcache(
+                        q, *caches[0], seqlens, block_table=table)), 2)
+                    row["unchecked_wall_us"] = round(_wall_us(calls[0]), 2)
             else:
                 if contig is None:
                     contig = [(torch.randn(B, KV, Hkv, D, device=device, dtype=dtype),
