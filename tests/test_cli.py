@@ -99,6 +99,7 @@ def test_check_without_shape_options_still_runs_the_matrix(no_matrix, capsys):
     (["--smoke", "--causal"], ["--causal", "only with --shape"]),
     (["--smoke", "--sweep", "article"], ["--sweep", "--smoke"]),
     (["--smoke", "--shape", "1,2,2,8,8,16", "--sweep", "fa"], ["--sweep", "--shape"]),
+    (["--sweep", "decode", "--mode", "bwd"], ["--sweep decode", "--mode"]),
 ])
 def test_bench_options_that_do_not_combine_are_usage_errors(argv, words, monkeypatch, capsys, tmp_path):
     from vflash.harness import bench

@@ -138,9 +138,9 @@ def cmd_bench(args) -> int:
     from vflash.harness.serving import SWEEPS, run_serving
 
     if args.sweep in SWEEPS:
-        if args.shape or args.smoke or args.methods or args.interleave:
-            args.subparser.error(f"--sweep {args.sweep} runs its own rows and methods (bf16); it does not combine "
-                                 "with --shape, --smoke, --methods or --interleave")
+        if args.shape or args.smoke or args.methods or args.interleave or args.mode != "fwd":
+            args.subparser.error(f"--sweep {args.sweep} runs its own rows and methods (bf16, forward); it does not "
+                                 "combine with --shape, --smoke, --methods, --interleave or --mode")
         if not torch.cuda.is_available():
             print("vflash bench measures GPU kernels and no CUDA device is available here", file=sys.stderr)
             return 2
