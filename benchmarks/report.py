@@ -392,16 +392,6 @@ DECODE_FAST = 4400.0
 # Why decode rows miss issue 22's bar, by group of rows (text only; the numbers beside it come from the
 # CSV), with the section of docs/performance.md holding the measurements behind it. It describes the
 # current kernel (attention_kvcache_kernel, split-KV with its merge in the last split to arrive).
-# Why the backward's bar is not met (docs/performance.md#backward, sessions 22-30 of the perf log).
-BACKWARD_WHY = (
-    "Why: the deterministic backward is two kernels and no atomics, a dK / dV kernel (four products a tile "
-    "pair) and a dQ kernel (three), seven products where a fused kernel does five. At their own rates at D 128, "
-    "N 16k (668 and 751 TFLOP/s of their counts) the seven come to about 500 TFLOP/s on the backward's "
-    "five-product count, where same-run cuDNN runs 540. The fused shape (dQ from the dK / dV kernel's dS, "
-    "FA3's) stays deterministic and fast only with bulk reduce-adds of dQ from a writer warp in a fixed order; "
-    "Triton 3.6's Gluon has no TMA reduce-add, and the fused kernel built with per-element fp32 atomics ran "
-    "0.80x the two kernels, nondeterministic. FA4's anchors (598-610 TFLOP/s) are above cuDNN's own figures here."
-)
 DECODE_WHY = {
     "small": ("B 1-8 from KV 8k, where 1.2x cuDNN is asked, run split-KV: each split program pays the sequence's "
               "length read from `cache_seqlens` before any K / V address, and the tile's last split a merge tail "
@@ -414,6 +404,16 @@ DECODE_WHY = {
              "per-row page offsets, and the 4.4 TB/s floor is above the run's copy bandwidth"),
 }
 DECODE_WHY_SECTION = "decode-on-a-kv-cache"
+# Why the backward's bar is not met (docs/performance.md#backward, sessions 22-30 of the perf log).
+BACKWARD_WHY = (
+    "Why: the deterministic backward is two kernels and no atomics, a dK / dV kernel (four products a tile "
+    "pair) and a dQ kernel (three), seven products where a fused kernel does five. At their own rates at D 128, "
+    "N 16k (668 and 751 TFLOP/s of their counts) the seven come to about 500 TFLOP/s on the backward's "
+    "five-product count, where same-run cuDNN runs 540. The fused shape (dQ from the dK / dV kernel's dS, "
+    "FA3's) stays deterministic and fast only with bulk reduce-adds of dQ from a writer warp in a fixed order; "
+    "Triton 3.6's Gluon has no TMA reduce-add, and the fused kernel built with per-element fp32 atomics ran "
+    "0.80x the two kernels, nondeterministic. FA4's anchors (598-610 TFLOP/s) are above cuDNN's own figures here."
+)
 
 
 def _range(xs, fmt=".0f", unit=""):
@@ -754,10 +754,9 @@ def serving_text(folder, base=""):
         checked = [(float(r["checked_wall_us"]), float(r["unchecked_wall_us"])) for r in decode
                    if r.get("checked_wall_us") and r.get("unchecked_wall_us")]
         check_cost = (f" The metadata check (on by default: a few device ops and one host sync) costs a call "
-                      f"{min(c - u for c, u in checked):.0f}-{max(c - u for c, u in checked):.0f} us of wall "
-                      f"time (checked {min(c for c, _ in checked):.0f}-{max(c for c, _ in checked):.0f} us against "
-                      f"unchecked {min(u for _, u in checked):.0f}-{max(u for _, u in checked):.0f}, each "
-                      f"synchronized)." if checked else "")
+                      f"{_range([c - u for c, u in checked])} us of wall time (checked "
+                      f"{_range([c for c, _ in checked])} us against unchecked {_range([u for _, u in checked])}, "
+                      f"each synchronized)." if checked else "")
         out.append(_wrap(f"Host cost of a planned decode call (`check_metadata=False`, page 16, {timer}): "
                          f"{min(hosts):.0f}-{max(hosts):.0f} us{with_out} (goal: 20 us)." + _host_phases(decode)
                          + check_cost) + "\n")

@@ -142,7 +142,7 @@ def _setup_varlen(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.options = tuple(options[:7])  # the band, scale and softcap; not check_metadata
+    ctx.options = tuple(options[:-1])  # the lengths, band, scale and softcap: all but check_metadata
 
 
 def _backward_varlen(ctx, dout, dlse):
