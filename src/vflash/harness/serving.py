@@ -133,12 +133,20 @@ def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], de
     _put_stats(row, _graph_time(calls, device), field, work_per_us)
 
 
+def _round_kept(x: float, places: int) -> float:
+    # round to `places` decimals, keeping three significant figures where that would round a small
+    # rate or ratio (an interpreter run's GB/s, a slow CPU ratio) to zero
+    if not x or not math.isfinite(x):
+        return x
+    return round(x, max(places, 2 - math.floor(math.log10(abs(x)))))
+
+
 def _put_stats(row: Dict[str, object], stats: Tuple[float, float, float, int], field: str,
                work_per_us: float) -> None:
     # (median, p20, p80, reps) microseconds into `row`, and `field`: the rate work_per_us / median
     med, p20, p80, reps = stats
     row.update(us_median=round(med, 2), us_p20=round(p20, 2), us_p80=round(p80, 2), reps=reps,
-               **{field: round(work_per_us / med, 1)})
+               **{field: _round_kept(work_per_us / med, 1)})
 
 
 def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
@@ -394,7 +402,7 @@ def against_dense(rows: List[Dict[str, object]], methods: Dict[str, Callable[[],
     dense_us = next(r for r in rows if r["method"] == dense).get("us_median")
     for r in rows:
         if r.get("us_median") and dense_us:
-            r[field] = round(dense_us / r["us_median"], 3)
+            r[field] = _round_kept(dense_us / r["us_median"], 3)
 
 
 def _against_torch(rows: List[Dict[str, object]]) -> None:
@@ -402,7 +410,7 @@ def _against_torch(rows: List[Dict[str, object]]) -> None:
     base = next((r.get("us_median") for r in rows if r["method"].startswith("torch_") and r["status"] == "ok"), None)
     for r in rows:
         if base and r.get("us_median"):
-            r["vs_torch"] = round(base / r["us_median"], 3)
+            r["vs_torch"] = _round_kept(base / r["us_median"], 3)
 
 
 def merge_inputs(B: int, H: int, N: int, D: int, device: torch.device) -> Tuple[list, int]:
@@ -579,4 +587,4 @@ def _ratios(rows: List[Dict[str, object]], field: str) -> None:
     base = next((r.get(field) for r in rows if r["method"] == "sdpa_cudnn" and r["status"] == "ok"), None)
     for r in rows:
         if base and r.get(field):
-            r["vs_sdpa_cudnn"] = round(r[field] / base, 3)
+            r["vs_sdpa_cudnn"] = _round_kept(r[field] / base, 3)
