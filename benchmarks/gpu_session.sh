@@ -10,10 +10,12 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab
+#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab ring_nccl ring_scaling
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+# NVLink multicast stays off on a machine of several GPUs (the device rules), in every process started here
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/vflash-out}
 R=$OUT/results
 # A second invocation in the same call adds to the first one's archive instead of replacing it.
@@ -83,6 +85,16 @@ for step in "$@"; do
                 --out "$R/bwd_tune.csv" > "$R/bwd_tune.txt" 2>&1; grep "BEST\|Error\|WRONG" "$R/bwd_tune.txt" | tail -30 ;;
     hf) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_llama --out "$R/hf_llama.csv" > "$R/hf_llama.txt" 2>&1
         grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
+    ring_nccl) # issue 26: ring attention over NCCL on 2, 4 and 8 GPUs (as many as the host has), forward and
+               # backward, against one GPU's vflash.attention on the full sequence
+               VFLASH_TEST_DEVICE=cuda timeout ${RING_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \
+                 tests/test_distributed.py > "$R/pytest_ring_nccl.txt" 2>&1; tail -2 "$R/pytest_ring_nccl.txt" ;;
+    ring_scaling) # issue 26: per-GPU TFLOP/s over RING_GPUS (default 1,2,4,8) and RING_TOKENS, beside PyTorch's
+                  # context_parallel over SDPA cuDNN, added to ring_scaling.csv (split the world sizes over calls:
+                  # RING_GPUS=1,2 then 4,8, a 600 s call each)
+                  timeout ${RING_TIMEOUT:-540} python3 -m benchmarks.experiments.ring_scaling --append \
+                    --gpus ${RING_GPUS:-1,2,4,8} --tokens ${RING_TOKENS:-32768,131072,262144} --out "$R/ring_scaling.csv" \
+                    >> "$R/ring_scaling.txt" 2>&1; tail -20 "$R/ring_scaling.txt" ;;
     ring) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu --out "$R/ring_single_gpu.csv" \
             > "$R/ring_single_gpu.txt" 2>&1; tail -30 "$R/ring_single_gpu.txt" ;;
     sanitize) # issue 22: every serving kernel on edge-case metadata under compute-sanitizer's memcheck

@@ -204,3 +204,75 @@ def test_ring_attention_rejects_bad_input_before_any_transfer(device):
             ring_attention_varlen(packed, packed, packed, cu[1], 4)
     finally:
         dist.destroy_process_group()
+
+
+# Several GPUs of one host, one process a GPU over NCCL (issue 26), against single-GPU
+# vflash.attention / attention_varlen on the full sequence on the rank's own GPU: bf16 at the
+# Hopper kernel's D 128, the forward shard and the gradients, twice for the same bits. NVLink
+# multicast stays off in every rank (the machine's rule).
+NCCL_CASES = {**CASES, "varlen_causal": dict(causal=True, layout="zigzag"),
+              "varlen_full": dict(causal=False, layout="contiguous")}
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _nccl_worker(rank, world, port, case, out_dir):
+    os.environ.update(NCCL_ENV)
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=dev)
+    try:
+        opts = dict(NCCL_CASES[case])
+        layout, hkv, nk_factor = opts.pop("layout"), opts.pop("hkv", 2), opts.pop("nk_factor", 1)
+        g = torch.Generator(device=dev).manual_seed(0)
+
+        def randn(*shape):
+            return torch.randn(*shape, device=dev, generator=g).to(torch.bfloat16)
+        if case.startswith("varlen"):
+            unit = 128 * world  # every length a multiple of the 2R zig-zag chunks
+            cu = torch.tensor([0, 8 * unit, 8 * unit, 11 * unit, 12 * unit], dtype=torch.int32, device=dev)
+            total = int(cu[-1])
+            q, do, k, v = randn(total, 8, 128), randn(total, 8, 128), randn(total, 2, 128), randn(total, 2, 128)
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            want = vflash.attention_varlen(*full, cu, cu, 8 * unit, 8 * unit, **opts)
+            shard = lambda t: shard_varlen(t, cu, rank, world, layout=layout)[0]  # noqa: E731
+            _, cu_local, max_local = shard_varlen(q, cu, rank, world, layout=layout)
+
+            def ring(*t):
+                return ring_attention_varlen(*t, cu_local, max_local, layout=layout, **opts)
+        else:
+            n = 2048 * world
+            q, do = randn(1, 8, n, 128), randn(1, 8, n, 128)
+            k, v = randn(1, hkv, n * nk_factor, 128), randn(1, hkv, n * nk_factor, 128)
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            want = vflash.attention(*full, **opts)
+            shard = lambda t: shard_sequence(t, rank, world, layout=layout)  # noqa: E731
+
+            def ring(*t):
+                return ring_attention(*t, layout=layout, **opts)
+        want.backward(do)
+        mine = [shard(t).detach().requires_grad_() for t in (q, k, v)]
+        runs = []
+        for _ in range(2):
+            for t in mine:
+                t.grad = None
+            out = ring(*mine)
+            out.backward(shard(do))
+            runs.append([out.detach()] + [t.grad.clone() for t in mine])
+        for a, b in zip(*runs):
+            assert torch.equal(a, b), f"rank {rank}: two runs differ"
+        for name, a, b in zip(("out", "dq", "dk", "dv"), runs[0], [want.detach()] + [t.grad for t in full]):
+            torch.testing.assert_close(a.float(), shard(b).float(), atol=2e-2, rtol=2e-2, msg=f"rank {rank} {name}")
+        open(os.path.join(out_dir, f"ok{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("case", list(NCCL_CASES))
+def test_ring_attention_over_nccl_matches_one_gpu(device, world, case):
+    if device.type != "cuda" or torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs (NCCL); the multi-rank logic runs above on gloo")
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_nccl_worker, args=(world, _free_port(), case, d), nprocs=world, join=True)
+        assert sorted(os.listdir(d)) == [f"ok{r}" for r in range(world)]

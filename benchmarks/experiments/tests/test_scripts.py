@@ -20,7 +20,8 @@ from vflash.ops.tiles import HopperTiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule",
-                "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune"]
+                "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
+                "ring_scaling"]
 WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
@@ -127,3 +128,39 @@ def test_decode_prototype_variants_agree_with_sdpa_on_the_cpu():
     errs = ast.literal_eval(r.stdout.split("check max err:", 1)[1].strip().splitlines()[0])
     assert set(errs) == {f"{layout}/{merge}" for layout in ("2d", "wk") for merge in ("none", "arrive", "two")}
     assert max(errs.values()) < 1e-2, errs
+
+
+def test_ring_scaling_smoke_run_writes_rows_with_kept_fractions(tmp_path):
+    # gloo on the CPU, one and two ranks, tiny shapes: every vflash row ok with its TFLOP/s a GPU and
+    # its fraction of the one-rank row; PyTorch's context-parallel rows say why they did not run
+    import csv
+    out = tmp_path / "scaling.csv"
+    r = _run("benchmarks.experiments.ring_scaling", "--smoke", "--gpus", "1,2", "--tokens", "32", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader(open(out)))
+    mine = [row for row in rows if row["method"] == "vflash"]
+    assert len(mine) == 8 and all(row["status"] == "ok" and float(row["tflops_per_gpu"]) > 0 for row in mine)
+    assert all(row["kept"] == "1.0" for row in mine if row["R"] == "1")
+    assert all(float(row["kept"]) > 0 for row in mine if row["R"] == "2")
+    assert all(row["status"].startswith("skipped") for row in rows if row["method"] == "cp_sdpa_cudnn")
+    r = _run("benchmarks.experiments.ring_scaling", "--smoke", "--gpus", "2", "--tokens", "10", "--masks", "full",
+             "--passes", "fwd", "--methods", "vflash", "--out", str(out), "--append")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows2 = list(csv.DictReader(open(out)))
+    assert len(rows2) == len(rows) + 1 and rows2[-1]["status"] == "skipped: N not a multiple of 4"
+
+
+def test_ring_scaling_kept_is_against_the_same_methods_single_gpu_row():
+    from benchmarks.experiments.ring_scaling import kept_and_ratios
+    base = dict(N="65536", mask="causal", status="ok")
+    rows = [dict(base, method="vflash", R="1", tflops_per_gpu="500", **{"pass": "fwd"}),
+            dict(base, method="vflash", R="2", tflops_per_gpu="450", **{"pass": "fwd"}),
+            dict(base, method="cp_sdpa_cudnn", R="1", tflops_per_gpu="400", **{"pass": "fwd"}),
+            dict(base, method="cp_sdpa_cudnn", R="2", tflops_per_gpu="300", **{"pass": "fwd"}),
+            dict(base, method="vflash", R="2", tflops_per_gpu="300", **{"pass": "fwd_bwd"}),
+            dict(base, method="vflash", R="8", tflops_per_gpu="475", **{"pass": "fwd"})]
+    rows[-1]["N"] = "1048576"  # no single-GPU row that long: against the longest below
+    kept_and_ratios(rows)
+    assert [r["kept"] for r in rows] == [1.0, 0.9, 1.0, 0.75, "", 0.95]
+    assert [r["single_N"] for r in rows] == [65536] * 4 + ["", 65536]
+    assert [r["vs_cp_sdpa_cudnn"] for r in rows] == [1.25, 1.5, "", "", "", ""]
