@@ -93,7 +93,8 @@ for step in "$@"; do
                   # context_parallel over SDPA cuDNN, added to ring_scaling.csv (split the world sizes over calls:
                   # RING_GPUS=1,2 then 4,8, a 600 s call each)
                   timeout ${RING_TIMEOUT:-540} python3 -m benchmarks.experiments.ring_scaling --append \
-                    --gpus ${RING_GPUS:-1,2,4,8} --tokens ${RING_TOKENS:-32768,131072,262144} --out "$R/ring_scaling.csv" \
+                    --gpus ${RING_GPUS:-1,2,4,8} --tokens ${RING_TOKENS:-32768,131072,262144} \
+                    --out "$R/ring_scaling.csv" --plot "$R/ring_scaling.png" \
                     >> "$R/ring_scaling.txt" 2>&1; tail -20 "$R/ring_scaling.txt" ;;
     ring) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu --out "$R/ring_single_gpu.csv" \
             > "$R/ring_single_gpu.txt" 2>&1; tail -30 "$R/ring_single_gpu.txt" ;;

@@ -383,6 +383,9 @@ BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv", "bwd_fp16.csv
             ("benchmarks/results/2026-12-04-h200-s33-backward", ("bwd_d256.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
+RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
+RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
+RING_KEPT_FROM = 131072  # ... from 128k tokens, on 2-8 GPUs
 ANCHORS_BWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_bwd.csv")
 # ANCHORS.md's paged decode engines (vLLM's Triton kernel, FlashAttention-4), GB/s by (B, KV)
 ANCHORS_DECODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors_decode.csv")
@@ -574,11 +577,12 @@ def run_report(folder):
     backward, backward_csvs = backward_text(folder, base)
     hf, hf_csvs = transformers_text(folder, base)
     ring, ring_csvs = ring_text(folder, base)
+    scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
-    out += backward + hf + ring + kvops
+    out += backward + hf + ring + scaling + kvops
     out += _sweeps(bench, mem, base)
     shown = {os.path.basename(p) for p, _ in bench + mem} | {"NOTE.md", "REPORT.md"}
-    shown |= set(backward_csvs + hf_csvs + ring_csvs + kvops_csvs)
+    shown |= set(backward_csvs + hf_csvs + ring_csvs + scaling_csvs + kvops_csvs)
     if serving:
         shown |= {f"{s}.csv" for s in SERVING_SWEEPS}
     others = sorted(f for f in os.listdir(folder) if f not in shown and os.path.isfile(os.path.join(folder, f)))
@@ -588,7 +592,8 @@ def run_report(folder):
     return "\n".join(out)
 
 
-def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS):
+def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
+          scaling=RING_SCALING):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -632,6 +637,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += kvops_text(kvops, base)[0] if kvops else []
     out += transformers_text(hf, base)[0] if hf else []
     out += ring_text(ring, base)[0] if ring else []
+    out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
         out.append(_wrap(f"The primary run's sweep tables (every method and shape, peak memory): "
                          f"[REPORT.md]({folder}/REPORT.md).") + "\n")
@@ -955,6 +961,50 @@ def ring_text(folder, base=""):
                          "column), which is what zigzag is for. Multi-GPU runs, with the real link, are issue 26.")
                    + "\n")
     return out, ["ring_single_gpu.csv"]
+
+
+def ring_scaling_text(folder, base=""):
+    """A run's ring_scaling.csv (benchmarks/experiments/ring_scaling.py): ring attention over R
+    GPUs (NCCL) against the single-GPU kernel and PyTorch's context parallel over SDPA cuDNN in
+    the same run, row by row with issue 26's goal; returns (lines, CSV names)."""
+    path = os.path.join(folder, "ring_scaling.csv")
+    if not os.path.exists(path):
+        return [], []
+    rows = _read(path)
+    cp = {(r["R"], r["N"], r["mask"], r["pass"]): r for r in rows if r["method"] == "cp_sdpa_cudnn"}
+    out = [f"## Ring attention over several GPUs (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/ring_scaling.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): one process a GPU over NCCL, bf16, B 1, Hq 32 / Hkv 8, D 128, "
+                 "causal on zigzag shards, full on contiguous ones. TFLOP/s a GPU: the whole sequence's FLOPs "
+                 "(the backward counted 2.5x the forward) over R and the slowest rank's time. *kept*: that over "
+                 "the same method's one-GPU row (R 1: `vflash.attention` on the whole sequence; for PyTorch, plain "
+                 "SDPA cuDNN), at the same N or, where one GPU did not run it, the longest N below (*single N*). "
+                 "PyTorch's `context_parallel` ring takes no GQA: its K / V are expanded to 32 heads. The goal "
+                 f"is issue 26's: kept at least {RING_KEPT} from {RING_KEPT_FROM // 1024}k tokens on 2-8 GPUs.")
+           + "\n",
+           "| R | N | mask | pass | vflash TFLOP/s a GPU | kept | single N | context parallel TFLOP/s a GPU | "
+           "its kept | vflash / it | goal |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    met = counted = 0
+    for r in rows:
+        if r["method"] != "vflash":
+            continue
+        c = cp.get((r["R"], r["N"], r["mask"], r["pass"]), {})
+        ok = r["status"] == "ok"
+        goal = ""
+        if int(r["R"]) > 1 and int(r["N"]) >= RING_KEPT_FROM:
+            counted += 1
+            hit = ok and r["kept"] != "" and float(r["kept"]) >= RING_KEPT
+            met += hit
+            goal = "met" if hit else "**not met**"
+        cp_cell = c.get("tflops_per_gpu", "") if c.get("status") == "ok" else c.get("status", "")
+        out.append(f"| {r['R']} | {r['N']} | {r['mask']} | {r['pass'].replace('_', '+')} | "
+                   f"{r['tflops_per_gpu'] if ok else r['status']} | {r['kept']} | {r['single_N']} | {cp_cell} | "
+                   f"{c.get('kept', '')} | {r['vs_cp_sdpa_cudnn']} | {goal} |")
+    out.append("")
+    if counted:
+        out.append(_wrap(f"Goal met on {met} of {counted} rows (R 2-8, N from {RING_KEPT_FROM // 1024}k).") + "\n")
+    return out, ["ring_scaling.csv"]
 
 
 def _bwd_anchors():

@@ -398,3 +398,26 @@ def test_kvops_text_reads_the_merge_and_write_rows(tmp_path):
     assert "write_kvcache 14 us where the run's pure-Python probe ran within 25 % of its quickest" in flat
     assert "110 us of wall time" in flat
     assert report.kvops_text(str(tmp_path / "none")) == ([], [])
+
+
+def test_ring_scaling_table_marks_the_goal_from_128k_on_several_gpus(tmp_path):
+    # issue 26's goal (kept >= 0.9 from 128k tokens on 2-8 GPUs) row by row, PyTorch's context
+    # parallel beside vflash at the same R, a failed baseline shown by its status
+    cols = ("method,R,N,mask,layout,pass,Hq,Hkv,D,dtype,status,ms_median,reps,tflops_per_gpu,kept,single_N,"
+            "vs_cp_sdpa_cudnn,peak_gib,note")
+    rows = ["vflash,1,131072,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,600,1.0,131072,1.2,1,",
+            "vflash,2,131072,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,570,0.95,131072,1.3,1,",
+            "vflash,4,131072,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,510,0.85,131072,,1,",
+            "vflash,2,32768,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,420,0.7,32768,,1,",
+            "cp_sdpa_cudnn,1,131072,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,500,1.0,131072,,1,x",
+            "cp_sdpa_cudnn,2,131072,causal,zigzag,fwd,32,8,128,bfloat16,ok,1,3,438,0.876,131072,,1,x",
+            "cp_sdpa_cudnn,4,131072,causal,zigzag,fwd,32,8,128,bfloat16,error: RuntimeError: no,,,,,,,,x"]
+    (tmp_path / "ring_scaling.csv").write_text("\n".join([cols] + rows) + "\n")
+    lines, csvs = report.ring_scaling_text(str(tmp_path))
+    text = "\n".join(lines)
+    assert csvs == ["ring_scaling.csv"]
+    assert "| 2 | 131072 | causal | fwd | 570 | 0.95 | 131072 | 438 | 0.876 | 1.3 | met |" in text
+    assert "| 4 | 131072 | causal | fwd | 510 | 0.85 | 131072 | error: RuntimeError: no |  |  | **not met** |" in text
+    assert "| 2 | 32768 | causal | fwd | 420 | 0.7 | 32768 |  |  |  |  |" in text  # below 128k: not counted
+    assert "Goal met on 1 of 2 rows" in text
+    assert report.ring_scaling_text(str(tmp_path / "none")) == ([], [])

@@ -221,6 +221,40 @@ def kept_and_ratios(rows):
     return rows
 
 
+def plot(rows, path) -> bool:
+    """kept against R, a panel a (mask, pass), a line a (method, N): the scaling at a glance.
+    False where matplotlib is missing (the device's environment may lack it; re-plot here
+    with --plot-only)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in rows if r["status"] == "ok" and r["kept"] != ""]
+    panels = sorted({(r["mask"], r["pass"]) for r in ok})
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, (mask, p) in zip(axes[0], panels):
+        for method, style in (("vflash", "-o"), ("cp_sdpa_cudnn", "--s")):
+            for n in sorted({int(r["N"]) for r in ok if r["method"] == method}):
+                pts = sorted((int(r["R"]), float(r["kept"])) for r in ok
+                             if (r["method"], int(r["N"]), r["mask"], r["pass"]) == (method, n, mask, p))
+                if pts:
+                    ax.plot(*zip(*pts), style, label=f"{'vflash' if method == 'vflash' else 'PyTorch CP'} {n // 1024}k")
+        ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{mask}, {p.replace('_', '+')}")
+        ax.set_xlabel("GPUs")
+    axes[0][0].set_ylabel("TFLOP/s a GPU / one GPU's")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", default="1,2,4,8", help="world sizes, capped by the GPUs present")
@@ -232,7 +266,14 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true", help="add to --out's rows instead of replacing them")
     ap.add_argument("--timeout", type=int, default=300, help="seconds a collective may wait (a rank that failed)")
     ap.add_argument("--smoke", action="store_true", help="gloo on the CPU, tiny shapes (interpreter)")
+    ap.add_argument("--plot", help="also draw kept against R into this PNG")
+    ap.add_argument("--plot-only", action="store_true", help="draw --plot from --out's rows, run nothing")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        with open(args.out, newline="") as f:
+            drawn = args.plot and plot(kept_and_ratios(list(csv.DictReader(f))), args.plot)
+        print(f"plot {'written to ' + args.plot if drawn else 'not drawn (no rows, no --plot or no matplotlib)'}")
+        return 0 if drawn else 1
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.masks, args.passes, args.methods = (s.split(",") for s in (args.masks, args.passes, args.methods))
     bad = (set(args.masks) - {"causal", "full"}) | (set(args.passes) - {"fwd", "fwd_bwd"}) | \
@@ -267,6 +308,8 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fieldnames=FIELDS, restval="")
         w.writeheader()
         w.writerows(rows)
+    if args.plot and not plot(rows, args.plot):
+        print("no plot: matplotlib missing or no row ok (re-plot with --plot-only)", flush=True)
     return 0
 
 

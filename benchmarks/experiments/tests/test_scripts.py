@@ -143,6 +143,9 @@ def test_ring_scaling_smoke_run_writes_rows_with_kept_fractions(tmp_path):
     assert all(row["kept"] == "1.0" for row in mine if row["R"] == "1")
     assert all(float(row["kept"]) > 0 for row in mine if row["R"] == "2")
     assert all(row["status"].startswith("skipped") for row in rows if row["method"] == "cp_sdpa_cudnn")
+    png = tmp_path / "scaling.png"
+    r = _run("benchmarks.experiments.ring_scaling", "--out", str(out), "--plot", str(png), "--plot-only")
+    assert r.returncode == 0 and png.stat().st_size > 1000, r.stdout + r.stderr
     r = _run("benchmarks.experiments.ring_scaling", "--smoke", "--gpus", "2", "--tokens", "10", "--masks", "full",
              "--passes", "fwd", "--methods", "vflash", "--out", str(out), "--append")
     assert r.returncode == 0, r.stdout + r.stderr
