@@ -979,7 +979,8 @@ def ring_scaling_text(folder, base=""):
                  "(the backward counted 2.5x the forward) over R and the slowest rank's time. *kept*: that over "
                  "the same method's one-GPU row (R 1: `vflash.attention` on the whole sequence; for PyTorch, plain "
                  "SDPA cuDNN), at the same N or, where one GPU did not run it, the longest N below (*single N*). "
-                 "PyTorch's `context_parallel` ring takes no GQA: its K / V are expanded to 32 heads. The goal "
+                 "PyTorch's `context_parallel` (its defaults: K / V all-gathered, head-tail balance when causal) "
+                 "takes no GQA: its K / V are expanded to 32 heads. The goal "
                  f"is issue 26's: kept at least {RING_KEPT} from {RING_KEPT_FROM // 1024}k tokens on 2-8 GPUs.")
            + "\n",
            "| R | N | mask | pass | vflash TFLOP/s a GPU | kept | single N | context parallel TFLOP/s a GPU | "

@@ -5,12 +5,13 @@ One process a GPU (NCCL), R in --gpus (capped by the GPUs present). For each tot
 and mask (causal: zig-zag shards; full: contiguous shards), each rank holds its shard of
 bf16 q [1, 32, N / R, 128] and k / v [1, 8, N / R, 128] and runs `ring_attention` (method
 `vflash`; at R = 1 `vflash.attention` on the whole sequence, the single-GPU kernel). Beside
-it, PyTorch's `context_parallel` over SDPA restricted to cuDNN (method `cp_sdpa_cudnn`; its
-ring takes no GQA, so its K / V are expanded to 32 heads, four times the traffic; R = 1 is
-plain SDPA cuDNN). A call's time is the slowest rank's (CUDA events around the call, after a
-barrier), the median of 10 calls (3 past 50 ms, 1 past 1 s, after one warm-up). TFLOP/s a GPU
-count the causal band's pairs (forward 4 N^2 D H, backward 2.5x that) over R; `kept` is that
-over the same method's R = 1 row (kept_and_ratios). Peak memory is rank 0's, the call's incremental peak.
+it, PyTorch's `context_parallel` over SDPA restricted to cuDNN (method `cp_sdpa_cudnn`, its
+default options: K / V all-gathered, head-tail load balance for causal masks; it takes no GQA,
+so its K / V are expanded to 32 heads, four times the traffic; R = 1 is plain SDPA cuDNN). A
+call's time is the slowest rank's (CUDA events around the call, after a barrier), the median
+of 10 calls (3 past 50 ms, 1 past 1 s, after one warm-up). TFLOP/s a GPU count the causal
+band's pairs (forward 4 N^2 D H, backward 2.5x that) over R; `kept` is that over the same
+method's R = 1 row (kept_and_ratios). Peak memory is rank 0's, the call's incremental peak.
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1, set here for every rank). Rows go to --out (appended with --append,
@@ -94,8 +95,10 @@ def _cp_rows(args, rank, world, dev, mesh, n, causal, passes, base):
     rows = []
     if dev.type != "cuda":
         return [dict(base, **{"pass": p}, status="skipped: context_parallel's ring SDPA needs CUDA") for p in passes]
-    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental import _attention as cp_attention, context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    # its head-tail load balancer (zigzag) is for causal masks only: it refuses a full one
+    cp_attention._cp_options.enable_load_balance = causal
     g = torch.Generator(device=dev).manual_seed(1)
     q = torch.randn(1, args.hq, n, args.d, device=dev, dtype=torch.bfloat16, generator=g)
     k = torch.randn(1, args.hkv, n, args.d, device=dev, dtype=torch.bfloat16, generator=g)
@@ -103,7 +106,8 @@ def _cp_rows(args, rank, world, dev, mesh, n, causal, passes, base):
     v = torch.randn_like(k)
     do = torch.randn_like(q)
     try:
-        ctx = context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2]) if world > 1 else None
+        ctx = None if world == 1 else context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2],
+                                                       no_restore_buffers={q, k, v, do})
         if ctx is not None:
             ctx.__enter__()
         try:
