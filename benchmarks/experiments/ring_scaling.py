@@ -22,12 +22,14 @@ so that one sweep can span several device calls; `kept` is computed over the who
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import os
 import socket
 import statistics
 import tempfile
+import time
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                       ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -39,7 +41,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import vflash  # noqa: E402
 from vflash.distributed import ring_attention  # noqa: E402
-from vflash.harness.bench import Shape, attention_flops  # noqa: E402
+from vflash.harness.bench import Shape, _error_text, attention_flops  # noqa: E402
 
 FIELDS = ["method", "R", "N", "mask", "layout", "pass", "Hq", "Hkv", "D", "dtype", "status", "ms_median", "reps",
           "tflops_per_gpu", "kept", "single_N", "vs_cp_sdpa_cudnn", "peak_gib", "note"]
@@ -66,9 +68,9 @@ def _time(call, dev, world):
             end.synchronize()
             ms = start.elapsed_time(end)
         else:
-            t0 = datetime.datetime.now()
+            t0 = time.perf_counter()
             call()
-            ms = (datetime.datetime.now() - t0).total_seconds() * 1e3
+            ms = (time.perf_counter() - t0) * 1e3
         t = torch.tensor([ms], dtype=torch.float64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
@@ -105,12 +107,10 @@ def _cp_rows(args, rank, world, dev, mesh, n, causal, passes, base):
     k = k.repeat_interleave(args.hq // args.hkv, dim=1).contiguous()
     v = torch.randn_like(k)
     do = torch.randn_like(q)
+    ctx = contextlib.nullcontext() if world == 1 else context_parallel(
+        mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers={q, k, v, do})
     try:
-        ctx = None if world == 1 else context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2],
-                                                       no_restore_buffers={q, k, v, do})
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with ctx:
             for p in passes:
                 row = dict(base, **{"pass": p})
                 try:
@@ -122,12 +122,9 @@ def _cp_rows(args, rank, world, dev, mesh, n, causal, passes, base):
                     call = attend if p == "fwd" else (lambda: torch.autograd.grad(attend(), leaves, do))
                     rows.append(_measure(row, call, dev, world, n, causal, args, p))
                 except Exception as e:  # noqa: BLE001  (a row records why it did not run)
-                    rows.append(dict(row, status=f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-    except Exception as e:  # noqa: BLE001
-        rows += [dict(base, **{"pass": p}, status=f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    rows.append(dict(row, status=f"error: {_error_text(e)}"))
+    except Exception as e:  # noqa: BLE001  (entering or leaving the context: the passes not yet recorded)
+        rows += [dict(base, **{"pass": p}, status=f"error: {_error_text(e)}")
                  for p in passes if not any(r["pass"] == p for r in rows)]
     return rows
 
