@@ -10,7 +10,7 @@
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab ring_nccl ring_scaling
+#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize check_cost decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab ring_nccl ring_scaling
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -103,6 +103,13 @@ for step in "$@"; do
               timeout ${SANITIZE_TIMEOUT:-400} compute-sanitizer --tool memcheck --error-exitcode 1 \
                 python3 -m benchmarks.experiments.sanitize_serving ${SANITIZE_ARGS:-} > "$R/sanitize.txt" 2>&1
               echo "sanitize rc $?" >> "$R/sanitize.txt"; tail -25 "$R/sanitize.txt" ;;
+    check_cost) # the checked decode call's wall time against the unchecked one's, for the library of each tree of
+                # CHECK_TREES (source dirs, default "src"; e.g. ".ab/old/src src"), alternating, two rounds
+                for r in 1 2; do for t in ${CHECK_TREES:-src}; do
+                  label=$( [ "$t" = src ] && echo new || basename "$(dirname "$t")" )
+                  PYTHONPATH=$PWD/$t:$PWD timeout 120 python3 -m benchmarks.experiments.check_cost --label "$label" \
+                    --out "$R/check_cost_${label}_r$r.csv"
+                done; done >> "$R/check_cost.txt" 2>&1; tail -40 "$R/check_cost.txt" ;;
     varlen) sampled varlen timeout 90 python3 -m vflash bench --sweep varlen --out "$R/varlen.csv" | tail -3 ;;
     chunked) sampled chunked timeout 90 python3 -m vflash bench --sweep chunked --out "$R/chunked.csv" | tail -4 ;;
     kvops) # merge_states and write_kvcache against PyTorch ops (vflash bench --sweep merge, write)

@@ -192,6 +192,57 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
         vflash.attention_with_kvcache(**args)
 
 
+def test_a_checked_repeat_still_refuses_bad_metadata(device):
+    # a checked call's repeat (on CUDA, its recorded plan) checks the values again: the key holds no value
+    args = _args(device)
+    vflash.attention_with_kvcache(**args)
+    vflash.attention_with_kvcache(**args)
+    args["cache_seqlens"][1] = 25
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 25 is outside 0..24"):
+        vflash.attention_with_kvcache(**args)
+    args["cache_seqlens"][1] = 5
+    args["block_table"][0, 1] = -3
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -3 is not a page of the cache"):
+        vflash.attention_with_kvcache(**args)
+
+
+def _metadata_flags(lens, table, cu=None, capacity=None, page=4, pages=300, total_q=0, max_q=0):
+    from vflash.ops.metadata import kvcache_metadata_flags
+    dev = table.device if table is not None else lens.device
+    return kvcache_metadata_flags(lens.to(dev), table, cu, capacity or page * table.shape[1], page, pages, total_q,
+                                  max_q)
+
+
+def test_metadata_kernel_flags_each_fault_and_nothing_else(device):
+    # the flags, one per fault, against tables longer than one step of the kernel's loop (128 entries): a bad
+    # page past the first step is found, a bad entry past the pages a sequence uses is not
+    from vflash.ops.metadata import BLOCK_PAGES
+    width = 2 * BLOCK_PAGES + 9
+    table = torch.arange(3 * width, dtype=torch.int32, device=device).view(3, width) % 300
+    lens = torch.tensor([4 * width, 4 * 200 + 1, 0], dtype=torch.int32, device=device)
+    assert _metadata_flags(lens, table) == [0, 0, 0]
+    late = table.clone()
+    late[1, 200] = 300  # the last page sequence 1 uses (keys 800..800)
+    assert _metadata_flags(lens, late) == [0, 1, 0]
+    late[1, 200], late[1, 201], late[2, 0] = 5, -1, 10**6  # past what they use: not read
+    assert _metadata_flags(lens, late) == [0, 0, 0]
+    assert _metadata_flags(lens.clone().fill_(4 * width + 1), table) == [1, 0, 0]
+    assert _metadata_flags(torch.tensor([-1, 3, 0], dtype=torch.int32, device=device), late) == [1, 0, 0]
+    contiguous = _metadata_flags(torch.tensor([7, 8], dtype=torch.int32, device=device), None, capacity=7)
+    assert contiguous == [1, 0, 0]
+
+
+@pytest.mark.parametrize("offsets,total,longest,flagged", [
+    ([0, 2, 5], 5, 3, 0), ([0, 0, 0], 0, 0, 0), ([1, 2, 5], 5, 4, 1), ([0, 3, 2], 2, 3, 1), ([0, 2, 5], 6, 3, 1),
+    ([0, 2, 6], 6, 3, 1), ([0, -2**31, 2**31 - 1], 2**31 - 1, 2**31 - 1, 1),
+])
+def test_metadata_kernel_checks_cu_seqlens_q(offsets, total, longest, flagged, device):
+    lens = torch.tensor([4, 4], dtype=torch.int32, device=device)
+    table = torch.zeros(2, 1, dtype=torch.int32, device=device)
+    cu = torch.tensor(offsets, dtype=torch.int32, device=device)
+    assert _metadata_flags(lens, table, cu, total_q=total, max_q=longest) == [0, 0, flagged]
+
+
 def test_unused_table_entries_are_not_checked(device):
     # a sequence's table row past its pages may hold anything (vLLM pads with garbage)
     args = _args(device)
@@ -603,8 +654,9 @@ def interpreted_plans(monkeypatch):
 @pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False), (3, True, False), (4, False, False),
                                                      (3, True, True)])
 def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monkeypatch, splits, return_lse, packed):
-    # a generation loop through the recorded plan: growing lengths, the same bits as the full path (dense q
-    # [B, 1, Hq, D], whose plan takes q and allocates out in that layout, or packed rows)
+    # a generation loop through the recorded plans, unchecked and checked (the metadata check's own plan
+    # before the attention's): growing lengths, the same bits as the full path (dense q [B, 1, Hq, D], whose
+    # plan takes q and allocates out in that layout, or packed rows)
     lens = [150, 64, 1]
     k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, "cpu")
     q = _q(3, 1, 8, 16, torch.float16, "cpu")
@@ -615,17 +667,25 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monke
     def call(check):
         return vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=splits,
                                              return_lse=return_lse, check_metadata=check, **extra)
-    call(False)  # records the plan
-    (plan,) = interpreted_plans._plans.values()
+    call(False), call(True)  # record the plans
+    recorded = interpreted_plans._plans
+    assert sorted(key[0] for key in recorded) == ["kvcache", "kvcache", "kvcache_metadata"]
     used = []
-    plan_call = type(plan).__call__
-    monkeypatch.setattr(type(plan), "__call__", lambda self, *t: used.append(1) or plan_call(self, *t))
+    plan_call = type(next(iter(recorded.values()))).__call__
+    monkeypatch.setattr(type(next(iter(recorded.values()))), "__call__",
+                        lambda self, *t: used.append(self) or plan_call(self, *t))
     for step in range(3):
-        planned, full = call(False), call(True)  # the plan, and the full path with its checks
-        planned, full = (planned, full) if return_lse else ((planned,), (full,))
-        assert all(torch.equal(a, b) for a, b in zip(planned, full)), step
+        planned, checked = call(False), call(True)
+        with monkeypatch.context() as full_path:
+            full_path.setattr(interpreted_plans, "lookup", lambda *args: None)
+            full_path.setattr(interpreted_plans, "record", lambda *args: None)
+            full = call(True)
+        for got in (planned, checked):
+            got, want = (got, full) if return_lse else ((got,), (full,))
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), step
         seqlens.add_(1)
-    assert len(used) == 3 and (plan.scratch is None) == (splits == 1)
+    assert len(used) == 9 and set(map(id, used)) == set(map(id, recorded.values()))
+    assert all((plan.scratch is None) == (splits == 1) for key, plan in recorded.items() if key[0] == "kvcache")
 
 
 def test_a_query_whose_rows_need_a_copy_is_not_planned(interpreted_plans):
@@ -636,8 +696,9 @@ def test_a_query_whose_rows_need_a_copy_is_not_planned(interpreted_plans):
     q = _q(2, 8, 2, 16, torch.float16, "cpu").transpose(1, 2)  # [2, 2, 8, 16], query stride 16, batch 256
     seqlens = torch.tensor(lens, dtype=torch.int32)
     got = vflash.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, check_metadata=False)
+    assert not interpreted_plans._plans
     want = vflash.attention_with_kvcache(q.contiguous(), k_cache, v_cache, seqlens, block_table=table)
-    assert not interpreted_plans._plans and torch.equal(got, want)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("splits,packed", [(1, False), (3, False), (3, True)])

@@ -12,6 +12,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from vflash._backend import interpreter_refusal
+from vflash.ops.metadata import kvcache_metadata_flags
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CAUSAL_MODES = ("top_left", "bottom_right")
@@ -284,9 +285,7 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     if capacity > _INT32_MAX:
         raise ValueError(f"a sequence's cache capacity ({capacity} rows) exceeds 2**31 - 1")
     if check_metadata:
-        _check_cache_metadata(cache_seqlens, block_table, capacity, rows, k_cache.shape[0])
-        if packed:
-            _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
+        check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
     return batch
 
 
@@ -349,29 +348,34 @@ def _elements_apart(t: torch.Tensor) -> bool:
     return True
 
 
-def _check_cache_metadata(cache_seqlens, block_table, capacity: int, page_size: int, num_pages: int) -> None:
-    # Every sequence's length within its capacity and every page it uses a page of the
-    # cache, checked on the tensors' device with one host sync (the tables of a large
-    # batch hold 10^5-10^6 entries: no Python loop over them); the first offender named.
-    lens = cache_seqlens.long()
-    bad_len = (lens < 0) | (lens > capacity)
-    if block_table is not None:
-        used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + page_size - 1)
-                                                                                 // page_size)[:, None]
-        bad_page = used & ~bad_len[:, None] & ((block_table < 0) | (block_table >= num_pages))
-    else:
-        bad_page = bad_len[:, None] & False
-    flags = torch.stack((bad_len.any(), bad_page.any())).tolist()
-    if flags[0]:
-        b = int(bad_len.nonzero()[0, 0])
-        n = int(cache_seqlens[b])
-        raise ValueError(f"cache_seqlens[{b}] = {n} is outside 0..{capacity}, the rows sequence {b}'s "
-                         + ("block_table row holds" if block_table is not None else "cache row holds"))
-    if flags[1]:
-        b, j = (int(x) for x in bad_page.nonzero()[0])
+def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q) -> None:
+    """The values of a KV-cache call's metadata (its structure checked by check_kvcache_attention):
+    every sequence's length within its capacity, every page it uses a page of the cache, cu_seqlens_q
+    (packed q) 0, non-decreasing to q's length in steps of at most max_seqlen_q. One small kernel on
+    their device and one host sync (the tables of a large batch hold 10^5-10^6 entries: no loop over
+    them on the host); the offender is looked for, to be named, only when the kernel flags one."""
+    rows = k_cache.shape[1]
+    capacity = rows * (1 if block_table is None else block_table.shape[1])
+    packed = cu_seqlens_q is not None
+    bad_len, bad_page, bad_offsets = kvcache_metadata_flags(
+        cache_seqlens, block_table, cu_seqlens_q, capacity, rows, k_cache.shape[0], q.shape[0] if packed else 0,
+        max_seqlen_q if packed else 0)
+    if bad_len:
+        lens = cache_seqlens.long()
+        b = int(((lens < 0) | (lens > capacity)).nonzero()[0, 0])
+        raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside 0..{capacity}, the rows sequence "
+                         f"{b}'s " + ("block_table row holds" if block_table is not None else "cache row holds"))
+    if bad_page:
+        lens = cache_seqlens.long()
+        used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + rows - 1) // rows)[:, None]
+        b, j = (int(x) for x in (used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).nonzero()[0])
         n, page = int(cache_seqlens[b]), int(block_table[b, j])
-        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{num_pages - 1}); "
-                         f"sequence {b} uses it for its keys {j * page_size}..{min(n, (j + 1) * page_size) - 1}")
+        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{k_cache.shape[0] - 1}); "
+                         f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
+    if bad_offsets:
+        _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
+        raise ValueError("cu_seqlens_q must run from 0 to the packed length of q, non-decreasing, in steps of at most "
+                         f"max_seqlen_q = {max_seqlen_q}")
 
 
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:

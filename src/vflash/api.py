@@ -280,9 +280,9 @@ def attention_with_kvcache(
             num_splits.
         return_lse: also return the LSE, [B, Hq, Nq] (or [Hq, total_q] packed), fp32.
         check_metadata: check cache_seqlens against the cache's capacity, the pages
-            each sequence uses and cu_seqlens_q before the launch (one host sync for
-            CUDA tensors); off only for metadata you have checked (a wrong page id
-            reads out of bounds).
+            each sequence uses and cu_seqlens_q before the launch (one small kernel and
+            one host sync for CUDA tensors, so not inside a CUDA-graph capture); off
+            only for metadata you have checked (a wrong page id reads out of bounds).
         out: where to write the output (a serving engine's own buffer; saves the
             allocation): q's shape, dtype and device, unit stride in the head dim, [B, Nq]
             strides that merge for dense q, its memory apart from every input's.
@@ -297,8 +297,8 @@ def attention_with_kvcache(
     kernel where the cache suits it (contiguous, or power-of-two pages of 16 rows or
     more; vflash.dispatch). No backward pass.
     """
-    # With check_metadata=False, repeats of a call's metadata and options skip to the recorded
-    # launches (vflash.ops.plans); cache_seqlens' values are not part of the key.
+    # Repeats of a call's metadata and options skip to the recorded launches (vflash.ops.plans), after the
+    # metadata's value check where it is on; cache_seqlens' values are not part of the key.
     dense_q = cu_seqlens_q is None
     key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
                                  scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
@@ -308,6 +308,8 @@ def attention_with_kvcache(
     if plan is not None and (out is None or plan.guard(out, inputs)):
         # it takes q (and a given out, apart from the inputs: its guard; else it allocates out in the
         # caller's layout: dense q's rows)
+        if check_metadata:
+            _validate.check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
         planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
         return _kvcache_result(*planned, q.shape, dense_q, return_lse)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,

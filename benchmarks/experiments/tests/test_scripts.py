@@ -21,7 +21,7 @@ from vflash.ops.tiles import HopperTiles
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule",
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
-                "ring_scaling"]
+                "ring_scaling", "check_cost"]
 WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 

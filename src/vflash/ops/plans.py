@@ -113,17 +113,18 @@ def kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens
                      check_metadata, out=None) -> Optional[Hashable]:
     """attention_with_kvcache's key: the tensors' metadata (not cache_seqlens' values:
     a generation loop's growing lengths keep one plan; a given out's, None without) and
-    the options. Only calls with check_metadata=False are planned: the checks read the
-    metadata on the host."""
+    the options. A checked call's repeat runs the metadata's value check
+    (vflash._validate.check_kvcache_metadata) before its plan."""
     try:
-        if check_metadata is not False or not _planned(q):
+        if check_metadata.__class__ is not bool or not _planned(q):
             return None
         if window is not None:
             window = (window.__class__, *[(w.__class__, w) for w in window])
         key = ("kvcache", _meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table),
                _meta(cu_seqlens_q), max_seqlen_q.__class__, max_seqlen_q, causal.__class__, causal,
                scale.__class__, scale, window, softcap.__class__, softcap, num_splits.__class__, num_splits,
-               batch_invariant.__class__, batch_invariant, return_lse.__class__, return_lse, _meta(out))
+               batch_invariant.__class__, batch_invariant, return_lse.__class__, return_lse, check_metadata,
+               _meta(out))
     except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
         return None
     return key

@@ -1,0 +1,62 @@
+"""What attention_with_kvcache's default metadata check costs a decode call (issue 22: checks cheap
+enough to stay on). For rows (B, KV; bf16, Hq 32 / Hkv 8, D 128) on a shuffled paged cache (pages of
+16), a contiguous cache and packed queries (cu_seqlens_q, one query a sequence), the wall time of a
+checked call (the default) and of an unchecked one, each synchronized after every round of 50 calls
+(the kernel's time included; the check's sync keeps the host from running ahead). Run against the
+library on PYTHONPATH (an A/B: the tree before the change, then after), one CSV row per call kind.
+
+  PYTHONPATH=src:. python3 -m benchmarks.experiments.check_cost --label new [--out check_cost_new.csv]
+"""
+
+import argparse
+
+import torch
+
+import vflash
+from benchmarks.experiments.common import require_cuda, write_rows
+from vflash.harness.serving import DECODE_HEADS, _shuffled_table, _wall_us
+
+ROWS = ["1:1024", "1:8192", "8:8192", "32:1024", "128:1024", "128:32768"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--label", required=True, help="the tree's name in the CSV")
+    ap.add_argument("--out", default="check_cost.csv")
+    ap.add_argument("--rows", nargs="*", default=ROWS, help="B:KV")
+    args = ap.parse_args()
+    if not require_cuda("check_cost"):
+        return 0
+    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, DECODE_HEADS
+    out_rows = []
+    for row in args.rows:
+        b, kv = (int(x) for x in row.split(":"))
+        pages = -(-kv // 16)
+        q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
+        seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+        paged = (torch.randn(b * pages, 16, hkv, d, device=dev, dtype=dtype),) * 2
+        table = _shuffled_table(b, pages, dev)
+        contiguous = (torch.randn(b, kv, hkv, d, device=dev, dtype=dtype),) * 2
+        cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
+        cases = {
+            "paged16": lambda checked: vflash.attention_with_kvcache(q, *paged, seqlens, block_table=table,
+                                                                      check_metadata=checked),
+            "contiguous": lambda checked: vflash.attention_with_kvcache(q, *contiguous, seqlens,
+                                                                         check_metadata=checked),
+            "paged16_packed": lambda checked: vflash.attention_with_kvcache(
+                q[:, 0], *paged, seqlens, block_table=table, cu_seqlens_q=cu, max_seqlen_q=1, check_metadata=checked),
+        }
+        for name, call in cases.items():
+            call(True), call(False)  # compiles, plans
+            checked = _wall_us(lambda: call(True))
+            unchecked = _wall_us(lambda: call(False))
+            out_rows.append(dict(label=args.label, B=b, KV=kv, cache=name, checked_wall_us=round(checked, 2),
+                                 unchecked_wall_us=round(unchecked, 2), check_us=round(checked - unchecked, 2)))
+            print(f"{args.label:6s} B {b:4d} KV {kv:6d} {name:15s} checked {checked:9.2f} us  unchecked "
+                  f"{unchecked:9.2f} us  check {checked - unchecked:8.2f} us", flush=True)
+    write_rows(args.out, out_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
