@@ -34,13 +34,18 @@ sampled() {
   "$@"
   kill $smi; wait $smi 2>/dev/null
 }
-# The GPU suite over TESTS_WORKERS workers (default 8; pytest-xdist from .device-wheels): output file, time
-# limit, pytest arguments. Most of its time is Gluon compiles, on the CPU: the machine has 16 cores (set
-# TESTS_WORKERS=16 for the whole suite).
+# The GPU suite over TESTS_WORKERS workers (pytest-xdist from .device-wheels): output file, time limit, pytest
+# arguments. Most of its time is Gluon compiles, on the CPU (16 cores), but the long-sequence backward tests
+# hold fp64 references of several GB each: the default is one worker per 9 GiB of GPU memory, at most 16
+# (the H200's 141 GB: 15; the H100's 80 GB: 8, where 16 workers ran out of memory in session 38; there
+# tests_kernels may pass one call's limit: run its files in two calls with tests_some).
 gpu_tests() {
   local out=$1 limit=$2; shift 2
   pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
-  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-8}" "$@" \
+  local mib workers
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  workers=$(( mib / 9216 )); [ "$workers" -gt 16 ] && workers=16; [ "$workers" -lt 1 ] && workers=1
+  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-$workers}" "$@" \
     > "$R/$out" 2>&1
   tail -2 "$R/$out"
 }
