@@ -1,4 +1,6 @@
-"""Checks on user input, in one place, before anything is launched.
+"""Checks on user input, in one place, before the work is launched. Values too many to
+bring to the host are checked on their device: the KV-cache metadata by a small kernel of
+its own (kernels/metadata.py), a long slot_mapping by a few PyTorch ops.
 
 Every failure is a ValueError or TypeError that names the argument, says what
 was expected and what came, and how to fix it. Messages never print tensor
