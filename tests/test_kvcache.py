@@ -207,10 +207,11 @@ def test_a_checked_repeat_still_refuses_bad_metadata(device):
 
 
 def _metadata_flags(lens, table, cu=None, capacity=None, page=4, pages=300, total_q=0, max_q=0):
-    from vflash.ops.metadata import kvcache_metadata_flags
-    dev = table.device if table is not None else lens.device
-    return kvcache_metadata_flags(lens.to(dev), table, cu, capacity or page * table.shape[1], page, pages, total_q,
-                                  max_q)
+    from vflash.ops.metadata import sequence_metadata_flags
+    flags = sequence_metadata_flags(lens.numel(), lens, table, cu, capacity=capacity or page * table.shape[1],
+                                    page_size=page, num_pages=pages, total_q=total_q, max_seqlen_q=max_q)
+    assert flags[3] == 0  # no cu_seqlens_k given: never flagged
+    return flags[:3]
 
 
 def test_metadata_kernel_flags_each_fault_and_nothing_else(device):
@@ -670,7 +671,7 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monke
                                              return_lse=return_lse, check_metadata=check, **extra)
     call(False), call(True)  # record the plans
     recorded = interpreted_plans._plans
-    assert sorted(key[0] for key in recorded) == ["kvcache", "kvcache", "kvcache_metadata"]
+    assert sorted(key[0] for key in recorded) == ["kvcache", "kvcache", "sequence_metadata"]
     used = []
     plan_call = type(next(iter(recorded.values()))).__call__
     monkeypatch.setattr(type(next(iter(recorded.values()))), "__call__",

@@ -153,6 +153,21 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
         vflash.attention_varlen(**args)
 
 
+@pytest.mark.parametrize("offsets_q,offsets_k,flags", [
+    ([0, 3, 7], [0, 3, 7], [0, 0]), ([0, 3, 7], [0, 1, 7], [0, 0]), ([0, 3, 7], [0, 0, 7], [0, 1]),
+    ([0, 5, 7], [0, 3, 7], [1, 0]), ([0, 3, 7], [0, 3, 8], [0, 1]), ([0, 3, 7], [0, 3, 2], [0, 1]),
+    ([2, 3, 7], [0, 3, 7], [1, 0]), ([0, 3, 7], [0, 7, 7], [0, 1]), ([0, -2**31, 7], [0, 2**31 - 1, 7], [1, 1]),
+])
+def test_the_device_check_flags_each_offsets_tensor(offsets_q, offsets_k, flags, device):
+    # cu_seqlens_q and cu_seqlens_k flagged apart (totals 7 and 7, longest 4 and 6): from 0, in order, steps
+    # within the longest, to the total
+    from vflash.ops.metadata import sequence_metadata_flags
+    cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device=device) for x in (offsets_q, offsets_k))
+    got = sequence_metadata_flags(2, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, total_q=7, max_seqlen_q=4, total_k=7,
+                                  max_seqlen_k=6)
+    assert got == [0, 0] + flags
+
+
 def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):
     # on the CPU (the interpreter), and anywhere for short rows or tensors TMA cannot address
     q, k, v, cu = _bad(device)

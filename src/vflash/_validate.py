@@ -14,7 +14,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from vflash._backend import interpreter_refusal
-from vflash.ops.metadata import kvcache_metadata_flags
+from vflash.ops.metadata import sequence_metadata_flags
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CAUSAL_MODES = ("top_left", "bottom_right")
@@ -142,9 +142,10 @@ def check_qkv(q, k, v) -> None:
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata: bool) -> int:
     """Validate packed q [total_q, Hq, D], k/v [total_k, Hkv, D] and their int32
-    cu_seqlens [B + 1]; returns B. With check_metadata (one host sync for CUDA
-    tensors), the offsets' values too: 0 first, non-decreasing, the packed
-    length last, and no sequence longer than its max_seqlen."""
+    cu_seqlens [B + 1]; returns B. With check_metadata (check_varlen_offsets: one
+    small kernel and one host sync for CUDA tensors), the offsets' values too: 0
+    first, non-decreasing, the packed length last, and no sequence longer than its
+    max_seqlen."""
     _check_tensors(q, k, v, 3, "[total_q, heads, head_dim] (packed sequences)", "[total_k, Hkv, D]", "")
     total_q, Hq, D = q.shape
     total_k, Hkv, Dk = k.shape
@@ -185,12 +186,18 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 def check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
                          max_seqlen_k: int) -> None:
-    """cu_seqlens' values (one host sync for CUDA tensors): 0 first, non-decreasing, the packed length
-    last, no sequence longer than its max_seqlen. Under torch.compile the custom op runs it (a traced
-    `.tolist()` would be a data-dependent graph break)."""
-    for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
-                                     ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
-        _check_offsets(name, cu.tolist(), total, longest)
+    """cu_seqlens' values: 0 first, non-decreasing, the packed length last, no sequence longer than its
+    max_seqlen. One small kernel on their device and one host sync (vflash.ops.metadata); the offender
+    is looked for, to be named, only when the kernel flags one. Under torch.compile the custom op runs
+    it (a traced host read would be a data-dependent graph break)."""
+    flags = sequence_metadata_flags(cu_seqlens_q.numel() - 1, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                    total_q=total_q, max_seqlen_q=max_seqlen_q, total_k=total_k,
+                                    max_seqlen_k=max_seqlen_k)
+    for flag, name, cu, total, longest in ((flags[2], "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                           (flags[3], "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        if flag:
+            _check_offsets(name, cu.tolist(), total, longest)
+            _offsets_flagged(name, longest)
 
 
 def check_merge(out_a, lse_a, out_b, lse_b) -> None:
@@ -359,9 +366,9 @@ def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q,
     rows = k_cache.shape[1]
     capacity = rows * (1 if block_table is None else block_table.shape[1])
     packed = cu_seqlens_q is not None
-    bad_len, bad_page, bad_offsets = kvcache_metadata_flags(
-        cache_seqlens, block_table, cu_seqlens_q, capacity, rows, k_cache.shape[0], q.shape[0] if packed else 0,
-        max_seqlen_q if packed else 0)
+    bad_len, bad_page, bad_offsets, _ = sequence_metadata_flags(
+        cache_seqlens.numel(), cache_seqlens, block_table, cu_seqlens_q, capacity=capacity, page_size=rows,
+        num_pages=k_cache.shape[0], total_q=q.shape[0] if packed else 0, max_seqlen_q=max_seqlen_q if packed else 0)
     if bad_len:
         lens = cache_seqlens.long()
         b = int(((lens < 0) | (lens > capacity)).nonzero()[0, 0])
@@ -376,8 +383,7 @@ def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q,
                          f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
     if bad_offsets:
         _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
-        raise ValueError("cu_seqlens_q must run from 0 to the packed length of q, non-decreasing, in steps of at most "
-                         f"max_seqlen_q = {max_seqlen_q}")
+        _offsets_flagged("cu_seqlens_q", max_seqlen_q)
 
 
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
@@ -444,6 +450,12 @@ def _name_bad_slot(slots, num_blocks: int, block_size: int) -> None:
             raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
                              f"token a call")
         seen[s] = t
+
+
+def _offsets_flagged(name: str, longest: int) -> None:
+    # the device check's verdict where the host's walk of the same rule named nothing (never, if they agree)
+    raise ValueError(f"{name} must run from 0 to the packed length, non-decreasing, in steps of at most "
+                     f"max_seqlen_{name[-1]} = {longest}")
 
 
 def _check_offsets(name: str, offsets, total: int, longest: int) -> None:

@@ -1,47 +1,53 @@
-"""Launcher of kvcache_metadata_kernel (kernels/metadata.py): the values of a KV-cache
-call's metadata checked on their device, with one host sync to read the verdict."""
+"""Launcher of sequence_metadata_kernel (kernels/metadata.py): the values of a batch's
+sequence metadata (a KV cache's lengths and block table, packed offsets) checked on their
+device, with one host sync to read the verdict."""
 
 from typing import List, Optional
 
 import torch
 
-from vflash.kernels.metadata import kvcache_metadata_kernel
+from vflash.kernels.metadata import sequence_metadata_kernel
 from vflash.ops import launch as launches
 from vflash.ops import plans
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 
-INPUTS = ("cache_seqlens", "block_table", "cu_seqlens_q")
+# "anchor": the first tensor given, the flags' device; an absent tensor's pointer is the anchor's (never
+# read: its flag is off), so every pointer of the launch is a slot
+INPUTS = ("anchor", "cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k")
 # table entries a program reads at once: a sequence of 32k keys in pages of 16 is 2048 pages, 16 steps
 BLOCK_PAGES = 128
+FLAGS = ("cache_seqlens", "block_table", "cu_seqlens_q", "cu_seqlens_k")
 
 
-def kvcache_metadata_flags(cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
-                           cu_seqlens_q: Optional[torch.Tensor], capacity: int, page_size: int, num_pages: int,
-                           total_q: int, max_seqlen_q: int) -> List[int]:
-    """[length, page, offsets]: nonzero where some sequence's cache_seqlens entry is outside
-    0..capacity, where a block_table entry among the pages it uses is outside 0..num_pages - 1,
-    or where cu_seqlens_q is not 0, non-decreasing to total_q in steps of at most max_seqlen_q
-    (structure validated by vflash._validate). One small kernel and one host sync; repeats of
-    a call's metadata launch the plan its first call recorded (vflash.ops.plans)."""
-    paged, varlen = block_table is not None, cu_seqlens_q is not None
-    options = (capacity, page_size, num_pages, total_q, max_seqlen_q)
-    key = plans.op_plan_key("kvcache_metadata", (cache_seqlens, block_table, cu_seqlens_q), options)
-    plan = plans.lookup(key, cache_seqlens)
+def sequence_metadata_flags(batch: int, cache_seqlens: Optional[torch.Tensor] = None,
+                            block_table: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
+                            cu_seqlens_k: Optional[torch.Tensor] = None, capacity: int = 0, page_size: int = 0,
+                            num_pages: int = 0, total_q: int = 0, max_seqlen_q: int = 0, total_k: int = 0,
+                            max_seqlen_k: int = 0) -> List[int]:
+    """One flag for each of FLAGS, nonzero where some sequence b of `batch` has: cache_seqlens[b]
+    outside 0..capacity; a block_table entry among the cdiv(cache_seqlens[b], page_size) pages it
+    uses outside 0..num_pages - 1; cu_seqlens_q not 0, non-decreasing to total_q in steps of at most
+    max_seqlen_q (the same for cu_seqlens_k). Absent tensors are not checked; their structure is
+    vflash._validate's. One small kernel and one host sync; repeats of a call's metadata launch the
+    plan its first call recorded (vflash.ops.plans)."""
+    given = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k)
+    anchor = next(t for t in given if t is not None)
+    options = (capacity, page_size, num_pages, total_q, max_seqlen_q, total_k, max_seqlen_k)
+    key = plans.op_plan_key("sequence_metadata", (anchor,) + given, options)
+    plan = plans.lookup(key, anchor)
     if plan is not None:
-        (flags,) = plan(cache_seqlens, block_table, cu_seqlens_q)
+        (flags,) = plan(anchor, *given)
         return flags.tolist()
-    device = cache_seqlens.device
-    flags = torch.zeros(3, dtype=torch.int32, device=device)
-    # an absent tensor's pointer is cache_seqlens' (never read: its flag is off), so every pointer is a slot
-    table_name = "block_table" if paged else "cache_seqlens"
-    cu_name = "cu_seqlens_q" if varlen else "cache_seqlens"
-    args = (cache_seqlens, block_table if paged else cache_seqlens, cu_seqlens_q if varlen else cache_seqlens, flags,
-            block_table.stride(0) if paged else 0, *options, cache_seqlens.numel())
-    slots = (Slot(0, "cache_seqlens"), Slot(1, table_name), Slot(2, cu_name), Slot(3, "flags"))
-    launch = KernelLaunch(kvcache_metadata_kernel, (cache_seqlens.numel(), 1, 1), args,
-                          dict(IS_PAGED=paged, IS_VARLEN=varlen, BLOCK=BLOCK_PAGES), dict(num_warps=1), slots)
-    compiled = launches.run(launch, device)
-    if key is not None and device.index == torch.cuda.current_device():
-        launches.record(key, launch, compiled, INPUTS, (Alloc("flags", (3,), torch.int32, zero=True),), ("flags",),
-                        device.index)
+    flags = torch.zeros(len(FLAGS), dtype=torch.int32, device=anchor.device)
+    names = tuple(name if t is not None else "anchor" for name, t in zip(INPUTS[1:], given))
+    args = (*(t if t is not None else anchor for t in given), flags,
+            block_table.stride(0) if block_table is not None else 0, *options, batch)
+    slots = tuple(Slot(i, name) for i, name in enumerate(names + ("flags",)))
+    constexprs = dict(HAS_CACHE=cache_seqlens is not None, IS_PAGED=block_table is not None,
+                      HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None, BLOCK=BLOCK_PAGES)
+    launch = KernelLaunch(sequence_metadata_kernel, (batch, 1, 1), args, constexprs, dict(num_warps=1), slots)
+    compiled = launches.run(launch, anchor.device)
+    if key is not None and anchor.device.index == torch.cuda.current_device():
+        launches.record(key, launch, compiled, INPUTS, (Alloc("flags", (len(FLAGS),), torch.int32, zero=True),),
+                        ("flags",), anchor.device.index)
     return flags.tolist()
