@@ -177,6 +177,10 @@ def _args(device):
      "block_table's rows must be contiguous"),
     (lambda a: dict(block_table=None), ValueError,
      r"a contiguous cache \[batch, max_len, Hkv, D\] must have one row per sequence: \d+ for 2 sequences"),
+    (lambda a: dict(k_cache=a["k_cache"][:, :0], v_cache=a["v_cache"][:, :0]), ValueError,
+     "k_cache's second dim .* must be at least 1"),
+    (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device=a["q"].device),
+                    max_seqlen_q=2**64), ValueError, r"max_seqlen_q \(\d+\) exceeds 2\*\*31 - 1"),
     (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device="meta"),
                     max_seqlen_q=1), ValueError, "cu_seqlens_q must be on q's device"),
     (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device=a["q"].device),
@@ -207,18 +211,25 @@ def test_a_checked_repeat_still_refuses_bad_metadata(device):
 
 
 def _metadata_flags(lens, table, cu=None, capacity=None, page=4, pages=300, total_q=0, max_q=0):
+    # the flags under every tile of sequences a program the interpreter or the GPU may take (the same verdict)
+    from vflash.dispatch import tables
     from vflash.ops.metadata import sequence_metadata_flags
-    flags = sequence_metadata_flags(lens.numel(), lens, table, cu, capacity=capacity or page * table.shape[1],
-                                    page_size=page, num_pages=pages, total_q=total_q, max_seqlen_q=max_q)
-    assert flags[3] == 0  # no cu_seqlens_k given: never flagged
-    return flags[:3]
+    verdicts = set()
+    for block_seq in (1, 2, 1024):
+        tiles = tables.METADATA._replace(block_seq=block_seq)
+        flags = sequence_metadata_flags(lens.numel(), tiles, lens, table, cu, capacity=capacity or page * table.shape[1],
+                                        page_size=page, num_pages=pages, total_q=total_q, max_seqlen_q=max_q)
+        assert flags[3] == 0  # no cu_seqlens_k given: never flagged
+        verdicts.add(tuple(flags[:3]))
+    assert len(verdicts) == 1, verdicts
+    return list(verdicts.pop())
 
 
 def test_metadata_kernel_flags_each_fault_and_nothing_else(device):
-    # the flags, one per fault, against tables longer than one step of the kernel's loop (128 entries): a bad
+    # the flags, one per fault, against tables longer than two steps of the kernel's loop (128 entries): a bad
     # page past the first step is found, a bad entry past the pages a sequence uses is not
-    from vflash.ops.metadata import BLOCK_PAGES
-    width = 2 * BLOCK_PAGES + 9
+    from vflash.dispatch import tables
+    width = 2 * tables.METADATA.block_pages + 9
     table = torch.arange(3 * width, dtype=torch.int32, device=device).view(3, width) % 300
     lens = torch.tensor([4 * width, 4 * 200 + 1, 0], dtype=torch.int32, device=device)
     assert _metadata_flags(lens, table) == [0, 0, 0]
@@ -688,6 +699,16 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monke
         seqlens.add_(1)
     assert len(used) == 9 and set(map(id, used)) == set(map(id, recorded.values()))
     assert all((plan.scratch is None) == (splits == 1) for key, plan in recorded.items() if key[0] == "kvcache")
+
+
+def test_the_varlen_check_records_no_plan(interpreted_plans):
+    # packed lengths change from call to call (attention_varlen's launches are not planned): a plan a call
+    # would fill the table, and its clearing would drop the decode plans with it
+    from vflash import _validate
+    for total in (8, 9, 10):
+        cu = torch.tensor([0, total // 2, total], dtype=torch.int32)
+        _validate.check_varlen_offsets(cu, cu, total, total, total, total)
+    assert not interpreted_plans._plans
 
 
 def test_a_query_whose_rows_need_a_copy_is_not_planned(interpreted_plans):

@@ -161,11 +161,13 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
 def test_the_device_check_flags_each_offsets_tensor(offsets_q, offsets_k, flags, device):
     # cu_seqlens_q and cu_seqlens_k flagged apart (totals 7 and 7, longest 4 and 6): from 0, in order, steps
     # within the longest, to the total
+    from vflash.dispatch import tables
     from vflash.ops.metadata import sequence_metadata_flags
     cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device=device) for x in (offsets_q, offsets_k))
-    got = sequence_metadata_flags(2, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, total_q=7, max_seqlen_q=4, total_k=7,
-                                  max_seqlen_k=6)
-    assert got == [0, 0] + flags
+    for block_seq in (1, 4):
+        got = sequence_metadata_flags(2, tables.METADATA._replace(block_seq=block_seq), cu_seqlens_q=cu_q,
+                                      cu_seqlens_k=cu_k, total_q=7, max_seqlen_q=4, total_k=7, max_seqlen_k=6)
+        assert got == [0, 0] + flags
 
 
 def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):

@@ -13,6 +13,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from vflash import dispatch
 from vflash._backend import interpreter_refusal
 from vflash.ops.metadata import sequence_metadata_flags
 
@@ -190,14 +191,18 @@ def check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int,
     max_seqlen. One small kernel on their device and one host sync (vflash.ops.metadata); the offender
     is looked for, to be named, only when the kernel flags one. Under torch.compile the custom op runs
     it (a traced host read would be a data-dependent graph break)."""
-    flags = sequence_metadata_flags(cu_seqlens_q.numel() - 1, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                    total_q=total_q, max_seqlen_q=max_seqlen_q, total_k=total_k,
-                                    max_seqlen_k=max_seqlen_k)
+    batch = cu_seqlens_q.numel() - 1
+    if cu_seqlens_k.numel() != batch + 1:  # check_varlen's, again for the custom op's own call
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length [batch + 1], got "
+                         f"{batch + 1} and {cu_seqlens_k.numel()}")
+    flags = sequence_metadata_flags(batch, dispatch.metadata_tiles(batch, cu_seqlens_q.device),
+                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_q=total_q,
+                                    max_seqlen_q=max_seqlen_q, total_k=total_k, max_seqlen_k=max_seqlen_k)
     for flag, name, cu, total, longest in ((flags[2], "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
                                            (flags[3], "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
         if flag:
             _check_offsets(name, cu.tolist(), total, longest)
-            _offsets_flagged(name, longest)
+            _flagged(_OFFSETS_RULE.format(name=name, longest=longest))
 
 
 def check_merge(out_a, lse_a, out_b, lse_b) -> None:
@@ -235,8 +240,8 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     with cu_seqlens_q int32 [B + 1] and max_seqlen_q; the cache contiguous
     [B, max_len, Hkv, D] (block_table None) or paged [pages, page_size, Hkv, D] with an
     int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. With
-    check_metadata (one host sync for CUDA tensors): every sequence fits its table's
-    capacity and every page it uses is a page of the cache."""
+    check_metadata, the values too (check_kvcache_metadata: one small kernel and one
+    host sync for CUDA tensors)."""
     packed = cu_seqlens_q is not None
     _check_tensor("q", q, 3 if packed else 4, "[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed
                   else "[batch, seq_len, heads, head_dim]")
@@ -251,6 +256,9 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     Hq, D = q.shape[-2], q.shape[-1]
     _, rows, Hkv, Dk = k_cache.shape
     _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    if rows < 1:
+        raise ValueError(f"k_cache's second dim (the page size, or a contiguous cache's length) must be at least 1, "
+                         f"got shape {tuple(k_cache.shape)}")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
         raise TypeError(f"cache_seqlens must be an int32 tensor [batch], got {_describe(cache_seqlens)}")
     batch = cache_seqlens.numel()
@@ -282,6 +290,8 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
             raise ValueError("cu_seqlens_q must be contiguous; pass cu_seqlens_q.contiguous()")
         if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral) or max_seqlen_q < 0:
             raise TypeError(f"max_seqlen_q must be an int >= 0 with cu_seqlens_q, got {_describe(max_seqlen_q)}")
+        if max_seqlen_q > _INT32_MAX:
+            raise ValueError(f"max_seqlen_q ({max_seqlen_q}) exceeds 2**31 - 1")
         tensors.append(("cu_seqlens_q", cu_seqlens_q))
     else:
         if max_seqlen_q is not None:
@@ -366,24 +376,30 @@ def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q,
     rows = k_cache.shape[1]
     capacity = rows * (1 if block_table is None else block_table.shape[1])
     packed = cu_seqlens_q is not None
+    batch = cache_seqlens.numel()
     bad_len, bad_page, bad_offsets, _ = sequence_metadata_flags(
-        cache_seqlens.numel(), cache_seqlens, block_table, cu_seqlens_q, capacity=capacity, page_size=rows,
-        num_pages=k_cache.shape[0], total_q=q.shape[0] if packed else 0, max_seqlen_q=max_seqlen_q if packed else 0)
+        batch, dispatch.metadata_tiles(batch, cache_seqlens.device), cache_seqlens, block_table, cu_seqlens_q,
+        capacity=capacity, page_size=rows, num_pages=k_cache.shape[0], total_q=q.shape[0] if packed else 0,
+        max_seqlen_q=max_seqlen_q if packed else 0)
+    holds = "block_table row holds" if block_table is not None else "cache row holds"
     if bad_len:
         lens = cache_seqlens.long()
-        b = int(((lens < 0) | (lens > capacity)).nonzero()[0, 0])
-        raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside 0..{capacity}, the rows sequence "
-                         f"{b}'s " + ("block_table row holds" if block_table is not None else "cache row holds"))
+        for b in ((lens < 0) | (lens > capacity)).nonzero()[:1, 0].tolist():
+            raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside 0..{capacity}, the rows "
+                             f"sequence {b}'s {holds}")
+        _flagged(f"cache_seqlens must lie within 0..{capacity}, the rows a sequence's {holds}")
     if bad_page:
         lens = cache_seqlens.long()
         used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + rows - 1) // rows)[:, None]
-        b, j = (int(x) for x in (used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).nonzero()[0])
-        n, page = int(cache_seqlens[b]), int(block_table[b, j])
-        raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{k_cache.shape[0] - 1}); "
-                         f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
+        for b, j in (used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).nonzero()[:1].tolist():
+            n, page = int(cache_seqlens[b]), int(block_table[b, j])
+            raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{k_cache.shape[0] - 1}); "
+                             f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
+        _flagged(f"the block_table entries of the pages a sequence uses must be pages of the cache "
+                 f"(0..{k_cache.shape[0] - 1})")
     if bad_offsets:
         _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
-        _offsets_flagged("cu_seqlens_q", max_seqlen_q)
+        _flagged(_OFFSETS_RULE.format(name="cu_seqlens_q", longest=max_seqlen_q))
 
 
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
@@ -452,10 +468,13 @@ def _name_bad_slot(slots, num_blocks: int, block_size: int) -> None:
         seen[s] = t
 
 
-def _offsets_flagged(name: str, longest: int) -> None:
-    # the device check's verdict where the host's walk of the same rule named nothing (never, if they agree)
-    raise ValueError(f"{name} must run from 0 to the packed length, non-decreasing, in steps of at most "
-                     f"max_seqlen_{name[-1]} = {longest}")
+_OFFSETS_RULE = "{name} must run from 0 to the packed length, non-decreasing, in steps of at most {longest}"
+
+
+def _flagged(rule: str) -> None:
+    # the device check's verdict where the host's search for the offender found none (never, while the two
+    # read the rule alike): the rule, unnamed
+    raise ValueError(f"{rule} (the metadata check flagged it)")
 
 
 def _check_offsets(name: str, offsets, total: int, longest: int) -> None:

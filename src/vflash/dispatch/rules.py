@@ -12,7 +12,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.ops import hopper as hopper_launch
 from vflash.ops.band import Band
-from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
+from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles, MetadataTiles,
                               PortableTiles, head_dim_pad)
 
 KERNELS = ("portable", "sm90")
@@ -334,6 +334,15 @@ def merge_tiles(head_dim: int, device: torch.device) -> MergeTiles:
     the table's columns."""
     t = tables.MERGE_INTERPRETER if _backend.interpreted(device) else tables.MERGE
     return t._replace(block_d=min(t.block_d, max(16, 1 << (head_dim - 1).bit_length())))
+
+
+def metadata_tiles(batch: int, device: torch.device) -> MetadataTiles:
+    """The metadata check's tiles: the table's, the interpreter's sequences a program no more than the
+    batch's power of two."""
+    if _backend.interpreted(device):
+        t = tables.METADATA_INTERPRETER
+        return t._replace(block_seq=min(t.block_seq, 1 << max(0, batch - 1).bit_length()))
+    return tables.METADATA
 
 
 def cache_write_tiles() -> CacheWriteTiles:

@@ -9,7 +9,7 @@ does.
 from typing import Dict, NamedTuple, Tuple
 
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles,
-                              KVCacheTiles, MergeTiles, PortableTiles)
+                              KVCacheTiles, MergeTiles, MetadataTiles, PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -255,3 +255,11 @@ MERGE_INTERPRETER = MergeTiles(block_rows=16, block_d=256, num_warps=4)  # fewer
 # Eight heads of one token a program (8 x 128 bf16 = 2 KiB each of K and V): within 3 % of the best of 16
 # candidates (1-8 heads, 1-8 warps) at 1-32768 tokens in kvops_tune.py on the H200.
 CACHE_WRITE = CacheWriteTiles(block_h=8, num_warps=4)
+
+# --- the metadata check (kernels/metadata.py): a few int32 loads a sequence, then a host sync ----------
+# Compiled: one sequence a program, one warp, its table 128 entries a step (a 32k-key sequence in pages of
+# 16 is 16 steps): every sequence's row read at once, so the check costs about its launch and sync (26-35
+# us a checked decode call on an H100, check_cost.py). The interpreter's cost is per program, not per
+# element: up to 1024 sequences a program.
+METADATA = MetadataTiles(block_seq=1, block_pages=128, num_warps=1)
+METADATA_INTERPRETER = MetadataTiles(block_seq=1024, block_pages=128, num_warps=1)

@@ -77,6 +77,14 @@ class MergeTiles(NamedTuple):
     num_warps: int
 
 
+class MetadataTiles(NamedTuple):
+    """`kernels/metadata.py:sequence_metadata_kernel`'s launch: block_seq sequences a program, their
+    block tables read block_pages entries at a time."""
+    block_seq: int
+    block_pages: int
+    num_warps: int
+
+
 class CacheWriteTiles(NamedTuple):
     """`kernels/cache.py:write_kvcache_kernel`'s launch: block_h heads of one token a program."""
     block_h: int
