@@ -629,41 +629,6 @@ def test_cache_rows_past_each_length_may_hold_nan(page, device):
         _check(_q(4, n_q, 4, 16, torch.float32, device), k_cache, v_cache, seqlens, table)
 
 
-@pytest.fixture
-def interpreted_plans(monkeypatch):
-    # launch plans for CPU tensors, their launches through Triton's interpreter: the plan path (key,
-    # lookup, slots rebuilt per call, split scratch fetched per call) on the CPU, which plans otherwise
-    # leave to the full path
-    from vflash import _backend
-    from vflash.ops import launch as launches
-    from vflash.ops import plans
-
-    refusal = _backend.interpreter_refusal()
-    if refusal is not None:  # the GPU machine's Triton and numpy, say: its GPU tests cover the plans there
-        pytest.skip(f"CPU tensors do not run here: {refusal}")
-    real_run = launches.run
-
-    class Interpreted:
-        def __init__(self, launch, device):
-            self.launch, self.device = launch, device
-
-        def __getitem__(self, grid):
-            names = self.launch.kernel.arg_names
-            return lambda *params: _backend.launcher(self.launch.kernel, self.device)[grid](
-                **dict(zip(names, params)))
-
-    def run(launch, device):
-        real_run(launch, device)
-        return Interpreted(launch, device)
-    monkeypatch.setattr(launches, "run", run)
-    monkeypatch.setattr(plans, "_planned", lambda q: True)
-    monkeypatch.setattr(plans, "_current_device", lambda: None)  # a CPU tensor's device index
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    plans.clear()
-    yield plans
-    plans.clear()
-
-
 @pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False), (3, True, False), (4, False, False),
                                                      (3, True, True)])
 def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monkeypatch, splits, return_lse, packed):

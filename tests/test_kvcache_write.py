@@ -138,8 +138,26 @@ def test_gpu_unchecked_repeats_launch_a_recorded_plan():
         assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
         assert len(plans._plans) == 1  # one key for the three calls
     vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)  # int64 slots: a key of their own
-    vflash.write_kvcache(kc, vc, kn, vn, slots.to(torch.int32))  # checked calls are never planned
-    assert len(plans._plans) == 2
+    vflash.write_kvcache(kc, vc, kn, vn, slots.to(torch.int32))  # checked: a key of its own
+    assert len(plans._plans) == 3
+
+
+def test_checked_repeats_take_the_plan_after_the_slots_check(interpreted_plans):
+    # a checked call records its plan; a repeat checks its own slots before it: good slots written as the
+    # reference writes them, a duplicate or out-of-range slot refused with the cache untouched
+    kc, vc, kn, vn, slots = _setup(8, 4, 2, 16, 12, "cpu", pad_every=5)
+    want_k, want_v = write_kvcache_reference(kc, vc, kn, vn, slots)
+    vflash.write_kvcache(kc.clone(), vc.clone(), kn, vn, slots)
+    assert [key[0] for key in interpreted_plans._plans] == ["write_kvcache"]
+    vflash.write_kvcache(kc, vc, kn, vn, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and len(interpreted_plans._plans) == 1
+    for bad, match in ((32, "is outside"), (int(slots[1]), "repeats slot_mapping")):
+        wrong = slots.clone()
+        wrong[0] = bad
+        before = kc.clone()
+        with pytest.raises(ValueError, match=match):
+            vflash.write_kvcache(kc, vc, kn, vn, wrong)
+        assert torch.equal(kc, before)
 
 
 def test_unchecked_slots_outside_the_cache_are_skipped(device):

@@ -438,7 +438,14 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     _check_device(k_cache.device, "the cache is on the CPU")
     if k_new.shape[0] > _INT32_MAX // 2:
         raise ValueError(f"{k_new.shape[0]} tokens in one call are too many; write them in parts")
-    if check_metadata and slot_mapping.numel():
+    if check_metadata:
+        check_kvcache_slots(slot_mapping, num_blocks, block_size)
+
+
+def check_kvcache_slots(slot_mapping, num_blocks: int, block_size: int) -> None:
+    """slot_mapping's values (its structure checked by check_kvcache_write): every slot -1 or a
+    distinct slot of the cache [num_blocks, block_size, ...]. One host sync for CUDA tensors."""
+    if slot_mapping.numel():
         capacity = num_blocks * block_size
         if slot_mapping.numel() <= _HOST_SLOT_CHECK:  # a decode step's few slots: one copy to the host
             slots = slot_mapping.tolist()

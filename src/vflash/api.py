@@ -220,14 +220,17 @@ def write_kvcache(
         check_metadata: check every slot is -1 or a distinct slot of the cache before
             the launch (one host sync for CUDA tensors). Unchecked, a slot outside the
             cache is skipped like -1 (never written out of bounds) and a slot given twice
-            takes either token; unchecked repeats of a call's metadata launch the plan
-            its first call recorded.
+            takes either token. Repeats of a call's metadata launch the plan its first
+            call recorded (after the slots' check where it is on).
     """
-    # with check_metadata=False a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
-    key = (plans.op_plan_key("write_kvcache", (k_cache, v_cache, k_new, v_new, slot_mapping), ())
-           if check_metadata is False else None)
+    # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans), after the slots' check
+    # where it is on
+    key = (plans.op_plan_key("write_kvcache", (k_cache, v_cache, k_new, v_new, slot_mapping), (check_metadata,))
+           if check_metadata.__class__ is bool else None)
     plan = plans.lookup(key, k_cache, v_cache, k_new, v_new, slot_mapping)
     if plan is not None:
+        if check_metadata:
+            _validate.check_kvcache_slots(slot_mapping, k_cache.shape[0], k_cache.shape[1])
         plan(k_cache, v_cache, k_new, v_new, slot_mapping)
         return
     _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping,
