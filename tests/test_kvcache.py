@@ -217,8 +217,9 @@ def _metadata_flags(lens, table, cu=None, capacity=None, page=4, pages=300, tota
     verdicts = set()
     for block_seq in (1, 2, 1024):
         tiles = tables.METADATA._replace(block_seq=block_seq)
-        flags = sequence_metadata_flags(lens.numel(), tiles, lens, table, cu, capacity=capacity or page * table.shape[1],
-                                        page_size=page, num_pages=pages, total_q=total_q, max_seqlen_q=max_q)
+        flags = sequence_metadata_flags(lens.numel(), tiles, lens, table, cu,
+                                        capacity=capacity or page * table.shape[1], page_size=page, num_pages=pages,
+                                        total_q=total_q, max_seqlen_q=max_q)
         assert flags[3] == 0  # no cu_seqlens_k given: never flagged
         verdicts.add(tuple(flags[:3]))
     assert len(verdicts) == 1, verdicts

@@ -139,10 +139,9 @@ def attention_varlen(
         return_lse: also return the natural-log LSE, [Hq, total_q] fp32.
         check_metadata: check cu_seqlens' values against the packed lengths and
             max_seqlen before launching (one small kernel and one host sync for CUDA
-            tensors). Turn off
-            only in a loop whose metadata you have checked: wrong offsets then
-            read out of bounds, and a max_seqlen below the longest sequence
-            leaves its later rows unwritten.
+            tensors). Turn off only in a loop whose metadata you have checked: wrong
+            offsets then read out of bounds, and a max_seqlen below the longest
+            sequence leaves its later rows unwritten.
 
     Returns:
         out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see

@@ -12,5 +12,5 @@ from vflash.dispatch.rules import (FORCED, KERNELS, Choice, Problem, backward_ti
                                    select_kvcache, sm90_backward_refusal, sm90_refusal, varlen_problem_of)
 
 __all__ = ["FORCED", "KERNELS", "Choice", "Problem", "backward_tiles", "cache_write_tiles",
-           "kvcache_problem_of", "merge_tiles", "metadata_tiles", "problem_of", "select", "select_backward", "select_kvcache",
-           "sm90_backward_refusal", "sm90_refusal", "varlen_problem_of"]
+           "kvcache_problem_of", "merge_tiles", "metadata_tiles", "problem_of", "select", "select_backward",
+           "select_kvcache", "sm90_backward_refusal", "sm90_refusal", "varlen_problem_of"]

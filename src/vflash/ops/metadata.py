@@ -34,10 +34,10 @@ def sequence_metadata_flags(batch: int, tiles: MetadataTiles, cache_seqlens: Opt
     call to call, and attention_varlen's launches are not planned either)."""
     given = (cache_seqlens, block_table, cu_seqlens_q, cu_seqlens_k)
     anchor = next(t for t in given if t is not None)
-    options = (batch, capacity, page_size, num_pages, total_q, max_seqlen_q, total_k, max_seqlen_k)
+    values = (capacity, page_size, num_pages, total_q, max_seqlen_q, total_k, max_seqlen_k)
     key = None
     if cache_seqlens is not None:
-        key = plans.op_plan_key("sequence_metadata", (anchor,) + given, options + tuple(tiles))
+        key = plans.op_plan_key("sequence_metadata", (anchor,) + given, (batch, *values, *tiles))
     plan = plans.lookup(key, anchor)
     if plan is not None:
         (flags,) = plan(anchor, *given)
@@ -45,7 +45,7 @@ def sequence_metadata_flags(batch: int, tiles: MetadataTiles, cache_seqlens: Opt
     flags = torch.zeros(len(FLAGS), dtype=torch.int32, device=anchor.device)
     names = tuple(name if t is not None else "anchor" for name, t in zip(INPUTS[1:], given))
     args = (*(t if t is not None else anchor for t in given), flags,
-            block_table.stride(0) if block_table is not None else 0, *options[1:], batch)
+            block_table.stride(0) if block_table is not None else 0, *values, batch)
     slots = tuple(Slot(i, name) for i, name in enumerate(names + ("flags",)))
     constexprs = dict(HAS_CACHE=cache_seqlens is not None, IS_PAGED=block_table is not None,
                       HAS_CU_Q=cu_seqlens_q is not None, HAS_CU_K=cu_seqlens_k is not None,
