@@ -45,8 +45,10 @@ gpu_tests() {
   local mib workers
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   workers=$(( mib / 9216 )); [ "$workers" -gt 16 ] && workers=16; [ "$workers" -lt 1 ] && workers=1
-  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-$workers}" "$@" \
-    > "$R/$out" 2>&1
+  # a test still running after TESTS_STALL_S seconds (default 240) dumps every thread's stack into the output:
+  # a stalled compile shows where it stalls before the step's limit cuts the run (session 39)
+  VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-$workers}" \
+    -o faulthandler_timeout="${TESTS_STALL_S:-240}" "$@" > "$R/$out" 2>&1
   tail -2 "$R/$out"
 }
 for step in "$@"; do
