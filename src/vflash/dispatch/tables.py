@@ -258,8 +258,8 @@ CACHE_WRITE = CacheWriteTiles(block_h=8, num_warps=4)
 
 # --- the metadata check (kernels/metadata.py): a few int32 loads a sequence, then a host sync ----------
 # Compiled: one sequence a program, one warp, its table 128 entries a step (a 32k-key sequence in pages of
-# 16 is 16 steps): every sequence's row read at once, so the check costs about its launch and sync (26-35
-# us a checked decode call on an H100, check_cost.py). The interpreter's cost is per program, not per
-# element: up to 1024 sequences a program.
+# 16 is 16 steps): every sequence's row read at once, so the check costs about its launch and sync (measured
+# in docs/performance.md, "Decode on a KV cache"). The interpreter's cost is per program, not per element:
+# up to 1024 sequences a program (never compiled: a [1024, 128] tile in one warp compiles for minutes).
 METADATA = MetadataTiles(block_seq=1, block_pages=128, num_warps=1)
 METADATA_INTERPRETER = MetadataTiles(block_seq=1024, block_pages=128, num_warps=1)
