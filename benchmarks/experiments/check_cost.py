@@ -1,9 +1,11 @@
-"""What attention_with_kvcache's default metadata check costs a decode call (issue 22: checks cheap
-enough to stay on). For rows (B, KV; bf16, Hq 32 / Hkv 8, D 128) on a shuffled paged cache (pages of
-16), a contiguous cache and packed queries (cu_seqlens_q, one query a sequence), the wall time of a
-checked call (the default) and of an unchecked one, each synchronized after every round of 50 calls
-(the kernel's time included; the check's sync keeps the host from running ahead). Run against the
-library on PYTHONPATH (an A/B: the tree before the change, then after), one CSV row per call kind.
+"""What the serving calls' default metadata checks cost (issue 22: checks cheap enough to stay on).
+For rows (B, KV; bf16, Hq 32 / Hkv 8, D 128), the wall time of a checked call (the default) and of an
+unchecked one, each synchronized after every round of 50 calls (the kernel's time included; the check's
+sync keeps the host from running ahead), for: attention_with_kvcache decode on a shuffled paged cache
+(pages of 16), a contiguous cache and packed queries (cu_seqlens_q, one query a sequence);
+write_kvcache of a decode step's B tokens at shuffled slots of that paged cache (`write`); and
+attention_varlen over B causal sequences of 128 tokens (`varlen128`). Run against the library on
+PYTHONPATH (an A/B: the tree before the change, then after), one CSV row per call kind; --kinds picks.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.check_cost --label new [--out check_cost_new.csv]
 """
@@ -17,6 +19,36 @@ from benchmarks.experiments.common import require_cuda, write_rows
 from vflash.harness.serving import DECODE_HEADS, _shuffled_table, _wall_us
 
 ROWS = ["1:1024", "1:8192", "8:8192", "32:1024", "128:1024", "128:32768"]
+KINDS = ["paged16", "contiguous", "paged16_packed", "write", "varlen128"]
+VARLEN_TOKENS = 128  # each sequence's length in the varlen kind: a short prefill, where a check weighs most
+
+
+def calls(b: int, kv: int, dev: torch.device, dtype: torch.dtype, heads) -> dict:
+    """The call kinds of a row: name -> call(checked)."""
+    hq, hkv, d = heads
+    pages = -(-kv // 16)
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
+    seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+    paged = (torch.randn(b * pages, 16, hkv, d, device=dev, dtype=dtype),) * 2
+    table = _shuffled_table(b, pages, dev)
+    contiguous = (torch.randn(b, kv, hkv, d, device=dev, dtype=dtype),) * 2
+    cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
+    k_new = torch.randn(b, hkv, d, device=dev, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    slots = torch.randperm(b * pages * 16, generator=g)[:b].to(torch.int32).to(dev)
+    qv = torch.randn(b * VARLEN_TOKENS, hq, d, device=dev, dtype=dtype)
+    kvv = torch.randn(b * VARLEN_TOKENS, hkv, d, device=dev, dtype=dtype)
+    cu_v = torch.arange(0, b * VARLEN_TOKENS + 1, VARLEN_TOKENS, dtype=torch.int32, device=dev)
+    return {
+        "paged16": lambda checked: vflash.attention_with_kvcache(q, *paged, seqlens, block_table=table,
+                                                                  check_metadata=checked),
+        "contiguous": lambda checked: vflash.attention_with_kvcache(q, *contiguous, seqlens, check_metadata=checked),
+        "paged16_packed": lambda checked: vflash.attention_with_kvcache(
+            q[:, 0], *paged, seqlens, block_table=table, cu_seqlens_q=cu, max_seqlen_q=1, check_metadata=checked),
+        "write": lambda checked: vflash.write_kvcache(*paged, k_new, k_new, slots, check_metadata=checked),
+        "varlen128": lambda checked: vflash.attention_varlen(qv, kvv, kvv, cu_v, cu_v, VARLEN_TOKENS, VARLEN_TOKENS,
+                                                             causal=True, check_metadata=checked),
+    }
 
 
 def main() -> int:
@@ -24,28 +56,17 @@ def main() -> int:
     ap.add_argument("--label", required=True, help="the tree's name in the CSV")
     ap.add_argument("--out", default="check_cost.csv")
     ap.add_argument("--rows", nargs="*", default=ROWS, help="B:KV")
+    ap.add_argument("--kinds", nargs="*", default=None, help=f"call kinds (default all: {', '.join(KINDS)})")
     args = ap.parse_args()
     if not require_cuda("check_cost"):
         return 0
-    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, DECODE_HEADS
+    dev, dtype = torch.device("cuda"), torch.bfloat16
     out_rows = []
     for row in args.rows:
         b, kv = (int(x) for x in row.split(":"))
-        pages = -(-kv // 16)
-        q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
-        seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
-        paged = (torch.randn(b * pages, 16, hkv, d, device=dev, dtype=dtype),) * 2
-        table = _shuffled_table(b, pages, dev)
-        contiguous = (torch.randn(b, kv, hkv, d, device=dev, dtype=dtype),) * 2
-        cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
-        cases = {
-            "paged16": lambda checked: vflash.attention_with_kvcache(q, *paged, seqlens, block_table=table,
-                                                                      check_metadata=checked),
-            "contiguous": lambda checked: vflash.attention_with_kvcache(q, *contiguous, seqlens,
-                                                                         check_metadata=checked),
-            "paged16_packed": lambda checked: vflash.attention_with_kvcache(
-                q[:, 0], *paged, seqlens, block_table=table, cu_seqlens_q=cu, max_seqlen_q=1, check_metadata=checked),
-        }
+        cases = calls(b, kv, dev, dtype, DECODE_HEADS)
+        if args.kinds:
+            cases = {name: cases[name] for name in args.kinds}
         for name, call in cases.items():
             call(True), call(False)  # compiles, plans
             checked = _wall_us(lambda: call(True))
