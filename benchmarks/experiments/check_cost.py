@@ -15,8 +15,8 @@ import argparse
 import torch
 
 import vflash
-from benchmarks.experiments.common import require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _shuffled_table, _wall_us
+from benchmarks.experiments.common import decode_inputs, require_cuda, write_rows
+from vflash.harness.serving import DECODE_HEADS, _wall_us
 
 ROWS = ["1:1024", "1:8192", "8:8192", "32:1024", "128:1024", "128:32768"]
 KINDS = ["paged16", "contiguous", "paged16_packed", "write", "varlen128"]
@@ -26,16 +26,12 @@ VARLEN_TOKENS = 128  # each sequence's length in the varlen kind: a short prefil
 def calls(b: int, kv: int, dev: torch.device, dtype: torch.dtype, heads) -> dict:
     """The call kinds of a row: name -> call(checked)."""
     hq, hkv, d = heads
-    pages = -(-kv // 16)
-    q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
-    seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
-    paged = (torch.randn(b * pages, 16, hkv, d, device=dev, dtype=dtype),) * 2
-    table = _shuffled_table(b, pages, dev)
-    contiguous = (torch.randn(b, kv, hkv, d, device=dev, dtype=dtype),) * 2
+    q, *paged, table, seqlens = decode_inputs(b, kv, 16, heads, dev, dtype)
+    contiguous = decode_inputs(b, kv, 0, heads, dev, dtype)[1:3]
     cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
     k_new = torch.randn(b, hkv, d, device=dev, dtype=dtype)
     g = torch.Generator().manual_seed(1)
-    slots = torch.randperm(b * pages * 16, generator=g)[:b].to(torch.int32).to(dev)
+    slots = torch.randperm(paged[0].shape[0] * 16, generator=g)[:b].to(torch.int32).to(dev)
     qv = torch.randn(b * VARLEN_TOKENS, hq, d, device=dev, dtype=dtype)
     kvv = torch.randn(b * VARLEN_TOKENS, hkv, d, device=dev, dtype=dtype)
     cu_v = torch.arange(0, b * VARLEN_TOKENS + 1, VARLEN_TOKENS, dtype=torch.int32, device=dev)

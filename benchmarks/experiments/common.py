@@ -1,5 +1,5 @@
 """What several experiment scripts share: the Hopper kernel's feature cases, input
-makers, the sweeps' shapes, the SDPA yardsticks, TFLOP/s and host-time timers.
+makers (attention's, a decode step's), the sweeps' shapes, the SDPA yardsticks, TFLOP/s and host-time timers.
 
 Imported as `from benchmarks.experiments.common import ...` by scripts run as
 `python3 -m benchmarks.experiments.NAME` from the repository root.
@@ -122,6 +122,31 @@ def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):
             return (torch.randn(B, N, H, D, device=device, dtype=dtype) * amp).transpose(1, 2)
         return torch.randn(B, H, N, D, device=device, dtype=dtype) * amp
     return one(Hq, Nq), one(Hkv, Nk), one(Hkv, Nk)
+
+
+class DecodeInputs(NamedTuple):
+    q: torch.Tensor  # [B, 1, Hq, D]: one new query a sequence
+    k_cache: torch.Tensor  # [B * pages, page, Hkv, D] paged, or [B, KV, Hkv, D] contiguous
+    v_cache: torch.Tensor
+    block_table: Optional[torch.Tensor]  # int32 [B, pages], shuffled; None for a contiguous cache
+    cache_seqlens: torch.Tensor  # int32 [B], every sequence KV keys long
+
+
+def decode_inputs(b: int, kv: int, page: int, heads: Tuple[int, int, int], device: torch.device,
+                  dtype: torch.dtype = torch.bfloat16) -> DecodeInputs:
+    """A decode step's arguments for attention_with_kvcache: B sequences of KV cached keys, one query each,
+    heads (Hq, Hkv, D); page 0 is a contiguous cache, else pages of `page` rows in a shuffled table."""
+    from vflash.harness.serving import _shuffled_table  # here, not at import: A/B scripts load older trees
+
+    hq, hkv, d = heads
+    q = torch.randn(b, 1, hq, d, device=device, dtype=dtype)
+    seqlens = torch.full((b,), kv, dtype=torch.int32, device=device)
+    if not page:
+        k = torch.randn(b, kv, hkv, d, device=device, dtype=dtype)
+        return DecodeInputs(q, k, torch.randn_like(k), None, seqlens)
+    pages = -(-kv // page)
+    k = torch.randn(b * pages, page, hkv, d, device=device, dtype=dtype)
+    return DecodeInputs(q, k, torch.randn_like(k), _shuffled_table(b, pages, device), seqlens)
 
 
 def sm_count(device: torch.device) -> int:

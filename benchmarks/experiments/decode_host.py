@@ -14,8 +14,8 @@ import argparse
 import torch
 
 import vflash
-from benchmarks.experiments.common import per_call_us, require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _shuffled_table
+from benchmarks.experiments.common import decode_inputs, per_call_us, require_cuda, write_rows
+from vflash.harness.serving import DECODE_HEADS
 from vflash.ops import plans
 
 ROWS = ["1:1024", "1:32768", "8:8192", "32:1024", "128:1024", "128:32768"]
@@ -29,16 +29,11 @@ def main() -> int:
     args = ap.parse_args()
     if not require_cuda("decode_host"):
         return 0
-    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, DECODE_HEADS
+    dev, dtype = torch.device("cuda"), torch.bfloat16
     out_rows = []
     for row in args.rows:
         b, kv = (int(x) for x in row.split(":"))
-        pages = -(-kv // args.page)
-        q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
-        kc = torch.randn(b * pages, args.page, hkv, d, device=dev, dtype=dtype)
-        vc = torch.randn_like(kc)
-        table = _shuffled_table(b, pages, dev)
-        seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+        q, kc, vc, table, seqlens = decode_inputs(b, kv, args.page, DECODE_HEADS, dev, dtype)
         opts = (True, None, None, None, None, False, False, False)  # causal .. check_metadata, as the API's
 
         def call():

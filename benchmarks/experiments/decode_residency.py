@@ -15,8 +15,8 @@ import argparse
 import torch
 
 import vflash
+from benchmarks.experiments.common import decode_inputs
 from vflash import dispatch
-from vflash.harness.serving import _shuffled_table
 from vflash.kernels.attention_fwd import attention_kvcache_kernel
 from vflash.ops.band import sequence_band
 from vflash.reference.paged import attention_with_kvcache_reference
@@ -46,16 +46,8 @@ def main() -> int:
     seen = set()
     for row in args.rows:
         B, KV = (int(x) for x in row.split(":"))
-        q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)
-        seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
         for page in (16, 64, 0):
-            if page:
-                pages = -(-KV // page)
-                kc = torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)
-                table = _shuffled_table(B, pages, dev)
-            else:
-                kc, table = torch.randn(B, KV, Hkv, D, device=dev, dtype=dt), None
-            vc = torch.randn_like(kc)
+            q, kc, vc, table, seqlens = decode_inputs(B, KV, page, (Hq, Hkv, D), dev, dt)
             out = vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table)
             ref_table = table if page else torch.arange(B, dtype=torch.int32, device=dev)[:, None]
             ref, _ = attention_with_kvcache_reference(q.view(B, Hq, D), kc, vc, seqlens, ref_table,

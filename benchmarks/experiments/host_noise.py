@@ -22,8 +22,8 @@ import time
 import torch
 
 import vflash
-from benchmarks.experiments.common import require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _cpu_probe_us, _shuffled_table
+from benchmarks.experiments.common import decode_inputs, require_cuda, write_rows
+from vflash.harness.serving import DECODE_HEADS, _cpu_probe_us
 
 
 def _queued_us(fn, n: int) -> float:
@@ -65,14 +65,8 @@ def main() -> int:
         os.sched_setaffinity(0, {args.pin})
     cpus = sorted(os.sched_getaffinity(0))
     print(f"cpus {cpus[:4]}{'...' if len(cpus) > 4 else ''} ({len(cpus)}), sampler {args.sampler}", flush=True)
-    dev, dtype, (hq, hkv, d) = torch.device("cuda"), torch.bfloat16, DECODE_HEADS
-    b, kv, page = 1, 8192, 16
-    pages = kv // page
-    q = torch.randn(b, 1, hq, d, device=dev, dtype=dtype)
-    kc = torch.randn(b * pages, page, hkv, d, device=dev, dtype=dtype)
-    vc = torch.randn_like(kc)
-    table = _shuffled_table(b, pages, dev)
-    seqlens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    q, kc, vc, table, seqlens = decode_inputs(1, 8192, 16, DECODE_HEADS, dev, dtype)
     x = torch.randn(256, device=dev)
 
     def decode():
