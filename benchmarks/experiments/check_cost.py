@@ -20,18 +20,20 @@ from vflash.harness.serving import DECODE_HEADS, _wall_us
 
 ROWS = ["1:1024", "1:8192", "8:8192", "32:1024", "128:1024", "128:32768"]
 KINDS = ["paged16", "contiguous", "paged16_packed", "write", "varlen128"]
+PAGE = 16  # the paged kinds' page size
 VARLEN_TOKENS = 128  # each sequence's length in the varlen kind: a short prefill, where a check weighs most
 
 
 def calls(b: int, kv: int, dev: torch.device, dtype: torch.dtype, heads) -> dict:
     """The call kinds of a row: name -> call(checked)."""
     hq, hkv, d = heads
-    q, *paged, table, seqlens = decode_inputs(b, kv, 16, heads, dev, dtype)
+    q, *paged, table, seqlens = decode_inputs(b, kv, PAGE, heads, dev, dtype)
     contiguous = decode_inputs(b, kv, 0, heads, dev, dtype)[1:3]
     cu = torch.arange(b + 1, dtype=torch.int32, device=dev)
     k_new = torch.randn(b, hkv, d, device=dev, dtype=dtype)
     g = torch.Generator().manual_seed(1)
-    slots = torch.randperm(paged[0].shape[0] * 16, generator=g)[:b].to(torch.int32).to(dev)
+    # b distinct slots of the paged cache (its pages x page rows)
+    slots = torch.randperm(paged[0].shape[:2].numel(), generator=g)[:b].to(torch.int32).to(dev)
     qv = torch.randn(b * VARLEN_TOKENS, hq, d, device=dev, dtype=dtype)
     kvv = torch.randn(b * VARLEN_TOKENS, hkv, d, device=dev, dtype=dtype)
     cu_v = torch.arange(0, b * VARLEN_TOKENS + 1, VARLEN_TOKENS, dtype=torch.int32, device=dev)
