@@ -155,6 +155,21 @@ def _fold(o_part, lse_part, split_chunk=16):
     return out, lse
 
 
+def test_a_plus_inf_lse_takes_all_the_weight(device):
+    # a part whose scores overflowed (lse +inf) outweighs any finite part, both +inf share the row half
+    # each, and the merged LSE is +inf: never NaN (merge_states' documented result)
+    g = torch.Generator().manual_seed(3)
+    inf = float("inf")
+    out_a, out_b = (torch.randn(2, 5, 32, generator=g).to(device) for _ in range(2))
+    lse_a = torch.tensor([[inf, 0.0, inf, -inf, 1.0]] * 2, device=device)
+    lse_b = torch.tensor([[2.0, inf, inf, inf, -inf]] * 2, device=device)
+    out, lse = vflash.merge_states(out_a, lse_a, out_b, lse_b)
+    assert torch.equal(lse[:, :4], torch.full((2, 4), inf, device=device)) and torch.isfinite(lse[:, 4]).all()
+    assert torch.equal(out[:, 0], out_a[:, 0]) and torch.equal(out[:, 1], out_b[:, 1])
+    assert torch.allclose(out[:, 2], (out_a[:, 2] + out_b[:, 2]) / 2)
+    assert torch.equal(out[:, 3], out_b[:, 3]) and torch.equal(out[:, 4], out_a[:, 4])
+
+
 @pytest.mark.parametrize("splits", [1, 5, 16, 17, 64, 150])  # one chunk, a chunk's edge, many chunks
 def test_split_merge_matches_the_lse_formula(splits, device):
     # the merge folds any number of splits, -inf (empty) ones included, to the logsumexp merge in fp64

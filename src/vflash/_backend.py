@@ -43,6 +43,12 @@ _INTERPRETER_LOCK = threading.RLock()
 _forms = {}  # id(JITFunction) -> its interpreted form (JITFunctions hash by their source's cache key)
 
 
+def emulates_bf16(t: torch.Tensor) -> bool:
+    """Whether the kernels on `t` do bf16 by hand (their EMULATE_BF16, kernels/tile.py): bf16 under
+    Triton's interpreter, whose numpy has no bf16 (wrong products, truncating conversions)."""
+    return t.dtype == torch.bfloat16 and interpreted(t.device)
+
+
 def interpreted_form(fn):
     """The interpreted form of a `@triton.jit` function (itself if it already is one)."""
     from triton.runtime.interpreter import InterpretedFunction

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
-from vflash.kernels.tile import dot, load_tile
+from vflash.kernels.tile import cast, dot, load_tile
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -98,7 +98,7 @@ def attention_bwd_delta_kernel(
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
                 offs_n, offs_d, start, stop, n_q, off, left, right, qk_scale, softcap_in, softcap_out,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     # Query tiles [start, stop) of one head folded into a key tile's dK, dV [BLOCK_N,
     # HEAD_DIM_PAD] fp32 (k, v that tile). Keys past n_k need no mask: their rows of dK
@@ -109,18 +109,18 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
         q = load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, MASKED, CHECK_D)
         do = load_tile(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM, MASKED, CHECK_D)
         lse2, delta = row_stats(lse_base, delta_base, offs_m, n_q, MASKED)
-        qk = dot(k, tl.trans(q), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        qk = dot(k, tl.trans(q), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         # Key j (row) sees query i (column) when i + off - left <= j <= i + off + right,
         # i.e. j - off - right <= i <= j - off + left: masked_logits' band with the
         # edges exchanged and the offset negated; its count bound (i < n_q) is harmless.
         s = masked_logits(qk, offs_n, offs_m, n_q, -off, right, left, softcap_in, softcap_out,
                           MASKED, HAS_RIGHT, HAS_LEFT, SOFTCAP)
         p = probs(s, lse2, qk_scale, 1, SOFTCAP)
-        dp = dot(v, tl.trans(do), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        dp = dot(v, tl.trans(do), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         ds = softcap_grad(p * (dp - delta[None, :]), qk, softcap_in, SOFTCAP)
         # P and dS rounded to the inputs' dtype for the products, as in the forward's PV
-        dv = dot(p.to(do.dtype), do, dv, UPCAST_DOT, DOT_PRECISION)
-        dk = dot(ds.to(q.dtype), q, dk, UPCAST_DOT, DOT_PRECISION)
+        dv = dot(cast(p, do.dtype, EMULATE_BF16), do, dv, EMULATE_BF16, DOT_PRECISION)
+        dk = dot(cast(ds, q.dtype, EMULATE_BF16), q, dk, EMULATE_BF16, DOT_PRECISION)
     return dk, dv
 
 
@@ -137,7 +137,7 @@ def attention_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_k, BLOCK_N), Hkv, B). LSE / DELTA contiguous [B, Hq, n_q] fp32; IS_VARLEN
     # (the forward's layout): packed rows from CU_SEQLENS_Q / _K, n_q / n_k the totals and the
@@ -178,27 +178,27 @@ def attention_bwd_dkdv_kernel(
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
                                  stride_dom, stride_dod, offs_n, offs_d, lo, full_lo, n_q, off, left, right, qk_scale,
                                  softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                                 SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                                 SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
                              stride_dom, stride_dod, offs_n, offs_d, full_lo, full_hi, n_q, off, left, right, qk_scale,
                              softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
-                             SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                             SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
                              stride_dom, stride_dod, offs_n, offs_d, full_hi, hi, n_q, off, left, right, qk_scale,
                              softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                             SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                             SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
-             + offs_d[None, :] * stride_dkd, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+             + offs_d[None, :] * stride_dkd, cast(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=mask)
     tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
-             + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=mask)
+             + offs_d[None, :] * stride_dvd, cast(dv, DV.dtype.element_ty, EMULATE_BF16), mask=mask)
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
               start, stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
     # Key tiles [start, stop) folded into one query tile's dQ [BLOCK_M, HEAD_DIM_PAD] fp32.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
@@ -206,13 +206,13 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk = dot(q, tl.trans(k), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk = dot(q, tl.trans(k), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                           MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
         p = probs(s, lse2, qk_scale, 0, SOFTCAP)
-        dp = dot(do, tl.trans(v), None, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        dp = dot(do, tl.trans(v), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ds = softcap_grad(p * (dp - delta[:, None]), qk, softcap_in, SOFTCAP)
-        dq = dot(ds.to(k.dtype), k, dq, UPCAST_DOT, DOT_PRECISION)
+        dq = dot(cast(ds, k.dtype, EMULATE_BF16), k, dq, EMULATE_BF16, DOT_PRECISION)
     return dq
 
 
@@ -227,7 +227,7 @@ def attention_bwd_dq_kernel(
     n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B); the key tiles as the forward's (key_range's
     # masked edges and unmasked middle). IS_VARLEN as in the dK/dV kernel.
@@ -260,14 +260,14 @@ def attention_bwd_dq_kernel(
     if HAS_LEFT:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
                        offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                       BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+                       BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
                        DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
                    offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
                    offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
-             + offs_d[None, :] * stride_dqd, (dq * sm_scale).to(DQ.dtype.element_ty),
+             + offs_d[None, :] * stride_dqd, cast(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16),
              mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

@@ -20,7 +20,7 @@ from vflash.kernels.combine import fold_splits
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.softmax import softmax_step
-from vflash.kernels.tile import dot, load_at, load_rows, load_tile, scores
+from vflash.kernels.tile import cast, dot, load_at, load_rows, load_tile, scores
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def _online_update(
     acc, l_i, m_i, qk, v, offs_m, offs_n,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One K/V tile folded into one row block: qk [rows, BLOCK_N] raw scores,
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
@@ -36,8 +36,8 @@ def _online_update(
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, False)
     acc = acc * alpha[:, None]
-    p = p.to(v.dtype)  # P is rounded to the input dtype for the PV product, as in FlashAttention
-    acc = dot(p, v, acc, UPCAST_DOT, DOT_PRECISION)
+    p = cast(p, v.dtype, EMULATE_BF16)  # P is rounded to the input dtype for the PV product, as in FlashAttention
+    acc = dot(p, v, acc, EMULATE_BF16, DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -49,7 +49,7 @@ def _attend_tiles(
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Key tiles [start, stop) for one block of rows (q [BLOCK_M, HEAD_DIM_PAD]).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
@@ -57,12 +57,12 @@ def _attend_tiles(
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
-                                       SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                                       SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -74,7 +74,7 @@ def _attend_cache_tiles(
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
+    SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
 ):
     # _attend_tiles over a KV cache, key tiles start, start + step, ... below stop (step a
@@ -122,10 +122,10 @@ def _attend_cache_tiles(
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk = scores(q, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
-                                       SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                                       SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -150,7 +150,7 @@ def _attend_tiles_split(
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # As _attend_tiles for two independent halves of the rows sharing each K/V
     # tile. Both QK products are issued before either softmax, so the exp2s of one
@@ -161,23 +161,23 @@ def _attend_tiles_split(
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        qk0 = scores(q0, k, UPCAST_DOT, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
-        qk1 = scores(q1, k, UPCAST_DOT, DOT_PRECISION)
+        qk0 = scores(q0, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
+        qk1 = scores(q1, k, EMULATE_BF16, DOT_PRECISION)
         v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
         acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                      UPCAST_DOT, DOT_PRECISION)
+                                      EMULATE_BF16, DOT_PRECISION)
         acc1, l1, m1 = _online_update(acc1, l1, m1, qk1, v, offs_m1, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                      UPCAST_DOT, DOT_PRECISION)
+                                      EMULATE_BF16, DOT_PRECISION)
     return acc0, l0, m0, acc1, l1, m1
 
 
 @triton.jit
 def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q,
-                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr):
+                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr):
     # Rows that saw no key have l = 0 and acc = 0: they return 0 and LSE = -inf.
     LN2: tl.constexpr = 0.6931471805599453
     empty = l_i == 0.0
@@ -185,7 +185,7 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(o_base.dtype.element_ty), mask=mask)
+             cast(out, o_base.dtype.element_ty, EMULATE_BF16), mask=mask)
     if STORE_LSE:
         lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
@@ -205,7 +205,7 @@ def attention_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
@@ -263,17 +263,19 @@ def attention_fwd_kernel(
                 acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m0, offs_m1, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                 BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
-        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
+                    EMULATE_BF16)
+        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
+                    EMULATE_BF16)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -285,16 +287,17 @@ def attention_fwd_kernel(
                 acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
                 BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+                SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION)
-        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE)
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
+                    EMULATE_BF16)
 
 
 @triton.jit
@@ -310,7 +313,7 @@ def attention_kvcache_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    STORE_LSE: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
@@ -401,7 +404,7 @@ def attention_kvcache_kernel(
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, page0, offs_q, offs_d, first, stop, step, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
     else:
         if HAS_LEFT:
@@ -409,18 +412,18 @@ def attention_kvcache_kernel(
                 acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
                 table, _page_ids(table, table_cols, lo, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, lo, full_lo,
                 BLOCK_N, n_k, off, left, right, qk_scale, softcap_in, softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
-                True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT, DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+                True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION, IS_PAGED, PAGE_SIZE)
             page0 = _page_ids(table, table_cols, full_lo, BLOCK_N, PAGE_SIZE, IS_PAGED)
         acc, l_i, m_i = _attend_cache_tiles(  # without a left edge full_lo = 0 = first: page0 from the start
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, page0, offs_q, offs_d, full_lo, full_hi, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, _page_ids(table, table_cols, full_hi, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, full_hi, hi,
             BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, UPCAST_DOT,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
     LN2: tl.constexpr = 0.6931471805599453
@@ -448,13 +451,13 @@ def attention_kvcache_kernel(
                                              LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, MERGE_ROWS,
                                              HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
             c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
-            tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, merged.to(O.dtype.element_ty),
+            tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, cast(merged, O.dtype.element_ty, EMULATE_BF16),
                      mask=c_ok[:, None] & d_ok[None, :])
             if STORE_LSE:
                 tl.store(LSE + c_lse, merged_lse, mask=c_ok)
     else:
         o_rows = (q_start + offs_q) * stride_om + heads * stride_oh  # [BLOCK_M] row offsets
-        tl.store(O + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
+        tl.store(O + o_rows[:, None] + offs_d[None, :] * stride_od, cast(out, O.dtype.element_ty, EMULATE_BF16),
                  mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
             tl.store(LSE + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)

@@ -7,11 +7,15 @@ natural-log LSEs l_a, l_b, the attention over the union is
     l = log(exp(l_a) + exp(l_b)),   o = (exp(l_a - l) o_a + exp(l_b - l) o_b)
 
 computed from m = max(l_a, l_b) so nothing overflows; a row that saw no key in
-either part (l_a = l_b = -inf) gets o = 0 and l = -inf.
+either part (l_a = l_b = -inf) gets o = 0 and l = -inf. A part whose l is +inf (its
+scores overflowed fp32) outweighs any finite one: it takes all the weight (both +inf:
+half each) and l = +inf, never NaN.
 """
 
 import triton
 import triton.language as tl
+
+from vflash.kernels.tile import cast
 
 
 @triton.jit
@@ -19,7 +23,7 @@ def merge_states_kernel(
     OUT_A, LSE_A, OUT_B, LSE_B, OUT, LSE,
     stride_a_row, stride_a_d, stride_b_row, stride_b_d, stride_o_row, stride_o_d,
     n_rows, head_dim,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     # grid = (cdiv(n_rows, BLOCK_ROWS), cdiv(head_dim, BLOCK_D)): [BLOCK_ROWS, BLOCK_D]
     # tiles of the outputs, viewed as [rows, head_dim]; the LSEs are contiguous [rows] fp32.
@@ -30,9 +34,10 @@ def merge_states_kernel(
     lse_b = tl.load(LSE_B + rows, mask=row_ok, other=float("-inf"))
     m = tl.maximum(lse_a, lse_b)
     empty = m == float("-inf")
-    m_ref = tl.where(empty, 0.0, m)  # exp(-inf - 0) = 0 for an empty part, never NaN
-    w_a = tl.exp(lse_a - m_ref)
-    w_b = tl.exp(lse_b - m_ref)
+    overflow = m == float("inf")  # a part whose scores overflowed: exp(inf - inf) would be NaN
+    m_ref = tl.where(empty | overflow, 0.0, m)  # exp(-inf - 0) = 0 for an empty part, never NaN
+    w_a = tl.where(overflow, tl.where(lse_a == float("inf"), 1.0, 0.0), tl.exp(lse_a - m_ref))
+    w_b = tl.where(overflow, tl.where(lse_b == float("inf"), 1.0, 0.0), tl.exp(lse_b - m_ref))
     total = w_a + w_b
     inv = 1.0 / tl.where(empty, 1.0, total)
     mask = row_ok[:, None] & (cols[None, :] < head_dim)
@@ -44,9 +49,9 @@ def merge_states_kernel(
     o = (tl.where(w_a[:, None] > 0, o_a * (w_a * inv)[:, None], 0.0)
          + tl.where(w_b[:, None] > 0, o_b * (w_b * inv)[:, None], 0.0))  # [BLOCK_ROWS, BLOCK_D] fp32
     tl.store(OUT + rows[:, None].to(tl.int64) * stride_o_row + cols[None, :] * stride_o_d,
-             o.to(OUT.dtype.element_ty), mask=mask)
+             cast(o, OUT.dtype.element_ty, EMULATE_BF16), mask=mask)
     if tl.program_id(1) == 0:
-        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total)))
+        lse = tl.where(empty | overflow, m, m + tl.log(tl.where(empty, 1.0, total)))
         tl.store(LSE + rows, lse, mask=row_ok)
 
 

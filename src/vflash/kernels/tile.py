@@ -1,7 +1,13 @@
-"""Tile loads and products shared by the attention kernels (forward, KV-cache,
-backward): masked loads of [rows, HEAD_DIM_PAD] tiles, and tl.dot with the
-interpreter's bf16 upcast (numpy has no bf16: under the interpreter a bf16 product
-is wrong unless both tiles are fp32 first; the launchers set UPCAST_DOT there only)."""
+"""Tile loads, products and conversions shared by the attention kernels (forward,
+KV-cache, backward, merge): masked loads of [rows, HEAD_DIM_PAD] tiles, tl.dot, and
+the fp32 -> input-dtype cast of P, dS and the outputs.
+
+EMULATE_BF16 (the launchers set it for bf16 under Triton's interpreter only): numpy has
+no bf16, and the interpreter gets it wrong both ways. A bf16 product is wrong unless both
+tiles are fp32 first, and fp32 -> bf16 truncates where the GPU rounds to nearest even,
+which shrinks every output toward zero (about 0.45 % on average: small CPU cases then
+fail the accuracy rule). `dot` and `cast` do both by hand there; on a GPU the flag is off
+and they compile to the plain tl.dot and .to()."""
 
 import triton
 import triton.language as tl
@@ -39,15 +45,28 @@ def load_rows(base, offs_m, offs_d, stride_m, stride_d, n_q, HEAD_DIM: tl.conste
 
 
 @triton.jit
-def dot(a, b, acc, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def cast(x, dtype: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    # fp32 x -> dtype, rounded to nearest even. EMULATE_BF16 (dtype is bf16): the rounding done on the
+    # bits, ties to even, a carry running into the exponent (to inf past bf16's largest), subnormals
+    # exact; the top 16 bits are the bf16 value. NaN goes through the plain conversion.
+    if EMULATE_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(x != x, x.to(dtype), bits.to(tl.uint16).to(dtype, bitcast=True))
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def dot(a, b, acc, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # a [M, K] @ b [K, N] (+ acc [M, N] fp32, or None) in fp32.
-    if UPCAST_DOT:
+    if EMULATE_BF16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=DOT_PRECISION)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def scores(q, k, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def scores(q, k, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # q [rows, HEAD_DIM_PAD], k [BLOCK_N, HEAD_DIM_PAD] -> q k^T [rows, BLOCK_N] fp32
-    return dot(q, tl.trans(k), None, UPCAST_DOT, DOT_PRECISION)
+    return dot(q, tl.trans(k), None, EMULATE_BF16, DOT_PRECISION)

@@ -211,9 +211,8 @@ def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optiona
 
 
 def _dot_flags(q: torch.Tensor) -> dict:
-    # The interpreter's bf16 dot is wrong (numpy has no bf16): upcast there only.
-    return dict(UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
-                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    # bf16 done by hand under the interpreter only (kernels/tile.py); fp32 inputs keep fp32 products.
+    return dict(EMULATE_BF16=_backend.emulates_bf16(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
 def packed_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:

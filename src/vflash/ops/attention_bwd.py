@@ -67,7 +67,7 @@ def attention_backward(
     qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
     common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
                   HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
-                  UPCAST_DOT=_backend.interpreted(q.device) and q.dtype == torch.bfloat16,
+                  EMULATE_BF16=_backend.emulates_bf16(q),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
     scalars = (band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)

@@ -4,6 +4,7 @@ from typing import Hashable, Optional, Tuple
 
 import torch
 
+from vflash import _backend
 from vflash.kernels.combine import merge_states_kernel
 from vflash.ops import launch as launches
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
@@ -35,8 +36,8 @@ def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
     grid = ((rows + tiles.block_rows - 1) // tiles.block_rows, (D + tiles.block_d - 1) // tiles.block_d, 1)
     args = (a, la, b, lb, o, lse.view(-1), *a.stride(), *b.stride(), *o.stride(), rows, D)
     slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS + OUTPUTS))
-    launch = KernelLaunch(merge_states_kernel, grid, args, dict(BLOCK_ROWS=tiles.block_rows, BLOCK_D=tiles.block_d),
-                          dict(num_warps=tiles.num_warps), slots)
+    constexprs = dict(BLOCK_ROWS=tiles.block_rows, BLOCK_D=tiles.block_d, EMULATE_BF16=_backend.emulates_bf16(out_a))
+    launch = KernelLaunch(merge_states_kernel, grid, args, constexprs, dict(num_warps=tiles.num_warps), slots)
     compiled = launches.run(launch, out_a.device)
     views = all(x.data_ptr() == y.data_ptr() for x, y in ((a, out_a), (b, out_b), (la, lse_a), (lb, lse_b)))
     if plan_key is not None and views and out_a.device.index == torch.cuda.current_device():
