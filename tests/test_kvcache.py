@@ -160,7 +160,7 @@ def _args(device):
     (lambda a: dict(num_splits=2, batch_invariant=True), ValueError, "leave num_splits None"),
     (lambda a: dict(num_splits=1000), ValueError, "num_splits=1000 is above 256"),
     (lambda a: dict(batch_invariant=1), TypeError, "batch_invariant must be a bool"),
-    (lambda a: dict(num_splits=0), TypeError, "num_splits must be None or an int >= 1"),
+    (lambda a: dict(num_splits=0), ValueError, "num_splits must be None or an int >= 1"),
     (lambda a: dict(max_seqlen_q=1), ValueError, "max_seqlen_q goes with packed queries"),
     (lambda a: dict(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32, device=a["q"].device),
                     max_seqlen_q=2), ValueError, r"cu_seqlens_q\[-1\] must be the packed length of q \(2\)"),
@@ -290,8 +290,13 @@ def test_every_gqa_group_size_from_1_to_16_with_one_kv_head(group, device):
     # MQA (one KV head) with 1..16 query heads, two new queries a sequence: 2-32 packed rows a tile
     lens = [21, 4]
     k_cache, v_cache, table = _paged(lens, 16, 1, 16, torch.float16, device)
-    _check(_q(2, 2, group, 16, torch.float16, device), k_cache, v_cache,
-           torch.tensor(lens, dtype=torch.int32, device=device), table)
+    q = _q(2, 2, group, 16, torch.float16, device)
+    if group == 1:  # one query head over one KV head passes packed (dense [B, 2, 1, D] reads as either layout)
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=device)
+        _check(q.reshape(4, 1, 16), k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device=device), table,
+               cu_seqlens_q=cu, max_seqlen_q=2)
+    else:
+        _check(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device=device), table)
 
 
 def test_a_sequence_with_an_empty_cache_sees_no_key(device):

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import vflash
+from vflash import dispatch
+from vflash.ops.cache import write_kvcache_forward
 from vflash.reference import write_kvcache_reference
 
 
@@ -161,10 +163,17 @@ def test_checked_repeats_take_the_plan_after_the_slots_check(interpreted_plans):
 
 
 def test_unchecked_slots_outside_the_cache_are_skipped(device):
-    # check_metadata=False trusts the slots, but a slot past the cache (or below -1) is skipped like
-    # padding, never written out of bounds: only the good tokens land, and the cache is otherwise unchanged
+    # check_metadata=False trusts the slots, but the kernel skips a slot past the cache (or below -1) like
+    # padding, never writing out of bounds: only the good tokens land, and the cache is otherwise unchanged.
+    # CPU tensors are checked whatever the flag (the interpreter has no memory protection to fall back on):
+    # there the call refuses the slots, and the kernel's own bound is run through its launcher.
     kc, vc, kn, vn, _ = _setup(4, 4, 2, 16, 5, device)
     slots = torch.tensor([3, 16, 1 << 20, -7, 9], device=device)
     want_k, want_v = write_kvcache_reference(kc, vc, kn[[0, 4]], vn[[0, 4]], slots[[0, 4]])
-    vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
+    if device.type == "cpu":
+        with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 16 is outside"):
+            vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
+        write_kvcache_forward(kc, vc, kn, vn, slots, dispatch.cache_write_tiles())
+    else:
+        vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)

@@ -133,7 +133,7 @@ def _bad(device):
     (lambda q, k, v, cu: dict(cu_seqlens_k=torch.tensor([0, 3, 6], dtype=torch.int32, device=cu.device)),
      ValueError, r"cu_seqlens_k\[-1\] must be the packed length of k and v \(7\)"),
     (lambda q, k, v, cu: dict(max_seqlen_q=3), ValueError, "sequence 1 has 4 rows .* more than max_seqlen_q = 3"),
-    (lambda q, k, v, cu: dict(max_seqlen_k=-1), TypeError, "max_seqlen_k must be an int >= 0"),
+    (lambda q, k, v, cu: dict(max_seqlen_k=-1), ValueError, "max_seqlen_k must be an int >= 0"),
     (lambda q, k, v, cu: dict(max_seqlen_q=4.0), TypeError, "max_seqlen_q must be an int"),
     (lambda q, k, v, cu: dict(q=q[None]), ValueError, r"q must be 3-D \[total_q, heads, head_dim\]"),
     (lambda q, k, v, cu: dict(v=v[:6]), ValueError, "k and v must have the same shape"),

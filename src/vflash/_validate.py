@@ -14,7 +14,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from vflash import dispatch
-from vflash._backend import interpreter_refusal
+from vflash._backend import interpreted, interpreter_refusal
+from vflash.ops import plans
 from vflash.ops.metadata import sequence_metadata_flags
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -124,6 +125,28 @@ def _check_span(name: str, n: int, D: int, stride_n: int, stride_d: int, what: s
                          f"2**31 - 1; split the sequence or make the tensor contiguous")
 
 
+def _check_int(name: str, x, low: int, what: str = "") -> int:
+    """An int argument of at least `low`: a TypeError for another type (bool included), a ValueError
+    for an int below `low` or past int32. `what` follows the rule in both messages."""
+    rule = f"{name} must be an int >= {low}{what}"
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{rule}, got {_describe(x)}")
+    if x < low:
+        raise ValueError(f"{rule}, got {_describe(x)}")
+    if x > _INT32_MAX:
+        raise ValueError(f"{name} ({x if x.bit_length() <= 256 else _describe(x)}) exceeds 2**31 - 1")
+    return int(x)
+
+
+def _check_index_tensor(name: str, t, ndim: int, shape: str) -> None:
+    # An int32 metadata tensor: a TypeError for another type or dtype, a ValueError for another rank.
+    rule = f"{name} must be an int32 tensor {shape}"
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{rule}, got {_describe(t)}{_as_tensor_hint(t)}")
+    if t.dim() != ndim:
+        raise ValueError(f"{rule}, got {_describe(t)}")
+
+
 def check_qkv(q, k, v) -> None:
     """Validate q [B, Hq, Nq, D], k/v [B, Hkv, Nk, D]."""
     # Runs on every call: the common case goes through a handful of cheap tests.
@@ -172,10 +195,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if batch > MAX_GRID_YZ:
         raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ}, the most one launch covers; split the batch")
     for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
-            raise TypeError(f"{name} must be an int >= 0, got {_describe(x)}")
-        if x > _INT32_MAX:
-            raise ValueError(f"{name} ({x}) exceeds 2**31 - 1")
+        _check_int(name, x, 0)
     if total_q > _INT32_MAX or total_k > _INT32_MAX:
         raise ValueError(f"packed lengths must fit int32, got total_q {total_q}, total_k {total_k}")
     for name, t, m in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
@@ -218,8 +238,8 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have one shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
     if out_a.dtype not in SUPPORTED_DTYPES or out_a.dtype != out_b.dtype:
-        raise TypeError(f"out_a and out_b must share one of float16, bfloat16, float32, got {out_a.dtype} and "
-                        f"{out_b.dtype}")
+        raise TypeError(f"out_a and out_b must share one of float16, bfloat16, float32, got out_a {out_a.dtype}, "
+                        f"out_b {out_b.dtype}")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
         if lse.shape != out_a.shape[:-1]:
             raise ValueError(f"{name} must have the outputs' leading shape {tuple(out_a.shape[:-1])}, got "
@@ -255,12 +275,13 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
                          f"{tuple(v_cache.shape)}")
     Hq, D = q.shape[-2], q.shape[-1]
     _, rows, Hkv, Dk = k_cache.shape
+    if not packed:
+        _check_dense_q_layout(q, Hkv)
     _check_heads_and_device(q, Hq, Hkv, D, Dk)
     if rows < 1:
         raise ValueError(f"k_cache's second dim (the page size, or a contiguous cache's length) must be at least 1, "
                          f"got shape {tuple(k_cache.shape)}")
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
-        raise TypeError(f"cache_seqlens must be an int32 tensor [batch], got {_describe(cache_seqlens)}")
+    _check_index_tensor("cache_seqlens", cache_seqlens, 1, "[batch]")
     batch = cache_seqlens.numel()
     if batch < 1 or batch > MAX_GRID_YZ:
         raise ValueError(f"cache_seqlens must hold 1 to {MAX_GRID_YZ} sequences, got {batch}")
@@ -273,8 +294,7 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
                              f"{k_cache.shape[0]} for {batch} sequences in cache_seqlens")
         capacity = rows
     else:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
-            raise TypeError(f"block_table must be an int32 tensor [batch, max_pages], got {_describe(block_table)}")
+        _check_index_tensor("block_table", block_table, 2, "[batch, max_pages]")
         if block_table.shape[0] != batch:
             raise ValueError(f"block_table has {block_table.shape[0]} rows for {batch} sequences in cache_seqlens")
         if block_table.stride(1) != 1 and block_table.shape[1] > 1:
@@ -282,16 +302,12 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
         capacity = block_table.shape[1] * rows
         tensors.append(("block_table", block_table))
     if packed:
-        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 or cu_seqlens_q.dim() != 1:
-            raise TypeError(f"cu_seqlens_q must be an int32 tensor [batch + 1], got {_describe(cu_seqlens_q)}")
+        _check_index_tensor("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
         if cu_seqlens_q.numel() != batch + 1:
             raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries for {batch} sequences (batch + 1)")
         if cu_seqlens_q.stride(0) != 1:
             raise ValueError("cu_seqlens_q must be contiguous; pass cu_seqlens_q.contiguous()")
-        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral) or max_seqlen_q < 0:
-            raise TypeError(f"max_seqlen_q must be an int >= 0 with cu_seqlens_q, got {_describe(max_seqlen_q)}")
-        if max_seqlen_q > _INT32_MAX:
-            raise ValueError(f"max_seqlen_q ({max_seqlen_q}) exceeds 2**31 - 1")
+        _check_int("max_seqlen_q", max_seqlen_q, 0, " with cu_seqlens_q")
         tensors.append(("cu_seqlens_q", cu_seqlens_q))
     else:
         if max_seqlen_q is not None:
@@ -306,6 +322,28 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     if check_metadata:
         check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
     return batch
+
+
+_LAYOUTS = ("attention_with_kvcache takes dense q as [B, Nq, Hq, D] (FlashAttention's layout), not "
+            "vflash.attention's [B, Hq, Nq, D] (SDPA's)")
+
+
+def _check_dense_q_layout(q, Hkv: int) -> None:
+    """Dense q [B, Nq, Hq, D] where vflash.attention's [B, Hq, Nq, D] would be misread. With a one-head
+    cache, q [B, n, 1, D] (n > 1) is n new queries of one head, or attention's decode query of n heads:
+    MQA accepts both, and the second gives wrong numbers, so it is refused (a one-head model's queries
+    pass unambiguously packed). A head count that is not a multiple of the cache's, where q.shape[1]
+    is, names the same mix-up."""
+    _, n_q, h_q, _ = q.shape
+    if Hkv == 1 and h_q == 1 and n_q > 1:
+        raise ValueError(f"q {tuple(q.shape)} against a one-head cache is ambiguous: {n_q} new queries of 1 head, "
+                         f"or a decode query of {n_q} heads in the wrong layout. {_LAYOUTS}: pass q.transpose(1, 2) "
+                         f"for the latter. A one-head model passes its queries packed: q [total_q, 1, D] with "
+                         f"cu_seqlens_q and max_seqlen_q (docs/layouts.md)")
+    if Hkv > 1 and h_q % Hkv and n_q % Hkv == 0:
+        raise ValueError(f"q heads ({h_q}, q.shape[2]) must be a multiple of k/v heads ({Hkv}) for GQA/MQA; "
+                         f"q.shape[1] ({n_q}) is one. {_LAYOUTS}: if q is in the latter, pass q.transpose(1, 2) "
+                         f"(docs/layouts.md)")
 
 
 KVCACHE_OUT_APART = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "cu_seqlens_q")
@@ -353,18 +391,64 @@ def _byte_extent(t: torch.Tensor) -> int:
     # bytes from a tensor's first element to past its last one; 0 for no elements
     if t.numel() == 0:
         return 0
+    if t.is_contiguous():  # the common case, without the Python sum
+        return t.numel() * t.element_size()
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
 def _elements_apart(t: torch.Tensor) -> bool:
-    """No two elements of t share memory: each dim (by increasing stride) steps past all the
+    """No two elements of t share memory (see _strides_apart)."""
+    return t.is_contiguous() or _strides_apart(t.shape, t.stride())
+
+
+def _strides_apart(shape, strides) -> bool:
+    """No two elements of a layout share memory: each dim (by increasing stride) steps past all the
     smaller dims' elements (sufficient, and what any dense or sliced layout meets)."""
+    if 0 in shape:
+        return True
     reach = 0  # the largest offset the smaller dims reach
-    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+    for s, n in sorted((s, n) for n, s in zip(shape, strides) if n > 1):
         if s <= reach:
             return False
         reach += (n - 1) * s
     return True
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype may share an element: their byte extents overlap, unless they
+    are two slices of one layout that keep apart, e.g. k = kv[:, 0] and v = kv[:, 1] of a cache
+    [pages, 2, page_size, H, D] (FlashInfer's), whose extents interleave while their elements do not:
+    the pair is then the layout [2, *shape] with the pointers' distance as the new dim's stride."""
+    size_a, size_b = _byte_extent(a), _byte_extent(b)
+    start_a, start_b = a.data_ptr(), b.data_ptr()
+    if not (size_a and size_b and start_a < start_b + size_b and start_b < start_a + size_a):
+        return False
+    distance = abs(start_b - start_a)
+    if a.shape != b.shape or a.stride() != b.stride() or distance % a.element_size():
+        return True
+    return not _strides_apart((2, *a.shape), (distance // a.element_size(), *a.stride()))
+
+
+def _check_caches_apart(k_cache, v_cache) -> None:
+    """write_kvcache's destinations: no slot shares memory with another (as Tensor.copy_ refuses an
+    overlapping destination), in either cache or across the two; else a token's write lands in
+    another slot, or the two tokens' writes race.
+    A launch plan's repeat (vflash.ops.plans) skips this check: aliasing within a cache is a
+    property of its shape and strides, which the plan's key holds, so the call that recorded the
+    plan checked it. The two caches' overlap also depends on their data pointers, which the key
+    does not hold; a repeat does not check it again: the check costs microseconds of Python, as
+    much as a decode step's whole planned write (1.2-1.7 us), and a serving loop writes into the
+    caches it allocated once, which the call that recorded the plan saw. A repeat given
+    overlapping caches garbles them but stays in their memory: the kernel writes only their slots."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _elements_apart(cache):
+            raise ValueError(f"{name}'s slots overlap each other (strides {cache.stride()} for shape "
+                             f"{tuple(cache.shape)}: a stride 0, an expand, or an as_strided view whose pages "
+                             f"share memory), so a write would land in another slot; pass a cache of its own "
+                             f"memory, e.g. a contiguous one")
+    if _share_memory(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache share memory, so a key's write would land on a value; pass caches "
+                         "apart (separate tensors, or disjoint slices of one buffer such as kv[:, 0] and kv[:, 1])")
 
 
 def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q) -> None:
@@ -403,8 +487,8 @@ def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q,
 
 
 def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
-    """Validate a paged cache [num_blocks, block_size, Hkv, D] pair, the new tokens
-    [T, Hkv, D] and their slots [T] (int32 / int64). With check_metadata (one host
+    """Validate a paged cache [num_blocks, block_size, Hkv, D] pair (no two slots sharing memory),
+    the new tokens [T, Hkv, D] and their slots [T] (int32 / int64). With check_metadata (one host
     sync for CUDA tensors), every slot is -1 or a distinct slot of the cache."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new),
                     ("slot_mapping", slot_mapping)):
@@ -421,12 +505,14 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     num_blocks, block_size, H, D = k_cache.shape
     if k_new.shape[1:] != (H, D):
         raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
-    dtypes = {k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}
-    if len(dtypes) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"caches and new keys / values must share one of float16, bfloat16, float32, got "
-                        f"{sorted(map(str, dtypes))}")
-    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
+    if len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"caches and new keys / values must share one of float16, bfloat16, float32, got k_cache "
+                        f"{k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}")
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping must be a 1-D int32 or int64 tensor [tokens], got {_describe(slot_mapping)}")
+    if slot_mapping.dim() != 1:
+        raise ValueError(f"slot_mapping must be a 1-D int32 or int64 tensor [tokens], got {_describe(slot_mapping)}")
+    _check_caches_apart(k_cache, v_cache)
     if slot_mapping.numel() != k_new.shape[0]:
         raise ValueError(f"slot_mapping has {slot_mapping.numel()} entries for {k_new.shape[0]} tokens")
     if slot_mapping.stride(0) != 1 and slot_mapping.numel() > 1:
@@ -515,8 +601,10 @@ def check_window(window) -> Tuple[int, int]:
     """None -> (-1, -1); (left, right) ints >= -1, -1 meaning unbounded."""
     if window is None:
         return (-1, -1)
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
+    if not isinstance(window, (tuple, list)):
         raise TypeError(f"window must be None or a pair (left, right), got {_describe(window)}")
+    if len(window) != 2:
+        raise ValueError(f"window must be None or a pair (left, right), got {_describe(window)}")
     out = []
     for side, w in zip(("left", "right"), window):
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
@@ -552,6 +640,16 @@ def check_flag(name: str, x) -> bool:
     return x
 
 
+def check_metadata_on(check_metadata: bool, t) -> bool:
+    """check_metadata (a bool, check_flag's), or True where `t`, the call's first tensor, runs through
+    Triton's interpreter: there the check costs nothing next to the interpreted kernel, and a bad page
+    id or offset read unchecked would reach outside the tensors in the Python process's own memory
+    (a segfault, or garbage). Not where launch plans take the call's repeats (compiled CUDA launches;
+    CPU tensors only where a test makes plans take them): a plan's repeat keeps check_metadata as
+    given, and the call that records it does too."""
+    return check_metadata or (isinstance(t, torch.Tensor) and interpreted(t.device) and not plans._planned(t))
+
+
 def check_options(causal, window, scale, softcap, return_lse, head_dim: int):
     """The options every attention entry point shares: (causal mode, (left, right),
     scale, softcap, return_lse), each checked."""
@@ -566,11 +664,13 @@ def check_num_splits(num_splits, batch_invariant) -> bool:
     """num_splits None or an int 1..MAX_SPLITS; batch_invariant a bool, not with num_splits
     (it picks the splits itself). Returns batch_invariant."""
     batch_invariant = check_flag("batch_invariant", batch_invariant)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
-                                   or num_splits < 1):
-        raise TypeError(f"num_splits must be None or an int >= 1, got {_describe(num_splits)}")
-    if num_splits is not None and num_splits > MAX_SPLITS:
-        raise ValueError(f"num_splits={num_splits} is above {MAX_SPLITS}")
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+            raise TypeError(f"num_splits must be None or an int >= 1, got {_describe(num_splits)}")
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be None or an int >= 1, got {_describe(num_splits)}")
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits={num_splits} is above {MAX_SPLITS}")
     if num_splits is not None and batch_invariant:
         raise ValueError("batch_invariant=True picks the splits from each sequence's length; leave num_splits None")
     return batch_invariant

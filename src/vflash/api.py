@@ -24,6 +24,8 @@ def attention(
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact softmax attention, fused in one Triton kernel.
 
+    Layouts of every entry point, and how to go from one to another: docs/layouts.md.
+
     Args:
         q: [B, Hq, Nq, D] queries. Any strides: a [B, N, H, D] tensor passes as
             ``x.transpose(1, 2)`` with no copy.
@@ -123,7 +125,7 @@ def attention_varlen(
     check_metadata: bool = True,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention over packed sequences of different lengths, in
-    FlashAttention's `flash_attn_varlen_func` layout and argument order.
+    FlashAttention's `flash_attn_varlen_func` layout and argument order (docs/layouts.md).
 
     Args:
         q: [total_q, Hq, D], the batch's queries one sequence after another. Any strides.
@@ -141,7 +143,8 @@ def attention_varlen(
             max_seqlen before launching (one small kernel and one host sync for CUDA
             tensors). Turn off only in a loop whose metadata you have checked: wrong
             offsets then read out of bounds, and a max_seqlen below the longest
-            sequence leaves its later rows unwritten.
+            sequence leaves its later rows unwritten. CPU tensors are always checked
+            (as True): it costs nothing next to the interpreted kernel.
 
     Returns:
         out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see
@@ -153,7 +156,7 @@ def attention_varlen(
     deterministic backward).
     """
     q, k, v = _autocast(q, k, v)
-    check_metadata = _validate.check_flag("check_metadata", check_metadata)
+    check_metadata = _validate.check_metadata_on(_validate.check_flag("check_metadata", check_metadata), q)
     # A traced call cannot read cu_seqlens' values: under torch.compile the custom op checks them at run time.
     traced = torch.compiler.is_compiling()
     batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -178,7 +181,8 @@ def merge_states(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention results over disjoint key sets into the result
     over their union, exactly (fp32 arithmetic): the step of split-KV, cascade
-    (shared-prefix) attention and ring attention.
+    (shared-prefix) attention and ring attention. Each entry point's out and LSE
+    as merge_states takes them: docs/layouts.md.
 
     Args:
         out_a, out_b: [..., D] outputs of one shape and dtype, e.g. [B, H, N, D] from
@@ -189,7 +193,9 @@ def merge_states(
     Returns:
         (out [..., D] in the outputs' dtype, lse [...] fp32). A part whose lse is
         -inf (it saw no key) adds nothing, whatever its output holds; a row with
-        both -inf gets out 0 and lse -inf. Repeats of a call's metadata (CUDA) launch the
+        both -inf gets out 0 and lse -inf. A part whose lse is +inf (its scores
+        overflowed fp32) takes all the weight (both +inf: half each) and lse is
+        +inf, never NaN. Repeats of a call's metadata (CUDA) launch the
         plan its first call recorded.
     """
     # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
@@ -207,11 +213,13 @@ def write_kvcache(
     slot_mapping: torch.Tensor, *, check_metadata: bool = True,
 ) -> None:
     """Write new tokens' keys and values into a paged KV cache, in place, in one
-    kernel (vLLM's `reshape_and_cache_flash`).
+    kernel (vLLM's `reshape_and_cache_flash`; layouts: docs/layouts.md).
 
     Args:
         k_cache, v_cache: [num_blocks, block_size, Hkv, D], any block size >= 1 and any
-            strides. A contiguous cache [B, max_len, Hkv, D] is the case
+            strides whose slots keep apart (no stride 0 or expand; as Tensor.copy_, a
+            destination whose elements overlap is refused), k_cache's memory apart from
+            v_cache's. A contiguous cache [B, max_len, Hkv, D] is the case
             block_size = max_len, slot = b * max_len + position.
         k_new, v_new: [T, Hkv, D], the cache's dtype.
         slot_mapping: int32 or int64 [T]: token t goes to slot
@@ -220,7 +228,8 @@ def write_kvcache(
             the launch (one host sync for CUDA tensors). Unchecked, a slot outside the
             cache is skipped like -1 (never written out of bounds) and a slot given twice
             takes either token. Repeats of a call's metadata launch the plan its first
-            call recorded (after the slots' check where it is on).
+            call recorded (after the slots' check where it is on). CPU tensors are always
+            checked (as True): it costs nothing next to the interpreted kernel.
     """
     # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans), after the slots' check
     # where it is on
@@ -232,8 +241,9 @@ def write_kvcache(
             _validate.check_kvcache_slots(slot_mapping, k_cache.shape[0], k_cache.shape[1])
         plan(k_cache, v_cache, k_new, v_new, slot_mapping)
         return
-    _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping,
-                                  _validate.check_flag("check_metadata", check_metadata))
+    # an interpreted call takes no plan (vflash.ops.plans: compiled launches), so its forced check is here
+    _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, _validate.check_metadata_on(
+        _validate.check_flag("check_metadata", check_metadata), k_cache))
     write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles(), plan_key=key)
 
 
@@ -257,11 +267,14 @@ def attention_with_kvcache(
     out: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of new queries against a KV cache (decode and chunked prefill), in
-    FlashAttention's `flash_attn_with_kvcache` layout.
+    FlashAttention's `flash_attn_with_kvcache` layout, not `attention`'s (docs/layouts.md).
 
     Args:
         q: [B, Nq, Hq, D] (the same Nq new queries per sequence), or packed
             [total_q, Hq, D] with `cu_seqlens_q` (int32 [B + 1]) and `max_seqlen_q`.
+            `attention`'s [B, Hq, Nq, D] passes as q.transpose(1, 2). Against a one-head
+            cache, dense q [B, Nq > 1, 1, D] is refused (`attention`'s decode query of Nq
+            heads has that shape too): pass a one-head model's queries packed.
         k_cache, v_cache: contiguous [B, max_len, Hkv, D], or paged
             [num_pages, page_size, Hkv, D] with `block_table`; any page size >= 1,
             pages may be shared between sequences.
@@ -286,6 +299,8 @@ def attention_with_kvcache(
             each sequence uses and cu_seqlens_q before the launch (one small kernel and
             one host sync for CUDA tensors, so not inside a CUDA-graph capture); off
             only for metadata you have checked (a wrong page id reads out of bounds).
+            CPU tensors are always checked (as True): it costs nothing next to the
+            interpreted kernel.
         out: where to write the output (a serving engine's own buffer; saves the
             allocation): q's shape, dtype and device, unit stride in the head dim, [B, Nq]
             strides that merge for dense q, its memory apart from every input's.
@@ -315,8 +330,10 @@ def attention_with_kvcache(
             _validate.check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
         planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
         return _kvcache_result(*planned, q.shape, dense_q, return_lse)
+    # an interpreted call takes no plan (vflash.ops.plans: compiled launches), so its forced check is here
+    check = _validate.check_metadata_on(_validate.check_flag("check_metadata", check_metadata), q)
     batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
-                                              max_seqlen_q, _validate.check_flag("check_metadata", check_metadata))
+                                              max_seqlen_q, check)
     causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
     if causal_mode == "top_left":
