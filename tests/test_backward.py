@@ -101,6 +101,7 @@ def test_lse_gradient(device):
         torch.testing.assert_close(g.double(), r, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_backward_is_bitwise_repeatable(device):
     (q, k, v), do = _inputs(1, 4, 2, 37, 41, 16, torch.bfloat16, device, seed=5)
     first = _grads(lambda a, b, c: vflash.attention(a, b, c, causal=True), q, k, v, do, torch.bfloat16)
@@ -143,6 +144,7 @@ def test_opcheck_of_the_backward_and_varlen_ops(device):
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
+@pytest.mark.slow
 def test_gradcheck_in_fp32(device):
     # torch.autograd.gradcheck (every Jacobian entry by finite differences against the backward) in fp32, the
     # widest dtype vflash takes: GQA 2 / 1, Nq != Nk, a causal window and softcap, tiny (each entry costs two
@@ -154,6 +156,7 @@ def test_gradcheck_in_fp32(device):
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-3, atol=1e-3, rtol=5e-3)
 
 
+@pytest.mark.slow
 def test_gradcheck_of_packed_sequences_in_fp32(device):
     q, k, v, cq, ck = _packed([2, 0, 1], [1, 1, 2], 1, 1, 8, torch.float32, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -175,7 +178,7 @@ class _Block(torch.nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, N, d))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_torch_compile_fullgraph_forward_and_backward(backend, device):
     torch.manual_seed(0)
     block = _Block().to(device)
@@ -321,6 +324,7 @@ HOPPER_BWD_CASES = {
 HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128)), ((192, 64), (64, 192))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
 @pytest.mark.parametrize("d,causal,softcap,consumers", [(128, True, False, 2), (64, False, True, 2),
                                                          (64, True, False, 3)])
@@ -387,6 +391,7 @@ def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, H
     _check(B, Hq, Hkv, Nq, Nk, D, "bf16", torch.device("cuda"), layout=layout, **opts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,kw", [("dq", dict(head_dim=128)), ("dkdv", dict(head_dim=128)),
                                        ("dkdv", dict(head_dim=128, varlen=True)),
                                        ("dq", dict(head_dim=128, varlen=True))],
@@ -415,6 +420,7 @@ def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
     assert "Compiling entry function" in run.stderr and "C7514" not in run.stderr, run.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outputs,causal", [("dk", True), ("dv", False)])
 def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
     from vflash.ops import hopper_bwd

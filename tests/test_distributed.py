@@ -135,18 +135,21 @@ def _run(world, case):
         assert sorted(os.listdir(d)) == [f"ok{r}" for r in range(world)]
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("case", list(CASES))
 def test_ring_attention_on_two_ranks_matches_one_process(case):
     _run(2, case)
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("case", ["causal_zigzag", "window_gqa"])
 def test_ring_attention_on_four_ranks_matches_one_process(case):
     _run(4, case)
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("case", ["varlen_causal", "varlen_full"])
 def test_ring_attention_varlen_on_two_ranks_matches_one_process(case):

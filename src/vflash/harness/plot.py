@@ -5,10 +5,7 @@ import os
 from collections import defaultdict
 from typing import Dict, List
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from vflash._optional import require
 
 STYLE = {  # method: (label, colour, marker)
     "vflash": ("vflash", "#d62728", "o"),
@@ -26,6 +23,12 @@ STYLE = {  # method: (label, colour, marker)
     "vflash_paged16_invariant": ("vflash, paged 16, batch-invariant", "#e377c2", "v"),
     "vflash_contig": ("vflash, contiguous cache", "#8c564b", "P"),
 }
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported at first use."""
+    require("matplotlib", "vflash plot").use("Agg")
+    return require("matplotlib.pyplot", "vflash plot")
 
 
 def _num(x):
@@ -68,7 +71,7 @@ def _grid(panels, title):
     keys = sorted(panels)
     cols = min(2, len(keys))
     rows = (len(keys) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     fig.suptitle(title)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
@@ -78,7 +81,7 @@ def _grid(panels, title):
 def _finish(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
@@ -133,7 +136,7 @@ def plot_bench(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
 
 
 def plot_memory(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
     by = defaultdict(list)
     for r in rows:
         if r["status"] == "ok":
@@ -192,6 +195,7 @@ def plot_decode(rows: List[dict], out_dir: str, prefix: str) -> List[str]:
 
 
 def plot_csv(path: str, out_dir: str) -> List[str]:
+    _pyplot()  # a missing matplotlib named before any file is read
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:

@@ -39,6 +39,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 import vflash
+from vflash._optional import require
 
 NAME = "vf_attention"
 
@@ -56,10 +57,9 @@ def register(name: str = NAME) -> str:
     if "flash" in name or "/" in name or ":" in name:
         raise ValueError(f"name {name!r}: transformers treats names containing 'flash' as FlashAttention and "
                          f"'org/repo' names as hub kernels; choose another")
-    from transformers import AttentionInterface, AttentionMaskInterface
-
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, attention_mask)
+    transformers = require("transformers", "vflash.integrations.transformers")
+    transformers.AttentionInterface.register(name, attention_forward)
+    transformers.AttentionMaskInterface.register(name, attention_mask)
     return name
 
 
