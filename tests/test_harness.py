@@ -197,6 +197,7 @@ def test_cli_help_for_every_subcommand(capsys):
 
 
 def test_plot_decode_csv(tmp_path):
+    pytest.importorskip("matplotlib")  # the bench extra
     # the committed H200 decode sweep: GB/s against KV length and against batch
     csv_path = os.path.join(ROOT, "benchmarks", "results", "2026-12-02-h200-s18-serving", "decode.csv")
     assert main(["plot", csv_path, "--out", str(tmp_path)]) == 0
