@@ -6,11 +6,17 @@
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum, and run
 # tests_kernels and tests_rest (the whole GPU suite) each alone in its call.
-# HOPPER_TIMEOUT (seconds, default 300) bounds the hvariants step; HOPPER_ARTICLE=1 times the article's shapes,
+# HOPPER_TIMEOUT (seconds, default 300) bounds the hopper_variants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
-#   steps: check tests tests_kernels tests_rest tests_serving decode varlen chunked kvops kvops_tune invariant_tune chunked_ring sanitize check_cost decode_tune bwd bwd_tune hf ring hopper memory fa_bf16 article fa_fp16 fa_fp16_flex launch tune tune_small tune_split tune_short d256 tests_some hvariants host host_old clocks profile profile_decode profile_decode_full decode_ab bwd_hopper bwd_host decode_host ab ring_nccl ring_scaling
+# Steps are named for what they run: a `vflash` command, a test set, or the experiment script of that name
+# (benchmarks/experiments/NAME.py; tune* run benchmarks/tune.py).
+STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
+  clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
+  chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama ring_single_gpu ring_nccl ring_scaling
+  launch_overhead host_hopper host_hopper_old hopper_launcher hopper_variants profile_hopper profile_decode
+  profile_decode_full bwd_hopper bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -22,9 +28,10 @@ R=$OUT/results
 if [ -f "$OUT/results.tar.gz" ] && [ ! -d "$R" ]; then tar -C "$OUT" -xzf "$OUT/results.tar.gz"; fi
 mkdir -p "$R"
 python3 -m vflash env --json > "$R/env.json"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$R/nvidia-smi.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
+  >> "$R/nvidia-smi.txt"
 # A command with nvidia-smi sampling the SM clock and power every 200 ms into $R/clocks_NAME.csv: the sweeps
-# run at the board's power cap, whose clock moves between runs (NOTES session 15); report.py prints its median.
+# run at the board's power cap, whose clock moves between runs (docs/performance.md); report.py prints its median.
 # SAMPLE_MS sets the interval.
 sampled() {
   local name=$1; shift
@@ -37,8 +44,8 @@ sampled() {
 # The GPU suite over TESTS_WORKERS workers (pytest-xdist from .device-wheels): output file, time limit, pytest
 # arguments. Most of its time is Gluon compiles, on the CPU (16 cores), but the long-sequence backward tests
 # hold fp64 references of several GB each: the default is one worker per 9 GiB of GPU memory, at most 16
-# (the H200's 141 GB: 15; the H100's 80 GB: 8, where 16 workers ran out of memory in session 38; there
-# tests_kernels may pass one call's limit: run its files in two calls with tests_some).
+# (the H200's 141 GB: 15; the H100's 80 GB: 8, where 16 workers ran out of memory; there tests_kernels may
+# pass one call's limit: run its files in two calls with tests_some).
 gpu_tests() {
   local out=$1 limit=$2; shift 2
   pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
@@ -46,7 +53,7 @@ gpu_tests() {
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   workers=$(( mib / 9216 )); [ "$workers" -gt 16 ] && workers=16; [ "$workers" -lt 1 ] && workers=1
   # a test still running after TESTS_STALL_S seconds (default 240) dumps every thread's stack into the output:
-  # a stalled compile shows where it stalls before the step's limit cuts the run (session 39)
+  # a stalled compile shows where it stalls before the step's limit cuts the run
   VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-$workers}" \
     -o faulthandler_timeout="${TESTS_STALL_S:-240}" "$@" > "$R/$out" 2>&1
   tail -2 "$R/$out"
@@ -54,31 +61,33 @@ gpu_tests() {
 for step in "$@"; do
   echo "== $step $(date -u +%H:%M:%S)"
   case $step in
-    check) # the full GPU matrix (244 cases): 437 s on a cold machine in session 36
+    check) # the full GPU matrix (244 cases): 437 s on a cold H200
            timeout ${CHECK_TIMEOUT:-560} python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
     tests) VFLASH_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider \
-             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py > "$R/pytest_gpu.txt" 2>&1
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py \
+             > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
-    fa_bf16) sampled fa_bf16 timeout 100 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn \
-               --out "$R/fa_bf16.csv" | tail -4 ;;
-    article) sampled article timeout 130 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep article --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
-    fa_fp16) sampled fa_fp16 timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
-               --out "$R/fa_fp16.csv" | tail -4 ;;
-    fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa --dtype fp16 \
-               --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
-    launch) timeout 90 python3 -m benchmarks.experiments.launch_overhead > "$R/launch_overhead.txt" 2>&1
+    fa_bf16) sampled fa_bf16 timeout 100 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa \
+               --dtype bf16 --methods vflash,sdpa_flash,sdpa_cudnn --out "$R/fa_bf16.csv" | tail -4 ;;
+    article) sampled article timeout 130 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep article \
+               --dtype fp16 --out "$R/article_fp16.csv" | tail -4 ;;
+    fa_fp16) sampled fa_fp16 timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep fa \
+               --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn --out "$R/fa_fp16.csv" | tail -4 ;;
+    fa_fp16_flex) sampled fa_fp16_flex timeout 160 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
+               --sweep fa --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn,flex --out "$R/fa_fp16.csv" | tail -4 ;;
+    launch_overhead) timeout 90 python3 -m benchmarks.experiments.launch_overhead > "$R/launch_overhead.txt" 2>&1
             cat "$R/launch_overhead.txt" ;;
     tune) timeout 200 python3 benchmarks/tune.py > "$R/tune.txt" 2>&1 ;;
     tune_short) timeout 200 python3 benchmarks/tune.py --short > "$R/tune_short.txt" 2>&1; cat "$R/tune_short.txt" ;;
-    d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn \
-            --out "$R/d256_fp16.csv" | tail -3 ;;
-    # The whole GPU suite in two calls (16 workers, session 36: 524 s and 197 s, a warm Triton cache).
+    d256) sampled d256 timeout 150 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} --sweep d256 \
+            --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn --out "$R/d256_fp16.csv" | tail -3 ;;
+    # The whole GPU suite in two calls (16 workers on the H200: 524 s and 197 s, a warm Triton cache).
     tests_kernels) gpu_tests pytest_gpu_kernels.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                      tests/test_hopper.py tests/test_dispatch.py tests/test_backward.py ;;
     tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
-                  tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py tests/test_distributed.py \
-                  tests/test_validation.py tests/test_layers.py ;;
+                  tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py \
+                  tests/test_distributed.py tests/test_validation.py tests/test_layers.py ;;
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;
@@ -89,9 +98,11 @@ for step in "$@"; do
            --sweep d256 --dtype ${BWD_DTYPES:-bf16} --methods vflash,sdpa_flash,sdpa_cudnn \
            --out "$R/${BWD_MODE:-bwd}_d256.csv" | tail -3 ;;
     bwd_tune) timeout ${TUNE_TIMEOUT:-420} python3 -m benchmarks.experiments.bwd_tune ${BWD_ROWS:+--rows $BWD_ROWS} \
-                --out "$R/bwd_tune.csv" > "$R/bwd_tune.txt" 2>&1; grep "BEST\|Error\|WRONG" "$R/bwd_tune.txt" | tail -30 ;;
-    hf) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_llama --out "$R/hf_llama.csv" > "$R/hf_llama.txt" 2>&1
-        grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
+                --out "$R/bwd_tune.csv" > "$R/bwd_tune.txt" 2>&1
+              grep "BEST\|Error\|WRONG" "$R/bwd_tune.txt" | tail -30 ;;
+    hf_llama) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_llama --out "$R/hf_llama.csv" \
+                > "$R/hf_llama.txt" 2>&1
+              grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
     ring_nccl) # issue 26: ring attention over NCCL on 2, 4 and 8 GPUs (as many as the host has), forward and
                # backward, against one GPU's vflash.attention on the full sequence
                VFLASH_TEST_DEVICE=cuda timeout ${RING_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \
@@ -103,9 +114,10 @@ for step in "$@"; do
                     --gpus ${RING_GPUS:-1,2,4,8} --tokens ${RING_TOKENS:-32768,131072,262144} \
                     --out "$R/ring_scaling.csv" --plot "$R/ring_scaling.png" \
                     >> "$R/ring_scaling.txt" 2>&1; tail -20 "$R/ring_scaling.txt" ;;
-    ring) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu --out "$R/ring_single_gpu.csv" \
-            > "$R/ring_single_gpu.txt" 2>&1; tail -30 "$R/ring_single_gpu.txt" ;;
-    sanitize) # issue 22: every serving kernel on edge-case metadata under compute-sanitizer's memcheck
+    ring_single_gpu) timeout ${RING_TIMEOUT:-300} python3 -m benchmarks.experiments.ring_single_gpu \
+                       --out "$R/ring_single_gpu.csv" > "$R/ring_single_gpu.txt" 2>&1
+                     tail -30 "$R/ring_single_gpu.txt" ;;
+    sanitize_serving) # issue 22: every serving kernel on edge-case metadata under compute-sanitizer's memcheck
               # (SANITIZE_ARGS: the script's options, e.g. --in-order-only)
               timeout ${SANITIZE_TIMEOUT:-400} compute-sanitizer --tool memcheck --error-exitcode 1 \
                 python3 -m benchmarks.experiments.sanitize_serving ${SANITIZE_ARGS:-} > "$R/sanitize.txt" 2>&1
@@ -122,37 +134,44 @@ for step in "$@"; do
     kvops) # merge_states and write_kvcache against PyTorch ops (vflash bench --sweep merge, write)
            sampled merge timeout 120 python3 -m vflash bench --sweep merge --out "$R/merge.csv" | tail -6
            sampled write timeout 120 python3 -m vflash bench --sweep write --out "$R/write.csv" | tail -5 ;;
-    invariant_tune) # the batch-invariant split rule's variants (INVARIANT_VARIANTS keys:most splits) on the decode rows
-                    timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.invariant_tune --rounds ${TUNE_ROUNDS:-2} \
-                      ${INVARIANT_VARIANTS:+--variants $INVARIANT_VARIANTS} --out "$R/invariant_tune.csv" \
+    invariant_tune) # the batch-invariant split rule's variants (INVARIANT_VARIANTS keys:most splits) on the
+                    # decode rows
+                    timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.invariant_tune \
+                      --rounds ${TUNE_ROUNDS:-2} ${INVARIANT_VARIANTS:+--variants $INVARIANT_VARIANTS} \
+                      --out "$R/invariant_tune.csv" \
                       > "$R/invariant_tune.txt" 2>&1; grep "VARIANT\|Error" "$R/invariant_tune.txt" | tail -12 ;;
     kvops_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.kvops_tune --out "$R/kvops_tune.csv" \
                   > "$R/kvops_tune.txt" 2>&1; grep "BEST\|Error\|WRONG" "$R/kvops_tune.txt" | tail -20 ;;
     chunked_ring) # chunked prefill's K/V ring at other depths (CHUNKED_PAGES, default 16,64; CHUNKED_VARIANTS
                     # block_n:stages[:q_buffers], default 128:3:1,64:4,64:3:1, empty for none)
-                    sampled chunked_ring timeout ${CHUNKED_TIMEOUT:-300} python3 -m benchmarks.experiments.chunked_ring \
-                      --pages "${CHUNKED_PAGES:-16,64}" --variants "${CHUNKED_VARIANTS-128:3:1,64:4,64:3:1}" \
+                    sampled chunked_ring timeout ${CHUNKED_TIMEOUT:-300} \
+                      python3 -m benchmarks.experiments.chunked_ring --pages "${CHUNKED_PAGES:-16,64}" \
+                      --variants "${CHUNKED_VARIANTS-128:3:1,64:4,64:3:1}" \
                       --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
                     tail -4 "$R/chunked_ring.txt" ;;
-    decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} ${TUNE_GRID:+--grid} \
-                   ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} \
-                   --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1; grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
+    decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
+                   ${TUNE_GRID:+--grid} ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} \
+                   ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} \
+                   --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1
+                 grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments, split on spaces), TESTS_K (a -k expression,
                 # spaces kept), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ${TESTS_K:+-k "$TESTS_K"} ;;
-    hopper) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the portable
-            # kernel and SDPA (what the archived hopper_path.py did)
+    hopper_launcher) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the
+            # portable kernel and SDPA
             timeout 300 python3 -m benchmarks.experiments.hopper_variants --variants launcher \
               --dims ${HOPPER_DIMS:-64,128,256} --n ${HOPPER_N:-1024,4096,16384} \
               > "$R/hopper_launcher.txt" 2>&1; tail -20 "$R/hopper_launcher.txt" ;;
-    hvariants) timeout ${HOPPER_TIMEOUT:-300} python3 -m benchmarks.experiments.hopper_variants --dims ${HOPPER_DIMS:-64,128,256} \
-              --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} --variants "${HOPPER_VARIANTS:-}" \
+    hopper_variants) timeout ${HOPPER_TIMEOUT:-300} python3 -m benchmarks.experiments.hopper_variants \
+              --dims ${HOPPER_DIMS:-64,128,256} --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} \
+              --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} ${HOPPER_GRAPHS:+--graphs} \
               --rounds ${HOPPER_ROUNDS:-1} \
               >> "$R/hopper_variants.txt" 2>&1
                tail -40 "$R/hopper_variants.txt" ;;
-    profile) # Nsight Compute on one launch of the Hopper kernel per shape ("D:N[:causal[:Q buffers[:tiles]]]",
-             # PROFILE_SHAPES; e.g. 128:512:causal:2, or 128:1024:causal::short for one consumer a CTA).
+    profile_hopper) # Nsight Compute on one launch of the Hopper kernel per shape
+             # ("D:N[:causal[:Q buffers[:tiles]]]", PROFILE_SHAPES; e.g. 128:512:causal:2, or
+             # 128:1024:causal::short for one consumer a CTA).
              # PROFILE_BACKWARD=1: forward and backward calls, the kernel PROFILE_KERNEL (default
              # dkdv_hopper; dq_hopper the other) profiled.
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
@@ -176,12 +195,15 @@ for step in "$@"; do
                 # backward for each dQ / dK-dV tile pair)
              timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_hopper ${BWD_ROWS:+--rows $BWD_ROWS} \
                ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} ${HOPPER_DKDV_TILES:+--dkdv-tiles $HOPPER_DKDV_TILES} \
-               ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_PAIRED:+--paired} ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
+               ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_PAIRED:+--paired} \
+               ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
                >> "$R/bwd_hopper${BWD_APART:+_apart}.txt" 2>&1
              tail -30 "$R/bwd_hopper${BWD_APART:+_apart}.txt" ;;
-    decode_host) # a planned decode call's host time in pieces (key, lookup, allocations, launches; DECODE_ROWS "B:KV")
-             timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.decode_host ${DECODE_ROWS:+--rows $DECODE_ROWS} \
-               --out "$R/decode_host.csv" > "$R/decode_host.txt" 2>&1; tail -20 "$R/decode_host.txt" ;;
+    decode_host) # a planned decode call's host time in pieces (key, lookup, allocations, launches;
+                 # DECODE_ROWS "B:KV")
+             timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.decode_host \
+               ${DECODE_ROWS:+--rows $DECODE_ROWS} --out "$R/decode_host.csv" > "$R/decode_host.txt" 2>&1
+             tail -20 "$R/decode_host.txt" ;;
     bwd_host) # a short backward's host cost and GPU time (eager, CUDA graph, per-call host us; BWD_ROWS "D:N:causal")
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.bwd_host ${BWD_ROWS:+--rows $BWD_ROWS} \
                --out "$R/bwd_host.csv" > "$R/bwd_host.txt" 2>&1; tail -20 "$R/bwd_host.txt" ;;
@@ -191,7 +213,8 @@ for step in "$@"; do
                IFS=: read -r b kv <<< "$row"
                name=prof_decode_b${b}_kv${kv}$( [ "$t" = src ] || echo "_$(basename "$(dirname "$t")")" ).csv
                PYTHONPATH=$PWD/$t:$PWD timeout 120 ncu --csv \
-                 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+                 --metrics \
+                 gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
                  python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/$name" 2>&1
                echo "$t B $b KV $kv"; grep -v "^==" "$R/$name" | grep gpu__time | cut -c1-220 | tail -6
              done; done ;;
@@ -200,18 +223,21 @@ for step in "$@"; do
              for row in ${PROFILE_DECODE:-1:8192}; do for m in ${PROFILE_METHODS:-paged contiguous sdpa_cudnn}; do
                IFS=: read -r b kv <<< "$row"
                name=prof_full_${m}_b${b}_kv${kv}.txt
-               timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash" --launch-skip 2 --launch-count 2 \
-                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" --method "$m" --calls 4 > "$R/$name" 2>&1
-               echo "$m B $b KV $kv"; grep -E "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Block Size|Achieved Occupancy|Dynamic Shared|Static Shared" "$R/$name" | head -14
+               timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash" \
+                 --launch-skip 2 --launch-count 2 python3 -m benchmarks.experiments.profile_decode --b "$b" \
+                 --kv "$kv" --method "$m" --calls 4 > "$R/$name" 2>&1
+               echo "$m B $b KV $kv"
+               grep -E -e "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Block Size" \
+                 -e "Achieved Occupancy|Dynamic Shared|Static Shared" "$R/$name" | head -14
              done; done ;;
-    decode_ab) # decode GB/s of the library of each tree of AB_TREES (source dirs), alternating, two rounds
+    decode_trees) # decode GB/s of the library of each tree of AB_TREES (source dirs), alternating, two rounds
                # (DECODE_ROWS "B:KV", DECODE_METHODS comma-separated)
         for r in 1 2; do for t in ${AB_TREES:-src}; do
           PYTHONPATH=$PWD/$t:$PWD timeout 120 python3 -m benchmarks.experiments.decode_trees --label "$t" \
             ${DECODE_ROWS:+--rows $DECODE_ROWS} ${DECODE_METHODS:+--methods $DECODE_METHODS} --out "$R/decode_trees.csv"
         done; done >> "$R/decode_trees.txt" 2>&1; tail -30 "$R/decode_trees.txt" ;;
-    ab) # ab_trees (this checkout's) on the library of each tree of AB_TREES (source dirs, e.g. ".ab/s7/src src"),
-        # alternating, two rounds
+    ab_trees) # ab_trees (this checkout's) on the library of each tree of AB_TREES (source dirs, e.g.
+        # ".ab/old/src src"), alternating, two rounds
         for r in 1 2; do for t in ${AB_TREES:-src}; do
           PYTHONPATH=$PWD/$t:$PWD timeout 80 python3 -m benchmarks.experiments.ab_trees --label "$t" \
             ${AB_SHAPES:+--shapes "$AB_SHAPES"}
@@ -221,15 +247,19 @@ for step in "$@"; do
             SAMPLE_MS=100 sampled shape timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
               --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 --methods vflash,sdpa_cudnn \
               --out "$R/clocks_bench.csv" | tail -4 ;;
-    host) timeout 90 python3 -m benchmarks.experiments.host_hopper > "$R/host_hopper.txt" 2>&1; cat "$R/host_hopper.txt" ;;
-    host_old) # the same host measurement from the tree in HOST_OLD (a copy of an older checkout, e.g. .ab/old
-              # made by `git archive <commit> src benchmarks | tar -x -C .ab/old`; carry it), for a same-run before/after
-              PYTHONPATH=$PWD/${HOST_OLD:-.ab/old}/src timeout 90 python3 ${HOST_OLD:-.ab/old}/benchmarks/experiments/host_hopper.py \
+    host_hopper) timeout 90 python3 -m benchmarks.experiments.host_hopper > "$R/host_hopper.txt" 2>&1
+                 cat "$R/host_hopper.txt" ;;
+    host_hopper_old) # the same host measurement by the tree in HOST_OLD, its script and its library (a copy of an
+              # older checkout, e.g. .ab/old made by `git archive <commit> src benchmarks | tar -x -C .ab/old`;
+              # carry it), for a same-run before/after
+              (cd "${HOST_OLD:-.ab/old}" && \
+                PYTHONPATH=$PWD/src:$PWD timeout 90 python3 -m benchmarks.experiments.host_hopper) \
                 > "$R/host_hopper_old.txt" 2>&1; cat "$R/host_hopper_old.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
-    tune_small) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
+    tune_article_d256) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1
                 cat "$R/tune_article.txt" "$R/tune_d256.txt" ;;
+    *) echo "unknown step $step; steps:" $STEPS >&2 ;;
   esac
   # Pack after every step: if the call is cut short, what finished still comes back.
   tar -C "$OUT" -czf "$OUT/results.tar.gz.tmp" results && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"

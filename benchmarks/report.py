@@ -76,26 +76,6 @@ def bench_table(rows):
     return "\n".join(lines)
 
 
-def summary(name, rows):
-    out = []
-    vf = {(r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"]): r for r in rows
-          if r["method"] == "vflash" and r["status"] == "ok"}
-    for other in ("sdpa_flash", "sdpa_cudnn", "flex", "fa4"):
-        for dtype in sorted({r["dtype"] for r in rows}):
-            for lo, label in ((0, "all N"), (2048, "N >= 2048")):
-                ratios = []
-                for r in rows:
-                    key = (r["dtype"], r["D"], r["causal"], r["Nq"], r["Nk"], r["B"])
-                    if (r["method"] == other and r["status"] == "ok" and r["dtype"] == dtype
-                            and int(r["Nq"]) >= lo and key in vf):
-                        ratios.append(float(r["ms_median"]) / float(vf[key]["ms_median"]))
-                if ratios:
-                    wins = sum(x >= 1.0 for x in ratios)
-                    out.append(f"- {name}, {dtype}, {label}: vflash / {LABEL[other]} {min(ratios):.2f}x to "
-                               f"{max(ratios):.2f}x (vflash faster on {wins} of {len(ratios)} rows)")
-    return out
-
-
 def env_text(folder, csv_path=None):
     cands = ([os.path.splitext(csv_path)[0] + ".env.json"] if csv_path else []) + [
         os.path.join(folder, "env.json"), os.path.join(folder, "env.txt")]

@@ -1,6 +1,8 @@
 """Time a few tile configurations of the portable Triton kernel per head dim and
 mask, to choose its tables (vflash.dispatch.tables: PORTABLE, PORTABLE_SPLIT,
-PORTABLE_SHORT). GPU only; prints TFLOP/s. From the repository root, PYTHONPATH=src:
+PORTABLE_SHORT): the launcher with its tiles forced (vflash.harness.lab), timed as
+`vflash bench` times (vflash.harness.timing). GPU only; prints TFLOP/s. From the
+repository root, PYTHONPATH=src:
 
   python3 benchmarks/tune.py            # the 16k-token sweep shapes (N 2048, 16384)
   python3 benchmarks/tune.py --article  # small grids: B=1, H=16, D=64, N 1024..4096
@@ -16,12 +18,10 @@ import itertools
 import sys
 
 import torch
-import triton.testing
 
-from vflash.harness.bench import Shape, attention_flops, gemm_warmup
-from vflash.ops.attention import attention_forward
-from vflash.ops.band import mask_band
-from vflash.ops.tiles import PortableTiles
+from vflash.harness.bench import Shape, attention_flops
+from vflash.harness.lab import PortableTiles, attention_forward, mask_band
+from vflash.harness.timing import gemm_warmup, time_call
 
 # PortableTiles fields: (block_m, block_n, num_warps, num_stages[, split])
 CANDIDATES = {
@@ -82,7 +82,7 @@ def main() -> None:
                                            return_lse=False, tiles=tiles)
             try:
                 fn()
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                ms = time_call(fn, torch.device("cuda"), rep_ms=100, warmup_ms=25)[0]
                 res.append((attention_flops(s) / ms / 1e9, cfg))
             except Exception as exc:  # out of resources, say
                 res.append((0.0, f"{cfg} failed: {type(exc).__name__}"))

@@ -11,7 +11,7 @@ one device call, e.g. a copy of the old sources made with
     PYTHONPATH=$t:. python3 -m benchmarks.experiments.ab_trees --label $t; done; done
 
 (this script and `common` come from the current checkout, the library from $t; they use only
-`vflash.attention` and `vflash.harness`, so an older tree works too).
+`vflash.attention` and `vflash.harness.bench` / `timing`, so any tree that has those works).
 
 GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.ab_trees --label new [--shapes 128:512:c,64:4096]
 """
@@ -23,7 +23,8 @@ import torch
 
 from benchmarks.experiments.common import make, parse_sweep_shapes, require_cuda, sdpa_calls, tflops
 from vflash import attention
-from vflash.harness.bench import attention_flops, gemm_warmup
+from vflash.harness.bench import attention_flops
+from vflash.harness.timing import gemm_warmup
 
 DEFAULT_SHAPES = "128:512:c,128:1024:c,128:2048:c,64:1024:c,64:4096:c,64:16384:c,128:16384"
 

@@ -18,11 +18,11 @@ import argparse
 
 import torch
 
-from benchmarks.experiments.common import backward_launches, backward_row, graphed, write_rows
+from benchmarks.experiments.common import backward_launches, backward_row, write_rows
 from vflash import dispatch
-from vflash.harness.bench import attention_flops, time_call
-from vflash.ops import hopper_bwd
-from vflash.ops import launch as launches
+from vflash.harness import lab
+from vflash.harness.bench import attention_flops
+from vflash.harness.timing import graphed, time_call
 
 ROWS = ["128:1024:0", "128:4096:0", "128:16384:0", "128:1024:1", "128:4096:1", "128:16384:1", "64:4096:0",
         "64:4096:1"]
@@ -54,7 +54,7 @@ def main() -> int:
         lse = r.lse
         delta_launch, dkdv_launch, dq_launch = backward_launches(do, q, k, v, r.out, lse, band, scale, None,
                                                                  dispatch.backward_tiles(problem))
-        launches.run(delta_launch, dev)  # delta, which every kernel below reads
+        lab.run_launch(delta_launch, dev)  # delta, which every kernel below reads
         delta, dq_portable = delta_launch.args[3], dq_launch.args[6]
         dk_portable, dv_portable = dkdv_launch.args[6], dkdv_launch.args[7]
         fwd = attention_flops(s)
@@ -76,21 +76,23 @@ def main() -> int:
                   + (f" rel_err {err:.1e}{'' if err < 2e-2 else ' WRONG'}" if got else ""), flush=True)
 
         table = dispatch.backward_tiles(problem)
-        record("dq", "portable", tuple(table.dq), lambda: launches.run(dq_launch, dev), 1.5 * fwd)
-        record("dkdv", "portable", tuple(table.dkdv), lambda: launches.run(dkdv_launch, dev), 2.0 * fwd)
-        record("bwd", "portable", "table", lambda: [launches.run(x, dev) for x in (delta_launch, dkdv_launch,
-                                                                                   dq_launch)], 2.5 * fwd)
+        record("dq", "portable", tuple(table.dq), lambda: lab.run_launch(dq_launch, dev), 1.5 * fwd)
+        record("dkdv", "portable", tuple(table.dkdv), lambda: lab.run_launch(dkdv_launch, dev), 2.0 * fwd)
+        record("bwd", "portable", "table", lambda: [lab.run_launch(x, dev) for x in (delta_launch, dkdv_launch,
+                                                                                     dq_launch)], 2.5 * fwd)
         want = (dq_portable.clone(), dk_portable.clone(), dv_portable.clone())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
         def dq_launches(t):
-            m, n, stages = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES])[:3]
-            return [hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n, stages)]
+            m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
+            return [lab.hopper_dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n, stages)]
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_launches(t):
-            m, n, stages = ([int(x) for x in t.split(":")] + [hopper_bwd.STAGES])[:3]
-            return [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, m, n, stages,
+            m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
+            return [lab.hopper_dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, m, n, stages,
                                            outputs=o) for o in outputs]
+
         def record_sm90(what, kernel, tiles, built, flops, got, want, rnd):
             # the launches `built()` gives, timed as one call; tiles the launcher refuses: say so, go on
             try:
@@ -98,7 +100,7 @@ def main() -> int:
             except ValueError as e:
                 print(f"D{d} N{n} {what} {tiles}: {e}")
                 return
-            record(what, kernel, tiles, lambda: [launches.run(x, dev) for x in sm90], flops, got, want, rnd)
+            record(what, kernel, tiles, lambda: [lab.run_launch(x, dev) for x in sm90], flops, got, want, rnd)
         pairs = list(zip(args.tiles, args.dkdv_tiles)) if args.paired else [(args.tiles[0], args.dkdv_tiles[0])]
         for rnd in range(args.rounds):
             for t in args.tiles:

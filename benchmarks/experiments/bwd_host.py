@@ -12,10 +12,10 @@ import argparse
 import torch
 
 import vflash
-from benchmarks.experiments.common import backward_row, graphed, per_call_us, require_cuda, write_rows
+from benchmarks.experiments.common import backward_row, require_cuda, write_rows
 from vflash import dispatch
-from vflash.harness.bench import attention_flops, time_call
-from vflash.library import attention_bwd
+from vflash.harness.bench import attention_flops
+from vflash.harness.timing import graphed, per_call_us, time_call
 
 ROWS = ["128:512:1", "128:512:0", "64:512:1", "64:512:0", "128:1024:1", "128:16384:1"]
 
@@ -36,8 +36,8 @@ def main() -> int:
         kernel = dispatch.select_backward(r.problem).kernel
 
         def op():
-            return attention_bwd(r.do, None, r.q, r.k, r.v, r.out, r.lse, band.off, band.left, band.right, r.scale,
-                                 None)
+            return torch.ops.vflash.attention_bwd(r.do, None, r.q, r.k, r.v, r.out, r.lse, band.off, band.left,
+                                                  band.right, r.scale, None)
 
         leaves = [t.detach().requires_grad_() for t in (r.q, r.k, r.v)]
         out_v = vflash.attention(*leaves, causal=s.causal)

@@ -16,9 +16,9 @@ import torch
 
 from benchmarks.experiments.common import backward_row, write_rows
 from vflash import dispatch
-from vflash.harness.bench import attention_flops, time_call
-from vflash.ops.attention_bwd import attention_backward
-from vflash.ops.tiles import BackwardLaunch, BackwardTiles
+from vflash.harness.bench import attention_flops
+from vflash.harness.lab import BackwardLaunch, BackwardTiles, attention_backward
+from vflash.harness.timing import time_call
 
 ROWS = ["128:4096:1", "128:4096:0", "64:4096:1", "256:4096:1"]
 DKDV = [(m, n, w, s) for (m, n, w), s in itertools.product(

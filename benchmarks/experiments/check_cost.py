@@ -16,7 +16,8 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import decode_inputs, require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _wall_us
+from vflash.harness.serving import DECODE_HEADS
+from vflash.harness.timing import wall_us
 
 ROWS = ["1:1024", "1:8192", "8:8192", "32:1024", "128:1024", "128:32768"]
 KINDS = ["paged16", "contiguous", "paged16_packed", "write", "varlen128"]
@@ -67,8 +68,8 @@ def main() -> int:
             cases = {name: cases[name] for name in args.kinds}
         for name, call in cases.items():
             call(True), call(False)  # compiles, plans
-            checked = _wall_us(lambda: call(True))
-            unchecked = _wall_us(lambda: call(False))
+            checked = wall_us(lambda: call(True))
+            unchecked = wall_us(lambda: call(False))
             out_rows.append(dict(label=args.label, B=b, KV=kv, cache=name, checked_wall_us=round(checked, 2),
                                  unchecked_wall_us=round(unchecked, 2), check_us=round(checked - unchecked, 2)))
             print(f"{args.label:6s} B {b:4d} KV {kv:6d} {name:15s} checked {checked:9.2f} us  unchecked "

@@ -19,6 +19,7 @@ import torch
 import vflash
 from vflash.dispatch import rules
 from vflash.harness import serving
+from vflash.harness.bench import visible_pairs
 
 
 def _with_tiles(call, block_n: int, stages: int, q_buffers: int = 0):
@@ -64,7 +65,7 @@ def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
     for tiles in variants:
         methods["contig_" + "_".join(map(str, tiles))] = _with_tiles(contig, *tiles)
     methods["dense"] = lambda: vflash.attention(qd, kd, vd, causal=True)
-    flops = 4.0 * D * Hq * B * serving.visible_pairs(n_new, n_k, True)
+    flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
     rows = serving._prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
     serving.against_dense(rows, methods, "dense", "vs_dense")
     return rows

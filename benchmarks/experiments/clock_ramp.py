@@ -1,9 +1,9 @@
 """Issue 4 experiment: how a call's speed moves over the first seconds after the harness's GEMM warm-up.
 
 `vflash bench` runs `gemm_warmup(0.1)` (8192^3 bf16 products, ~700 W) before each method and then times ~300 ms
-of calls. nvidia-smi sampled during one bench (session 15, `clocks` step) showed the SM clock at 1500-1680 MHz
-with the software power cap flagged for ~0.4 s after each such warm-up, then 1965-1980 MHz: the timed window may
-fall in the capped stretch. This times back-to-back calls (L2 flushed between them, as `time_call` does) for
+of calls. nvidia-smi sampled during one bench (gpu_session.sh's `clocks` step) showed the SM clock at 1500-1680
+MHz with the software power cap flagged for ~0.4 s after each such warm-up, then 1965-1980 MHz: the timed window
+may fall in the capped stretch. This times back-to-back calls (L2 flushed between them, as `time_call` does) for
 SECONDS after either the GEMM warm-up or two seconds idle, and prints TFLOP/s per 100 ms bucket of GPU time.
 
 GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.clock_ramp [--seconds 1.5]
@@ -17,7 +17,8 @@ import torch
 
 from benchmarks.experiments.common import make, parse_sweep_shapes, require_cuda, sdpa_calls
 from vflash import attention
-from vflash.harness.bench import attention_flops, gemm_warmup
+from vflash.harness.bench import attention_flops
+from vflash.harness.timing import gemm_warmup
 
 
 def series(call, flops: float, seconds: float, bucket_ms: float = 100.0):

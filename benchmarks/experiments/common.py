@@ -1,24 +1,26 @@
 """What several experiment scripts share: the Hopper kernel's feature cases, input
-makers (attention's, a decode step's), the sweeps' shapes, the SDPA yardsticks, TFLOP/s and host-time timers.
+makers (attention's, a backward's, a decode step's), the sweeps' shapes, the SDPA yardsticks and TFLOP/s.
+Timers are vflash.harness.timing's; the library's internals are reached through vflash.harness.lab.
 
 Imported as `from benchmarks.experiments.common import ...` by scripts run as
 `python3 -m benchmarks.experiments.NAME` from the repository root.
 
-Only the public API and `vflash.harness` are imported here, never `vflash.ops`
-or `vflash.dispatch`: ab_trees.py and clock_ramp.py load this module against
-older source trees (an A/B), whose internals differ.
+At import only `vflash.harness.bench` and `vflash.harness.timing` are loaded; the helpers that need more
+(`vflash.dispatch`, `vflash.harness.lab`, `vflash.harness.serving`) import it when called. ab_trees.py and
+clock_ramp.py load this module against another source tree (an A/B), which then needs those two modules only.
 """
 
 import csv
-import statistics
 import sys
-import time
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from vflash.harness.bench import Shape, sweep_shapes, time_call
-from vflash.ops.band import Band
+from vflash.harness.bench import Shape, sweep_shapes
+from vflash.harness.timing import graphed, time_call
+
+if TYPE_CHECKING:
+    from vflash.harness.lab import Band
 
 # Feature cases of the Hopper kernel (oracle checks in hopper_variants.py):
 # (B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse, dtype, layout)
@@ -71,7 +73,7 @@ class BackwardRow(NamedTuple):
     k: torch.Tensor
     v: torch.Tensor
     do: torch.Tensor
-    band: Band
+    band: "Band"
     scale: float
     problem: object
     out: torch.Tensor
@@ -80,10 +82,10 @@ class BackwardRow(NamedTuple):
 
 def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> BackwardRow:
     """"D:N:causal" (causal 0 / 1), a shape of the fa or d256 sweep: seeded random q, k, v, dO and the
-    forward's out and LSE from the kernel the dispatch picks."""
+    forward's out and LSE from vflash.attention (the kernel the dispatch picks)."""
+    import vflash
     from vflash import dispatch
-    from vflash.ops.attention import attention_forward
-    from vflash.ops.band import mask_band
+    from vflash.harness import lab
     d, n, c = (int(x) for x in row.split(":"))
     s = sweep_shape(d, n, bool(c))
     if s is None:
@@ -93,25 +95,18 @@ def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bflo
     k = torch.randn(s.B, s.Hkv, s.Nk, d, device=device, dtype=dtype)
     v = torch.randn_like(k)
     do = torch.randn_like(q)
-    band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
-    scale = d ** -0.5
+    band = lab.mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
     problem = dispatch.problem_of(q, k, v, None, band)
-    out, lse = attention_forward(q, k, v, band=band, scale=scale, softcap=None, return_lse=True,
-                                 tiles=dispatch.select(problem).tiles)
+    out, lse = vflash.attention(q, k, v, causal=s.causal, return_lse=True)
+    scale = d ** -0.5  # vflash.attention's default
     return BackwardRow(s, q, k, v, do, band, scale, problem, out, lse)
 
 
 def backward_launches(do, q, k, v, out, lse, band, scale, softcap, tiles) -> list:
     """The portable backward's launches (delta, dK / dV, dQ) as it would run them, captured, not run."""
-    from vflash.ops import attention_bwd as bwd
-    captured = []
-    real = bwd.launches.run
-    bwd.launches.run = lambda launch, device: captured.append(launch)
-    try:
-        bwd.attention_backward(do, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=tiles)
-    finally:
-        bwd.launches.run = real
-    return captured
+    from vflash.harness import lab
+    return lab.captured_launches(lambda: lab.attention_backward(do, q, k, v, out, lse, band=band, scale=scale,
+                                                                softcap=softcap, tiles=tiles))
 
 
 def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):
@@ -132,12 +127,17 @@ class DecodeInputs(NamedTuple):
     cache_seqlens: torch.Tensor  # int32 [B], every sequence KV keys long
 
 
+def shuffled_table(batch: int, pages: int, device: torch.device) -> torch.Tensor:
+    """The decode sweep's block table: int32 [batch, pages], sequence b's pages a seeded shuffle of the cache's
+    batch * pages pages."""
+    from vflash.harness.serving import _shuffled_table  # here, not at import: A/B scripts load other trees
+    return _shuffled_table(batch, pages, device)
+
+
 def decode_inputs(b: int, kv: int, page: int, heads: Tuple[int, int, int], device: torch.device,
                   dtype: torch.dtype = torch.bfloat16) -> DecodeInputs:
     """A decode step's arguments for attention_with_kvcache: B sequences of KV cached keys, one query each,
     heads (Hq, Hkv, D); page 0 is a contiguous cache, else pages of `page` rows in a shuffled table."""
-    from vflash.harness.serving import _shuffled_table  # here, not at import: A/B scripts load older trees
-
     hq, hkv, d = heads
     q = torch.randn(b, 1, hq, d, device=device, dtype=dtype)
     seqlens = torch.full((b,), kv, dtype=torch.int32, device=device)
@@ -146,7 +146,7 @@ def decode_inputs(b: int, kv: int, page: int, heads: Tuple[int, int, int], devic
         return DecodeInputs(q, k, torch.randn_like(k), None, seqlens)
     pages = -(-kv // page)
     k = torch.randn(b * pages, page, hkv, d, device=device, dtype=dtype)
-    return DecodeInputs(q, k, torch.randn_like(k), _shuffled_table(b, pages, device), seqlens)
+    return DecodeInputs(q, k, torch.randn_like(k), shuffled_table(b, pages, device), seqlens)
 
 
 def sm_count(device: torch.device) -> int:
@@ -167,21 +167,6 @@ def sdpa_calls(q, k, v, causal) -> List[Tuple[str, Callable]]:
     return calls
 
 
-def graphed(fn):
-    """fn captured in a CUDA graph, as its replay: one launch's host cost (a few us)
-    whatever fn does in Python, so that calls shorter than their Python launch path
-    (Triton's JIT launch takes 40-100 us) time the kernel, not the host."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up on a side stream, as graph capture requires
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def tflops(calls: Sequence[Tuple[str, Callable]], flops: float, graphs: bool = False) -> List[Tuple[str, float]]:
     """[(name, TFLOP/s)] per (name, call), timed after one warm call (with `graphs`,
     each call's CUDA graph replayed instead); a call that raises is reported as
@@ -196,27 +181,6 @@ def tflops(calls: Sequence[Tuple[str, Callable]], flops: float, graphs: bool = F
         except Exception as exc:
             res.append((name + f"!{type(exc).__name__}", 0.0))
     return res
-
-
-def per_call_us(fn, n=3000, rounds=10):
-    """Host microseconds per call: the median over `rounds` rounds of n / rounds
-    calls, after 100 warm-up calls. Each round first stalls the stream with a
-    sleep kernel longer than the round, so the calls only queue their kernels:
-    the CPU timer then sees the host's work alone, not kernels that a full launch
-    queue would make it wait for (a round of 300 stays well inside the queue)."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    per_round = max(1, n // rounds)
-    times = []
-    for _ in range(rounds):
-        torch.cuda._sleep(200_000_000)  # ~100 ms of GPU clock cycles: longer than any round
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            fn()
-        times.append((time.perf_counter() - t0) / per_round * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def require_cuda(script: str) -> bool:

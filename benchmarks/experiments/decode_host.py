@@ -1,10 +1,11 @@
 """Where a planned decode call's host time goes (issue 22's 20 us goal). For rows (B, KV; bf16, Hq 32 /
-Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), `per_call_us` (the stream stalled by a sleep
-kernel, so the calls only queue work) of: the whole `attention_with_kvcache` call, and the call with
-`out=` (a buffer of its own: the plan allocates nothing); its plan key alone; key and lookup; the plan's
-call (allocations, split scratch, launch); its allocations alone (and out's as `new_empty` and as
-`empty_like` of q); its split scratch fetch (ops.scratch); its launch alone on tensors allocated and
-fetched once. The split count the dispatch chose is printed beside them. Writes a CSV.
+Hkv 8, D 128, a shuffled paged cache, `check_metadata=False`), vflash.harness.timing.per_call_us (the
+stream stalled by a sleep kernel, so the calls only queue work) of: the whole `attention_with_kvcache`
+call, and the call with `out=` (a buffer of its own: the plan allocates nothing); its plan key alone;
+key and lookup; the plan's call (allocations, split scratch, launch); its allocations alone (and out's
+as `new_empty` and as `empty_like` of q); its split scratch fetch (the plan's .scratch); its launch alone
+on tensors allocated and fetched once. The split count the dispatch chose is printed beside them. Writes
+a CSV.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.decode_host [--out decode_host.csv] [--rows B:KV ...]
 """
@@ -14,9 +15,10 @@ import argparse
 import torch
 
 import vflash
-from benchmarks.experiments.common import decode_inputs, per_call_us, require_cuda, write_rows
+from benchmarks.experiments.common import decode_inputs, require_cuda, write_rows
+from vflash.harness import lab
 from vflash.harness.serving import DECODE_HEADS
-from vflash.ops import plans
+from vflash.harness.timing import per_call_us
 
 ROWS = ["1:1024", "1:32768", "8:8192", "32:1024", "128:1024", "128:32768"]
 
@@ -40,7 +42,7 @@ def main() -> int:
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
 
         def key():
-            return plans.kvcache_plan_key(q, kc, vc, seqlens, table, None, None, *opts)
+            return lab.kvcache_plan_key(q, kc, vc, seqlens, table, None, None, *opts)
 
         out = torch.empty_like(q)
 
@@ -51,15 +53,15 @@ def main() -> int:
         call()
         call_out()  # its own plan (out's metadata is in the key)
         k = key()
-        plan = plans.lookup(k, q, kc, vc)
+        plan = lab.lookup_plan(k, q, kc, vc)
         if plan is None:
             print(f"{row}: no plan recorded", flush=True)
             continue
         made = [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]
-        fetch = plan.scratch or tuple  # split-KV's scratch (ops.scratch), none unsplit
+        fetch = plan.scratch or tuple  # split-KV's scratch, none unsplit
         scratch = fetch()
         pieces = [("call", call), ("call_out", call_out), ("key", key),
-                  ("key_lookup", lambda: plans.lookup(key(), q, kc, vc)),
+                  ("key_lookup", lambda: lab.lookup_plan(key(), q, kc, vc)),
                   ("plan", lambda: plan(q, kc, vc, seqlens, None, table)),
                   ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
                   ("new_empty_q", lambda: q.new_empty(q.shape, dtype=q.dtype)),  # out as plans allocated it

@@ -4,8 +4,9 @@ the output against the paged reference.
 For each row (B:KV, bf16, Hq 32 / Hkv 8, D 128 or --head-dim, one query a sequence) and cache (pages of 16 and 64
 shuffled, contiguous), one `attention_with_kvcache` call with the dispatch's tiles, its max error against
 the gathered reference (reference.paged, fp32; a contiguous cache as one page a sequence), and every compiled build of
-attention_kvcache_kernel so far: its stages, registers, shared bytes and the programs an SM holds by
-both (the occupancy that dispatch/tables.KVCACHE_WAVES assumes), printed after the call that compiled it.
+the kernels the call launches (attention_kvcache_kernel) so far: its stages, registers, shared bytes and the
+programs an SM holds by both (the occupancy that dispatch/tables.KVCACHE_WAVES assumes), printed after the call
+that compiled it.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_residency [--rows 64:8192 128:1024 ...]
 """
@@ -17,22 +18,23 @@ import torch
 import vflash
 from benchmarks.experiments.common import decode_inputs
 from vflash import dispatch
-from vflash.kernels.attention_fwd import attention_kvcache_kernel
-from vflash.ops.band import sequence_band
-from vflash.reference.paged import attention_with_kvcache_reference
+from vflash.harness import lab
+from vflash.reference import attention_with_kvcache_reference
 
 REG_FILE, SMEM_PER_SM, SMEM_RESERVED = 65536, 228 * 1024, 1024
 
 
-def builds():
-    """(stages, registers, shared bytes, programs an SM) of every attention_kvcache_kernel build."""
+def builds(kernels):
+    """(kernel name, stages, registers, shared bytes, programs an SM) of every build of these @triton.jit
+    kernels (their launches' .kernel) compiled so far."""
     out = []
-    for caches in attention_kvcache_kernel.device_caches.values():
-        for kernel in caches[0].values():
-            threads = 32 * kernel.metadata.num_warps
-            regs = -(-kernel.n_regs // 8) * 8  # allocated a warp at a time, 8 a thread
-            per_sm = min(REG_FILE // (regs * threads), SMEM_PER_SM // (kernel.metadata.shared + SMEM_RESERVED))
-            out.append((kernel.metadata.num_stages, kernel.n_regs, kernel.metadata.shared, per_sm))
+    for fn in kernels:
+        for caches in fn.device_caches.values():
+            for kernel in caches[0].values():
+                threads = 32 * kernel.metadata.num_warps
+                regs = -(-kernel.n_regs // 8) * 8  # allocated a warp at a time, 8 a thread
+                per_sm = min(REG_FILE // (regs * threads), SMEM_PER_SM // (kernel.metadata.shared + SMEM_RESERVED))
+                out.append((fn.__name__, kernel.metadata.num_stages, kernel.n_regs, kernel.metadata.shared, per_sm))
     return sorted(set(out))
 
 
@@ -54,15 +56,18 @@ def main() -> int:
                                                       torch.arange(B + 1, dtype=torch.int32, device=dev))
             err = float((out.view(B, Hq, D).float() - ref).abs().max())
             problem = dispatch.varlen_problem_of(q.view(B, Hq, D), B, 1, kc.shape[1] * (table.shape[1] if page else 1),
-                                                 sequence_band("bottom_right", (-1, -1)))
+                                                 lab.sequence_band("bottom_right", (-1, -1)))
             tiles = dispatch.select_kvcache(problem, Hkv, page_size=page).tiles
             print(f"B {B:4d} KV {KV:6d} D {D} page {page:3d}: stages {tiles.num_stages} splits {tiles.num_splits} "
                   f"chunk {tiles.split_chunk}, max err {err:.2e}", flush=True)
-            for build in builds():  # the builds this call compiled
+            launched = lab.captured_launches(lambda: vflash.attention_with_kvcache(
+                q, kc, vc, seqlens, block_table=table, check_metadata=False))
+            for build in builds({launch.kernel for launch in launched}):  # the builds this call compiled
                 if build not in seen:
                     seen.add(build)
-                    stages, regs, shared, per_sm = build
-                    print(f"  build: {stages} stages, {regs} registers, {shared} B shared -> {per_sm} programs an SM")
+                    name, stages, regs, shared, per_sm = build
+                    print(f"  build of {name}: {stages} stages, {regs} registers, {shared} B shared -> {per_sm} "
+                          "programs an SM")
             del kc, vc
     return 0
 

@@ -1,6 +1,6 @@
 """Decode GB/s of the vflash on PYTHONPATH (its own `vflash.harness.serving.decode_rows`), a few rows and
 methods, one line a row: run once per tree, alternating, for a same-run A/B of two trees' decode kernels
-(gpu_session.sh's decode_ab step). Appends to a CSV with the tree's label.
+(gpu_session.sh's decode_trees step). Appends to a CSV with the tree's label.
 
   PYTHONPATH=.ab/old/src:. python3 -m benchmarks.experiments.decode_trees --label old [--rows B:KV ...]
 """

@@ -3,7 +3,8 @@
 For a few decode rows (bf16, Hq 32 / Hkv 8, D 128, one query a sequence, a shuffled paged
 cache of page size 16), every candidate tile (block_m, block_n, warps, stages) at the
 dispatch's split count, then the best tile at other split counts. CUDA-graph replays over
-rotating cache copies (vflash.harness.serving). Prints one line a candidate and writes a CSV.
+rotating cache copies (vflash.harness.timing.graph_time, the decode sweep's protocol). Prints one line a
+candidate and writes a CSV.
 
 --grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
@@ -18,12 +19,10 @@ import argparse
 
 import torch
 
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import shuffled_table, write_rows
 from vflash import dispatch
-from vflash.harness.serving import _copies, _graph_time, _shuffled_table
-from vflash.ops.attention import attention_kvcache_forward
-from vflash.ops.band import sequence_band
-from vflash.ops.tiles import KVCacheTiles
+from vflash.harness.lab import KVCacheTiles, attention_kvcache_forward, sequence_band
+from vflash.harness.timing import graph_time, rotating_copies
 
 ROWS = [(1, 8192), (8, 8192), (32, 8192), (128, 8192)]
 TILES = [
@@ -73,10 +72,10 @@ def main() -> int:
     for B, KV in rows:
         pages = -(-KV // page)
         cache_bytes = 2 * B * KV * Hkv * D * 2
-        n = _copies(cache_bytes)
+        n = rotating_copies(cache_bytes)
         caches = [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt),
                    torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)) for _ in range(n)]
-        table = _shuffled_table(B, pages, dev)
+        table = shuffled_table(B, pages, dev)
         seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
         q = torch.randn(B, Hq, D, device=dev, dtype=dt)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
@@ -87,7 +86,7 @@ def main() -> int:
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
                 q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
                 tiles=t) for kc, vc in caches]
-            return _graph_time(calls, dev)[0]
+            return graph_time(calls, dev)[0]
 
         def record(kind, t, us):
             gbps = cache_bytes / us / 1e3
@@ -130,7 +129,7 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
     rows = []
     for B, KV in row_list:
         cache_bytes = 2 * B * KV * Hkv * D * 2
-        n = _copies(cache_bytes)
+        n = rotating_copies(cache_bytes)
         q = torch.randn(B, Hq, D, device=dev, dtype=dt)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
         seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
@@ -142,13 +141,13 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
             pages = -(-KV // page)
             return [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt),
                      torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)) for _ in range(n)], \
-                _shuffled_table(B, pages, dev)
+                shuffled_table(B, pages, dev)
 
         def time_tiles(caches, table, t):
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
                 q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
                 tiles=t) for kc, vc in caches]
-            return _graph_time(calls, dev)[0]
+            return graph_time(calls, dev)[0]
 
         def record(kind, page, t, us):
             gbps = cache_bytes / us / 1e3

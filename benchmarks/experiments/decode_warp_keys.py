@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vflash.harness.serving import DECODE_HEADS, _graph_time
-from vflash.kernels.combine import fold_splits
+from vflash.harness.lab import fold_splits
+from vflash.harness.serving import DECODE_HEADS
+from vflash.harness.timing import graph_time
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -249,7 +250,7 @@ def main() -> int:
                                                              st, merge, out, arrivals,
                                                              seqlens if layout == "2dmem" else None)
                                  for kc, vc in caches]
-                        med = _graph_time(calls, device)[0]
+                        med = graph_time(calls, device)[0]
                         line.append(f"{name} {med:6.2f} us {gb / med:7.1f}")
                     except Exception as exc:  # a variant that does not compile, fit or capture
                         line.append(f"{name} {type(exc).__name__}: {str(exc)[:80]}")

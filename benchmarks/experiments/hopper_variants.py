@@ -9,13 +9,10 @@ grid rather than one CTA per work tile) and ctas, the persistent grid's size
 (default: the SM count; with causal work, a size that shares no factor with the
 row blocks per head cycles each CTA through all of them instead of fixing its row
 block). A switch a variant leaves open (None) takes the launcher's table entry
-for the head dim and mask (vflash.dispatch.tables.HOPPER). At commit 83097d5 this
-file also timed two schedule switches since settled and removed from the kernel:
-EARLY_RESCALE (kept as the only order) and M_MAJOR (dropped);
-results/2026-11-29-h200-s5-variants.
+for the head dim and mask (vflash.dispatch.tables.HOPPER).
 
 `--variants launcher` checks and times the launcher's choice alone (with the
-portable kernel and SDPA): what hopper_path.py (archive/) did.
+portable kernel and SDPA): the Hopper path as users get it.
 
 GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.hopper_variants [--dims 64,128] [--n 1024,4096]
 """
@@ -31,13 +28,11 @@ import torch
 from benchmarks.experiments.common import CASES, make, require_cuda, sdpa_calls, sm_count, tflops
 from vflash import dispatch
 from vflash.dispatch import tables
-from vflash.harness.bench import Shape, attention_flops, gemm_warmup
+from vflash.harness import lab
+from vflash.harness.bench import Shape, attention_flops
+from vflash.harness.lab import Band, HopperTiles, attention_forward, mask_band
 from vflash.harness.oracle import compare
-from vflash.ops import hopper as hopper_launch
-from vflash.ops import launch as launches
-from vflash.ops.attention import attention_forward
-from vflash.ops.band import Band, mask_band
-from vflash.ops.tiles import HopperTiles
+from vflash.harness.timing import gemm_warmup
 from vflash.reference import attention_explicit
 
 
@@ -46,7 +41,7 @@ class Variant(NamedTuple):
     block_m: int
     block_n: int
     stages: int
-    persist: Optional[bool] = None  # None: the launcher's rule (hopper_launch.grid)
+    persist: Optional[bool] = None  # None: the launcher's rule (lab.hopper_grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
     q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (tables.HOPPER)
     pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
@@ -121,17 +116,17 @@ def variant_tiles(var: Variant, head_dim: int, right_edge: bool) -> HopperTiles:
     return HopperTiles(var.block_m, var.block_n, var.stages, q_buffers=pick(var.q_buffers, base.q_buffers),
                        pingpong=pick(var.pingpong, base.pingpong), p_fp32=pick(var.p_fp32, base.p_fp32),
                        late_pv_wait=pick(var.late, base.late_pv_wait), lazy_rescale=pick(var.lazy, base.lazy_rescale),
-                       ctas_per_sm=var.per_sm or (2 if var.block_m == hopper_launch.CONSUMER_ROWS else 1),
+                       ctas_per_sm=var.per_sm or (2 if var.block_m == lab.CONSUMER_ROWS else 1),
                        dynamic=var.dynamic)
 
 
-def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, sms: int) -> launches.KernelLaunch:
+def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, sms: int) -> lab.KernelLaunch:
     """The kernel launch of a variant: the launcher's build with the variant's
     tiles, and its grid where the variant sets one (persist)."""
     B, Hq, Nq, D = q.shape
     tiles = variant_tiles(var, D, band.has_right)
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-    launch = hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles, sms)
+    launch = lab.hopper_launch(q, k, v, out, lse, counter, band, scale, softcap, tiles, sms)
     if var.persist is not None:
         work = B * Hq * -(-Nq // var.block_m)
         grid = (min(work, var.ctas or sms * tiles.ctas_per_sm) if var.persist else work, 1, 1)
@@ -141,7 +136,7 @@ def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, 
 
 def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
     band = mask_band(q.shape[2], k.shape[2], causal, window)
-    launches.run(variant_launch(var, q, k, v, out, lse, band, scale, softcap, sm_count(q.device)), q.device)
+    lab.run_launch(variant_launch(var, q, k, v, out, lse, band, scale, softcap, sm_count(q.device)), q.device)
     return out
 
 
@@ -196,9 +191,9 @@ def timing(ns, dims, causals, names, article=False, graphs=False, rounds=1) -> N
     # Shapes of the fa / d256 sweeps (16k tokens, 2048 / D heads), or with `article`
     # the article sweep's (B = 1, H = 16: few work tiles). Each of `rounds` rounds
     # times every candidate once, odd rounds in reverse order: under the board's
-    # power cap a candidate's figure depends on when it runs (docs/perf/log.md, session 15: a
-    # 5-12 % dip about 0.8 s into sustained load), so one pass in a fixed order
-    # is not evidence for a few per cent.
+    # power cap a candidate's figure depends on when it runs (a 5-12 % dip about 0.8 s
+    # into sustained load: docs/performance.md, the power cap), so one pass in a fixed
+    # order is not evidence for a few per cent.
     gemm_warmup()
     for d, causal, n in itertools.product(dims, causals, ns):
         s = Shape(1, 16, 16, n, n, d, causal) if article else Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)

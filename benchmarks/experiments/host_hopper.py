@@ -6,8 +6,8 @@ Per-call host microseconds (CPU timer around many calls) for tiny shapes:
   2. the pieces of a planned repeat: the key, the lookup, the output allocation, the launch alone;
      and a causal Hopper call that draws its work tiles from a counter (one more allocation and fill);
   3. SDPA flash, the same-run yardstick.
-Both head dims run twice, in alternating order, to show the host's drift. Timing: launch_overhead's
-per_call_us (common.py: kernels queued behind a sleep kernel, so only host work is timed).
+Both head dims run twice, in alternating order, to show the host's drift. Timing:
+vflash.harness.timing.per_call_us (kernels queued behind a sleep kernel, so only host work is timed).
 
 GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.host_hopper
 """
@@ -17,9 +17,9 @@ import sys
 import torch
 
 import vflash
-from benchmarks.experiments.common import per_call_us, require_cuda
-from vflash.ops import launch as launches
-from vflash.ops import plans
+from benchmarks.experiments.common import require_cuda
+from vflash.harness import lab
+from vflash.harness.timing import per_call_us
 
 
 def row(name, us):
@@ -33,27 +33,23 @@ def main() -> int:
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     for d in (64, 128, 128, 64):
         q = torch.randn(1, 2, 16, d, device="cuda", dtype=torch.float16)
-        plans.clear()
+        lab.clear_plans()
         vflash.attention(q, q, q)
-        plan = next(iter(plans._plans.values()))
+        plan = lab.recorded_plans()[0]
         kind = "Hopper kernel" if d == 128 else "portable kernel"
         row(f"planned repeat, {kind} (D {d}) [{plan.launch.__qualname__.split('.')[-1]}]",
             per_call_us(lambda: vflash.attention(q, q, q)))
         row("  ... causal + lse", per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))
-        real = launches.direct_launch
-        launches.direct_launch = lambda *a: None
-        try:
-            plans.clear()
+        with lab.triton_launcher_only():
+            lab.clear_plans()
             vflash.attention(q, q, q)
             row("  ... Triton's runner instead of the direct launch", per_call_us(lambda: vflash.attention(q, q, q)))
-        finally:
-            launches.direct_launch = real
-        plans.clear()
+        lab.clear_plans()
         vflash.attention(q, q, q)
-        key = plans.plan_key(q, q, q, False, None, None, None, False)
+        key = lab.plan_key(q, q, q, False, None, None, None, False)
         out = torch.empty_like(q)
-        row("  plan_key", per_call_us(lambda: plans.plan_key(q, q, q, False, None, None, None, False)))
-        row("  lookup", per_call_us(lambda: plans.lookup(key, q, q, q)))
+        row("  plan_key", per_call_us(lambda: lab.plan_key(q, q, q, False, None, None, None, False)))
+        row("  lookup", per_call_us(lambda: lab.lookup_plan(key, q, q, q)))
         row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.allocs[0].shape)))
         row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out)))
         if d == 128:  # causal: DYNAMIC, a fresh work-tile counter a call, where work tiles outnumber the SMs

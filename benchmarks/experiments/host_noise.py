@@ -1,9 +1,9 @@
-"""Is the decode call's bimodal host time the library's or the machine's? (issue 22's 20 us goal; perf
-log session 27 item 11, session 28.) Interleaves, round by round, the host time of three things: a
+"""Is the decode call's bimodal host time the library's or the machine's? (issue 22's 20 us goal.)
+Interleaves, round by round, the host time of three things: a
 planned paged decode call (bf16, B 1 / KV 8k, Hq 32 / Hkv 8, D 128, pages of 16, `check_metadata=False`),
 a bare torch launch (`torch.add` of two small tensors: an allocation and one kernel through PyTorch's
-dispatcher), and pure Python work that touches neither the driver nor the GPU (the serving harness's
-CPU probe, `serving._cpu_probe_us`).
+dispatcher), and pure Python work that touches neither the driver nor the GPU (the CPU probe the serving
+sweeps time beside each host row, `vflash.harness.timing.cpu_probe_us`).
 Each round times each of them (queued behind a sleep kernel where they launch), then sleeps `--gap` ms,
 so the rounds span seconds: if the three move together from round to round, the host is what changes.
 `--pin CPU` runs the process on one CPU; `--sampler` runs nvidia-smi sampling every 200 ms beside it (the
@@ -23,7 +23,8 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import decode_inputs, require_cuda, write_rows
-from vflash.harness.serving import DECODE_HEADS, _cpu_probe_us
+from vflash.harness.serving import DECODE_HEADS
+from vflash.harness.timing import cpu_probe_us
 
 
 def _queued_us(fn, n: int) -> float:
@@ -86,7 +87,7 @@ def main() -> int:
         for r in range(args.rounds):
             row = dict(label=args.label, round=r, pin=args.pin if args.pin is not None else "",
                        sampler=int(args.sampler), decode_us=round(_queued_us(decode, args.calls), 3),
-                       add_us=round(_queued_us(add, args.calls), 3), python_us=round(_cpu_probe_us(args.calls), 3),
+                       add_us=round(_queued_us(add, args.calls), 3), python_us=round(cpu_probe_us(args.calls), 3),
                        cpu=_cpu())
             rows.append(row)
             print(f"round {r:3d} cpu {row['cpu']}: decode {row['decode_us']:7.2f}  add {row['add_us']:6.2f}  "

@@ -16,8 +16,7 @@ import torch
 
 from benchmarks.experiments.common import require_cuda, write_rows
 from vflash.dispatch import tables
-from vflash.harness import serving
-from vflash.ops import plans
+from vflash.harness import lab, serving
 
 
 def main() -> int:
@@ -38,10 +37,10 @@ def main() -> int:
             for v in args.variants:
                 keys, most = map(int, v.split(":"))
                 tables.INVARIANT_SPLIT_KEYS, tables.INVARIANT_MAX_SPLITS = keys, most
-                plans.clear()  # plans recorded under another variant's splits
+                lab.clear_plans()  # plans recorded under another variant's splits
                 r = serving.decode_rows(b, kv, serving.DECODE_HEADS, torch.bfloat16, dev,
                                         ["vflash_paged16_invariant"])[0]
-                plans.clear()
+                lab.clear_plans()
                 if r["status"] != "ok":
                     print(f"B {b} KV {kv} {v}: {r['status']}", flush=True)
                     continue

@@ -19,9 +19,8 @@ from benchmarks.experiments.common import require_cuda, write_rows
 from vflash import dispatch
 from vflash.dispatch import tables
 from vflash.harness import serving
-from vflash.ops.cache import write_kvcache_forward
-from vflash.ops.combine import merge_states_forward
-from vflash.ops.tiles import CacheWriteTiles, MergeTiles
+from vflash.harness.lab import CacheWriteTiles, MergeTiles, merge_states_forward, write_kvcache_forward
+from vflash.harness.timing import graph_runner, replay_times
 
 MERGE_CANDIDATES = [MergeTiles(r, d, w) for r in (4, 8, 16, 32, 64, 128) for d in (32, 64, 128) for w in (1, 2, 4, 8)]
 WRITE_CANDIDATES = [CacheWriteTiles(h, w) for h in (1, 2, 4, 8) for w in (1, 2, 4, 8)]
@@ -77,12 +76,12 @@ def main() -> int:
                 if not same:
                     print(f"{name} {tuple(c)}: WRONG (differs from the table's launch)", flush=True)
                     continue
-                runners[c], n_calls = serving._graph_runner(calls, dev), len(calls)
+                runners[c], n_calls = graph_runner(calls, dev), len(calls)
             except Exception as e:  # noqa: BLE001 - a launch that cannot build: report, go on
                 print(f"{name} {tuple(c)}: {type(e).__name__} {str(e)[:160]}", flush=True)
         for rnd in range(args.rounds):
             for c, run in runners.items():
-                us = statistics.median(serving._replay_times(run, n_calls, serving.REPLAYS, serving.WARMUP_MS))
+                us = statistics.median(replay_times(run, n_calls))
                 times[c].append(us)
                 rows.append(dict(shape=name, candidate=" ".join(map(str, c)), table=int(c == table), round=rnd,
                                  us=round(us, 3), gbps=round(nbytes / us / 1e3, 1)))

@@ -1,7 +1,7 @@
 """Issue 4 experiment: where the host time of one vflash.attention call goes. GPU only.
 
 Prints per-call host microseconds (CPU timer around many calls, queued behind a
-sleep kernel so that only host work is timed: `per_call_us`) for:
+sleep kernel so that only host work is timed: vflash.harness.timing.per_call_us) for:
   1. vflash.attention end to end through the full path (plans off), plain and causal with LSE;
   2. validation + launcher Python with the kernel launch stubbed out;
   3. the raw `attention_fwd_kernel[grid](...)` JIT dispatch with prebuilt arguments, and
@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 import vflash
-from benchmarks.experiments.common import per_call_us, require_cuda
-from vflash.kernels.attention_fwd import attention_fwd_kernel
-from vflash.ops import launch as launches
+from benchmarks.experiments.common import require_cuda
+from vflash.harness import lab
+from vflash.harness.timing import per_call_us
 
 
 @triton.jit
@@ -41,31 +41,21 @@ def main() -> int:
         return 1
     q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
     # Plans off for the first rows: every call takes the full path.
-    lookup = vflash.ops.plans.lookup
-    vflash.ops.plans.lookup = lambda *a: None
-    rows = [("vflash.attention, full path", per_call_us(lambda: vflash.attention(q, q, q))),
-            ("vflash.attention causal + lse, full path",
-             per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))]
-
-    real = attention_fwd_kernel
-    captured = {}
-    run = launches.run
-
-    def capture(launch, device):
-        captured.update(grid=launch.grid, args=launch.args, kwargs=dict(launch.constexprs, **launch.options))
-    launches.run = capture
-    try:
+    with lab.plans_off():
+        rows = [("vflash.attention, full path", per_call_us(lambda: vflash.attention(q, q, q))),
+                ("vflash.attention causal + lse, full path",
+                 per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))]
+    with lab.capturing_launches() as captured:  # the full path with its launch stubbed out
         rows.append(("validation + dispatch + launcher (launch stubbed)",
                      per_call_us(lambda: vflash.attention(q, q, q))))
-    finally:
-        launches.run = run
-        vflash.ops.plans.lookup = lookup
-    grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
+    kernel_launch = captured[-1]
+    captured.clear()  # the other stubbed calls' launches and outputs
+    real, grid, args = kernel_launch.kernel, kernel_launch.grid, kernel_launch.args
+    kwargs = dict(kernel_launch.constexprs, **kernel_launch.options)
     rows.append(("raw kernel[grid](...) JIT dispatch", per_call_us(lambda: real[grid](*args, **kwargs))))
     try:
         compiled = real[grid](*args, **kwargs)
-        # The compiled launcher takes every parameter in signature order, constexprs included.
-        values = list(args) + [kwargs[name] for name in real.arg_names[len(args):]]
+        values = kernel_launch.params()  # the compiled launcher takes every parameter, constexprs included
         launch = compiled[grid]
         rows.append(("CompiledKernel[grid](...) direct launch", per_call_us(lambda: launch(*values))))
         out = args[3]
@@ -76,7 +66,7 @@ def main() -> int:
         print("direct launch reproduces the JIT launch's output:", torch.equal(out, expected))
     except Exception as exc:
         print("direct launch failed:", type(exc).__name__, str(exc)[:300])
-    vflash.ops.plans.clear()
+    lab.clear_plans()
     rows.append(("vflash.attention, planned repeat (fast path)", per_call_us(lambda: vflash.attention(q, q, q))))
     rows.append(("  ... causal + lse",
                  per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True))))

@@ -14,7 +14,8 @@ import argparse
 import torch
 
 import vflash
-from vflash.harness.serving import _sdpa_call, _shuffled_table
+from benchmarks.experiments.common import decode_inputs
+from vflash.harness.serving import DECODE_HEADS
 
 
 def main() -> int:
@@ -27,28 +28,22 @@ def main() -> int:
                     help="vflash on a paged or contiguous cache, or SDPA cuDNN on the contiguous one")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    Hq, Hkv, D = 32, 8, 128
-    pages = -(-args.kv // args.page)
-    k = torch.randn(args.b * pages, args.page, Hkv, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    table = _shuffled_table(args.b, pages, dev)
-    seqlens = torch.full((args.b,), args.kv, dtype=torch.int32, device=dev)
-    q = torch.randn(args.b, 1, Hq, D, device=dev, dtype=torch.bfloat16)
-    if args.method == "paged":
+    page = args.page if args.method == "paged" else 0
+    q, kc, vc, table, seqlens = decode_inputs(args.b, args.kv, page, DECODE_HEADS, dev)
+    if args.method == "sdpa_cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)  # [B, H, N, D] views
+
         def call():
-            vflash.attention_with_kvcache(q, k, v, seqlens, block_table=table, check_metadata=False)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
     else:
-        kc = torch.randn(args.b, args.kv, Hkv, D, device=dev, dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        if args.method == "contiguous":
-            def call():
-                vflash.attention_with_kvcache(q, kc, vc, seqlens, check_metadata=False)
-        else:
-            call = _sdpa_call("sdpa_cudnn", q, kc, vc)
+        def call():
+            vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
-    print(f"B {args.b} KV {args.kv} {args.method} (page {args.page}): {args.calls} calls")
+    print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "") + f": {args.calls} calls")
     return 0
 
 

@@ -21,9 +21,7 @@ import vflash
 from benchmarks.experiments.common import require_cuda, sweep_shape
 from vflash import dispatch
 from vflash.dispatch import tables
-from vflash.ops.attention import attention_forward
-from vflash.ops.band import mask_band
-from vflash.ops.tiles import HopperTiles
+from vflash.harness.lab import HopperTiles, attention_forward, mask_band
 
 TILES = {
     "main": "tables.HOPPER's entry for the head dim and mask",

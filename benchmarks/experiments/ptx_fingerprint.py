@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+from vflash.harness import lab
+
 VARIANTS = {
     "d64_causal_pp": dict(head_dim=64, tiles=dict(block_m=192, block_n=128, stages=2, pingpong=True, p_fp32=True,
                                                    lazy_rescale=True, dynamic=True), right_edge=True),
@@ -45,38 +47,15 @@ PORTABLE = {
 }
 
 
-def compile_portable(head_dim, tiles, has_left, has_right, softcap, store_lse, dtype):
-    """attention_fwd_kernel compiled for sm_90 without a GPU, as a dense launch takes it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from vflash.kernels.attention_fwd import attention_fwd_kernel as fn
-    from vflash.ops.tiles import PortableTiles, head_dim_pad
-    t = PortableTiles(*tiles)
-    constexprs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad(head_dim), BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                      SPLIT=t.split, HAS_LEFT=has_left, HAS_RIGHT=has_right, SOFTCAP=softcap, STORE_LSE=store_lse,
-                      REVERSE_M=has_right, UPCAST_DOT=False, DOT_PRECISION="tf32")
-    signature = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ("Q", "K", "V", "O"):
-            signature[name] = f"*{dtype}"
-        elif name == "LSE":
-            signature[name] = "*fp32"
-        elif name in ("qk_scale", "softcap_in", "softcap_out"):
-            signature[name] = "fp32"
-        elif name.startswith("CU_") or name in ("BLOCK_TABLE", "SEQLENS_K", "stride_table", "page_size"):
-            signature[name] = "constexpr"
-            constexprs[name] = None
-        elif name in ("IS_VARLEN", "TOP_LEFT", "IS_PAGED"):
-            signature[name] = "constexpr"
-            constexprs[name] = False
-        else:
-            signature[name] = "i32"
-    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=t.num_warps, num_stages=t.num_stages))
+def portable_ptx(head_dim, tiles, has_left, has_right, softcap, store_lse, dtype) -> str:
+    """attention_fwd_kernel's dense launch compiled for sm_90 without a GPU, as the launcher builds it for these
+    tiles and mask edges (lab.sm90_builds: the launch captured on CPU tensors, then compiled)."""
+    q = torch.empty(1, 2, 256, head_dim, dtype={"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
+    band = lab.Band(0, 32 if has_left else -1, 0 if has_right else -1)
+    (build,) = lab.sm90_builds(lambda: lab.attention_forward(
+        q, q, q, band=band, scale=head_dim ** -0.5, softcap=20.0 if softcap else None, return_lse=store_lse,
+        tiles=lab.PortableTiles(*tiles)))
+    return build.asm["ptx"]
 
 
 def instructions(ptx: str) -> str:
@@ -94,20 +73,18 @@ def main() -> int:
     ap.add_argument("--out", help="also write each variant's instructions to DIR/NAME.ptx")
     ap.add_argument("names", nargs="*", help=f"variants (default all: {', '.join([*VARIANTS, *PORTABLE])})")
     a = ap.parse_args()
-    from vflash.ops import hopper
-    from vflash.ops.tiles import HopperTiles
-    if not hopper.HAVE_GLUON:
+    if not lab.HAVE_GLUON:
         print("this Triton has no Gluon", file=sys.stderr)
         return 1
     import triton
     print(f"triton {triton.__version__}")
     for name in a.names or [*VARIANTS, *PORTABLE]:
         if name in PORTABLE:
-            body = instructions(compile_portable(*PORTABLE[name]).asm["ptx"])
+            body = instructions(portable_ptx(*PORTABLE[name]))
         else:
             kw = dict(VARIANTS[name])
-            kw["tiles"] = HopperTiles(**kw["tiles"])
-            body = instructions(hopper.compile_sm90(**kw).asm["ptx"])
+            kw["tiles"] = lab.HopperTiles(**kw["tiles"])
+            body = instructions(lab.compile_hopper_sm90(**kw).asm["ptx"])
         if a.out:
             os.makedirs(a.out, exist_ok=True)
             with open(os.path.join(a.out, f"{name}.ptx"), "w") as f:

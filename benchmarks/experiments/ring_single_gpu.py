@@ -19,9 +19,8 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import write_rows
-from vflash import library
 from vflash.distributed import _Dense, _Ring, shard_sequence
-from vflash.harness.bench import time_call
+from vflash.harness.timing import time_call
 
 ROWS = [(32768, 2), (32768, 4), (131072, 4), (131072, 8)]
 
@@ -74,7 +73,7 @@ def _step(ring, step, qs, kv_shards, scale):
     ks, vs = (t.chunk(len(qs), dim=2) for t in kv_shards[src])
     acc = [None] * len(qs)
     for a, b, (off, left, right) in ring.pairs(step):
-        out, lse = library.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, None)
+        out, lse = torch.ops.vflash.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, None)
         acc[a] = (out.float(), lse) if acc[a] is None else vflash.merge_states(acc[a][0], acc[a][1], out.float(), lse)
     return acc
 
@@ -86,8 +85,8 @@ def _step_bwd(ring, step, qs, outs, lses, douts, kv_shards, dq, dkv, scale):
     chunks = _Dense(len(qs))
     ks, vs = (t.chunk(len(qs), dim=2) for t in kv_shards[src])
     for a, b, (off, left, right) in ring.pairs(step):
-        gq, gk, gv = library.attention_bwd(douts[a], None, qs[a], ks[b], vs[b], outs[a], lses[a], off, left, right,
-                                           scale, None)
+        gq, gk, gv = torch.ops.vflash.attention_bwd(douts[a], None, qs[a], ks[b], vs[b], outs[a], lses[a], off, left,
+                                                    right, scale, None)
         chunks.add_into(dq, a, gq)
         chunks.add_into(dkv[0], b, gk)
         chunks.add_into(dkv[1], b, gv)

@@ -1,15 +1,15 @@
 """Issue 4 tool: what ptxas made of the Hopper kernel's key-tile loop, without a GPU.
 
-Compiles attention_fwd_hopper_kernel for sm_90 (ops/hopper.compile_sm90, the
-interpreter off), disassembles the cubin with the cuobjdump that Triton ships, and
+Compiles attention_fwd_hopper_kernel for sm_90 (vflash.harness.lab.compile_hopper_sm90,
+the interpreter off), disassembles the cubin with the cuobjdump that Triton ships, and
 prints for each innermost loop of the consumers (one per consumer and masking
 kind): its instruction count, spill instructions (local memory), PRMTs, the span
 of its MUFU.EX2s, and where the PV wait (WARPGROUP.DEPBAR.LE gsb0, 0x0) sits.
-LATE_PV_WAIT exists because ptxas hoisted that wait above the softmax
-(docs/perf/log.md, session 7, lead h); --check exits 1 unless every loop of a
-late_pv_wait build has its wait after its last MUFU.EX2, and unless no loop holds a
-PRMT (the byte shuffles ptxas put before each PV product while P was carried as
-16-bit values: 32 a key tile, 7 % of the loop, docs/perf/log.md session 9).
+LATE_PV_WAIT exists because ptxas hoisted that wait above the softmax (lead h
+in docs/perf/log.md); --check exits 1 unless every loop of a late_pv_wait build
+has its wait after its last MUFU.EX2, and unless no loop holds a PRMT (the byte
+shuffles ptxas put before each PV product while P was carried as 16-bit values:
+32 a key tile, 7 % of the loop).
 
 A variant is a dict: head_dim, and optionally dtype, causal (a right mask edge),
 window_left (a left one), softcap, lse, and any HopperTiles field (block_m,
@@ -31,10 +31,10 @@ import sys
 import torch
 
 from vflash.dispatch import tables
-from vflash.ops import hopper
-from vflash.ops.tiles import HopperTiles
+from vflash.harness import lab
+from vflash.harness.lab import HopperTiles
 
-BUILD_OPTIONS = ("dtype", "softcap", "lse")  # compile_sm90's own keywords, passed through
+BUILD_OPTIONS = ("dtype", "softcap", "lse")  # compile_hopper_sm90's own keywords, passed through
 
 DEFAULT_VARIANTS = [
     dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False),
@@ -47,7 +47,7 @@ DEFAULT_VARIANTS = [
 
 
 def compile_variant(variant: dict):
-    """compile_sm90 of one variant dict (see the module's docstring)."""
+    """lab.compile_hopper_sm90 of one variant dict (see the module's docstring)."""
     kw = dict(variant)
     head_dim = kw.pop("head_dim")
     right_edge, left_edge = bool(kw.pop("causal", False)), bool(kw.pop("window_left", False))
@@ -56,8 +56,8 @@ def compile_variant(variant: dict):
     unknown = set(kw) - set(HopperTiles._fields)
     if unknown:
         raise ValueError(f"unknown variant keys {sorted(unknown)}")
-    return hopper.compile_sm90(head_dim, tiles=base._replace(**kw), right_edge=right_edge, left_edge=left_edge,
-                               **build)
+    return lab.compile_hopper_sm90(head_dim, tiles=base._replace(**kw), right_edge=right_edge, left_edge=left_edge,
+                                   **build)
 
 
 def sass(kernel) -> str:
@@ -118,7 +118,7 @@ def main() -> int:
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
         ap.error("TRITON_INTERPRET is set: Gluon compiles only with the interpreter off")
-    if not hopper.HAVE_GLUON:
+    if not lab.HAVE_GLUON:
         ap.error("this Triton has no Gluon")
     ok = True
     for kw in parse_variants(a.variants) if a.variants else DEFAULT_VARIANTS:

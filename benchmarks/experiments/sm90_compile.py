@@ -1,9 +1,8 @@
-"""The backward's launches compiled for sm_90 on a machine without a GPU: catches what
-only the compiled path rejects (layouts, shared memory, Triton-version differences)
+"""The portable backward's launches compiled for sm_90 on a machine without a GPU: catches
+what only the compiled path rejects (layouts, shared memory, Triton-version differences)
 before device time is spent. Every launch the launcher makes for a set of features is
-captured (ops.launch.run replaced), then compiled with triton.compile for sm_90 from its
-own arguments: tensors become pointers of their dtype, None a constexpr, ints i32,
-floats fp32.
+captured on the compiled path, then compiled for sm_90 from its own arguments
+(vflash.harness.lab: compiled_path, captured_launches, compile_launch_sm90).
 
   PYTHONPATH=src python3 -m benchmarks.experiments.sm90_compile [--tiles all] [--spills]
 
@@ -22,43 +21,11 @@ import time
 import torch
 
 from benchmarks.experiments import common
-from vflash import _backend, dispatch
-from vflash.ops.band import mask_band
-from vflash.ops.tiles import BackwardLaunch, BackwardTiles
+from vflash import dispatch
+from vflash.harness import lab
+from vflash.harness.lab import BackwardLaunch, BackwardTiles, mask_band
 
-_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
-
-
-def compile_launch(launch):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = launch.kernel
-    constexprs = dict(launch.constexprs)
-    signature, attrs = {}, {}
-    # the launch's specializations, as Triton's JIT makes them: an int of 1 a constant, pointers (16-byte
-    # aligned: torch's allocations) and ints divisible by 16 marked so (vectorized and asynchronous copies
-    # need it: without it the pipeliner and the resource figures are not the launch's)
-    for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
-        if arg is None:
-            signature[name], constexprs[name] = "constexpr", None
-        elif isinstance(arg, torch.Tensor):
-            signature[name] = "*" + _DTYPES[arg.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(arg, float):
-            signature[name] = "fp32"
-        elif arg == 1:
-            signature[name], constexprs[name] = "constexpr", 1
-        else:
-            signature[name] = "i32"
-            if arg % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    for name in fn.arg_names[len(launch.args):]:
-        signature[name] = "constexpr"
-    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=opts)
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def spills(compiled) -> str:
@@ -92,7 +59,11 @@ def main() -> int:
     ap.add_argument("--tiles", default="table", help="table: the dispatch table's; all: bwd_tune's candidates too")
     ap.add_argument("--spills", action="store_true", help="registers and spills of each launch (ptxas -v)")
     args = ap.parse_args()
-    _backend.interpreted = lambda device: False  # the compiled path's constexprs (no interpreter upcast)
+    with lab.compiled_path():  # the launches a GPU would compile, from CPU tensors
+        return compile_all(args.tiles, args.spills)
+
+
+def compile_all(which: str, with_spills: bool) -> int:
     features = [(None, (-1, -1), None), ("bottom_right", (-1, -1), None), (None, (64, 32), 20.0)]
     failures = 0
     for d, dtype in itertools.product((64, 128, 256), (torch.bfloat16, torch.float16)):
@@ -100,15 +71,15 @@ def main() -> int:
                                    torch.device("cuda"), False)
         table = dispatch.backward_tiles(problem)
         candidates = [table]
-        if args.tiles == "all":
+        if which == "all":
             from benchmarks.experiments.bwd_tune import DKDV, DQ
             candidates += [BackwardTiles(BackwardLaunch(*a), BackwardLaunch(*b)) for a, b in zip(DKDV, DQ)]
         for tiles, (causal, window, softcap) in itertools.product(candidates, features):
             for launch in backward_launches(d, causal, window, softcap, dtype, tiles):
                 t0 = time.time()
                 try:
-                    compiled = compile_launch(launch)
-                    status = "ok" + (f", {spills(compiled)}" if args.spills else "")
+                    compiled = lab.compile_launch_sm90(launch)
+                    status = "ok" + (f", {spills(compiled)}" if with_spills else "")
                 except Exception as e:  # noqa: BLE001 - report every failure, go on
                     status, failures = f"FAILED {type(e).__name__}: {str(e)[:300]}", failures + 1
                 print(f"D{d} {_DTYPES[dtype]} causal={causal} window={window} softcap={softcap} "

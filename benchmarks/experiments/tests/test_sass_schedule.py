@@ -10,10 +10,10 @@ import torch
 
 from benchmarks.experiments import sass_schedule
 from vflash.dispatch import tables
-from vflash.ops import hopper
+from vflash.harness import lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-needs_gluon = pytest.mark.skipif(not hopper.HAVE_GLUON, reason="this Triton has no Gluon")
+needs_gluon = pytest.mark.skipif(not lab.HAVE_GLUON, reason="this Triton has no Gluon")
 
 
 def _sass_check(variants: str) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def _sass_check(variants: str) -> subprocess.CompletedProcess:
 def test_late_pv_wait_keeps_the_pv_wait_after_the_exponentials_in_the_sass():
     # LATE_PV_WAIT's whole point is a ptxas scheduling decision: compiled for sm_90
     # with the ptxas that Triton ships, every key-tile loop must wait for its PV
-    # product only after its last MUFU.EX2 (docs/perf/log.md, session 7, lead h).
+    # product only after its last MUFU.EX2 (lead h in docs/perf/log.md).
     r = _sass_check("[dict(head_dim=128, q_buffers=2, lse=False, late_pv_wait=True)]")
     assert r.stdout.count("after the exponentials") >= 2 and "before the exponentials" not in r.stdout, r.stdout
 
@@ -39,8 +39,8 @@ def test_p_carried_between_key_tiles_needs_no_byte_shuffles_in_the_sass():
     # The 16-bit P goes from one key tile to the next packed two to a 32-bit
     # register: carried as separate halves, ptxas paired them in the opposite order
     # to the PV product's operand and swapped each pair back with a PRMT (32 a key
-    # tile at D = 64, 7 % of the loop; docs/perf/log.md, session 9). The build is the
-    # three-consumer D = 64 kernel the launcher runs without a right mask edge.
+    # tile at D = 64, 7 % of the loop). The build is the three-consumer D = 64 kernel
+    # the launcher runs without a right mask edge.
     r = _sass_check("[dict(head_dim=64, table=True, lse=False)]")
     assert r.stdout.count(" 0 PRMT") >= 2 and "loop:" in r.stdout, r.stdout
 
@@ -52,13 +52,13 @@ def test_variants_are_read_without_eval():
         sass_schedule.parse_variants("[__import__('os').system('true')]")
 
 
-def test_variant_dicts_map_onto_compile_sm90(monkeypatch):
+def test_variant_dicts_map_onto_compile_hopper_sm90(monkeypatch):
     calls = []
-    monkeypatch.setattr(hopper, "compile_sm90", lambda head_dim, **kw: calls.append((head_dim, kw)))
+    monkeypatch.setattr(lab, "compile_hopper_sm90", lambda head_dim, **kw: calls.append((head_dim, kw)))
     sass_schedule.compile_variant(dict(head_dim=256, block_n=64, causal=True, late_pv_wait=True, lse=False))
     sass_schedule.compile_variant(dict(head_dim=64, table=True, causal=True, q_buffers=2))
     (d0, kw0), (d1, kw1) = calls
-    assert d0 == 256 and kw0["tiles"] == hopper.HopperTiles(128, 64, 2, late_pv_wait=True)
+    assert d0 == 256 and kw0["tiles"] == lab.HopperTiles(128, 64, 2, late_pv_wait=True)
     assert kw0["right_edge"] and not kw0["left_edge"] and kw0["lse"] is False
     assert d1 == 64 and kw1["tiles"] == tables.HOPPER[(64, True)]._replace(q_buffers=2)
     with pytest.raises(ValueError):

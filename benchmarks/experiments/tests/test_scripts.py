@@ -1,5 +1,6 @@
 """The live lab scripts import and parse their options on the CPU, share one module
-without sys.path edits, and still fit the library's launcher API."""
+without sys.path edits, reach the library through its public modules alone (its internals
+through vflash.harness.lab), and still fit the library's launcher API."""
 
 import ast
 import importlib
@@ -13,17 +14,18 @@ import torch
 
 from benchmarks.experiments import common, hopper_variants, profile_hopper
 from vflash.dispatch import tables
-from vflash.kernels import attention_fwd_hopper as hopper_kernels
-from vflash.ops import hopper
-from vflash.ops.band import mask_band
-from vflash.ops.tiles import HopperTiles
+from vflash.harness import lab
+from vflash.harness.lab import HopperTiles, mask_band
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule",
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
-                "ring_scaling", "check_cost"]
+                "ring_scaling", "check_cost", "bwd_host", "bwd_hopper", "bwd_tune", "decode_host", "decode_residency",
+                "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile"]
 WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
-needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
+# The library's modules a lab script may import: the public API and what vflash.harness.lab collects.
+PUBLIC = re.compile(r"vflash(\.(harness|dispatch|reference|integrations)(\.\w+)*|\.distributed|\.cli)?")
+needs_gluon = pytest.mark.skipif(not lab.HAVE_GLUON, reason="this Triton has no Gluon")
 
 
 def _run(*args):
@@ -56,8 +58,32 @@ def test_no_sys_path_edits_and_the_library_suite_imports_no_lab_script():
     for f in os.listdir(tests):
         if f.endswith(".py"):
             text = open(os.path.join(tests, f)).read()
-            assert not re.search(r"benchmarks[./]experiments|\bimport (hopper_path|launch_overhead)", text), \
+            assert not re.search(r"benchmarks[./]experiments|\bimport launch_overhead\b", text), \
                 f"tests/{f} refers to the lab scripts"
+
+
+def test_lab_scripts_import_only_public_modules_of_the_library():
+    seen = 0
+    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+        if os.path.basename(folder) == "results":
+            continue
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            for node in ast.walk(ast.parse(open(path).read())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                for name in names:
+                    if name.split(".")[0] == "vflash":
+                        seen += 1
+                        assert PUBLIC.fullmatch(name), f"{os.path.relpath(path, ROOT)} imports {name}"
+    assert seen > 20
+
+
+def test_lab_surface_resolves_every_name_it_lists():
+    assert all(getattr(lab, name, None) is not None for name in lab.__all__)
+    assert set(lab.__all__) <= set(lab.__doc__.replace(",", " ").split())
 
 
 def test_sweep_shapes_and_inputs():
@@ -80,19 +106,19 @@ def test_every_hopper_variant_has_valid_tiles(d):
         for right_edge in (False, True):
             t = hopper_variants.variant_tiles(var, d, right_edge)
             base = tables.HOPPER[(d, right_edge)]
-            assert (t.block_m // hopper.CONSUMER_ROWS, t.ctas_per_sm) in hopper.CONSUMER_REGS, var
+            assert (t.block_m // lab.CONSUMER_ROWS, t.ctas_per_sm) in lab.CONSUMER_REGS, var
             assert t.q_buffers == (var.q_buffers or base.q_buffers) and t.dynamic == var.dynamic, var
             assert t.pingpong == (base.pingpong if var.pingpong is None else var.pingpong), var
 
 
 @needs_gluon
 def test_hopper_variant_launches_fill_the_kernel_signature():
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
     q = torch.randn(2, 4, 300, 128, dtype=torch.float16)
     out = torch.empty_like(q)
     band = mask_band(300, 300, "bottom_right", (-1, -1))
     for var in hopper_variants.VARIANTS[128]:
         launch = hopper_variants.variant_launch(var, q, q, q, out, None, band, 0.1, None, 132)
+        names = launch.kernel.arg_names
         params = dict(zip(names, launch.params()))
         assert len(launch.params()) == len(names) and params["q_desc"].base is q, var
         assert launch.constexprs["BLOCK_M"] == var.block_m and launch.constexprs["DYNAMIC"] == var.dynamic, var
@@ -100,7 +126,7 @@ def test_hopper_variant_launches_fill_the_kernel_signature():
         work = 2 * 4 * -(-300 // var.block_m)
         if var.persist is None:
             tiles = hopper_variants.variant_tiles(var, 128, True)
-            assert launch.grid == hopper.grid(2, 4, 300, var.block_m, 132, True, tiles.ctas_per_sm, var.dynamic)
+            assert launch.grid == lab.hopper_grid(2, 4, 300, var.block_m, 132, True, tiles.ctas_per_sm, var.dynamic)
         else:
             assert launch.grid == ((min(work, var.ctas or 132) if var.persist else work), 1, 1), var
 

@@ -23,9 +23,8 @@ import csv
 import itertools
 import json
 import os
-import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -33,6 +32,9 @@ import vflash
 from vflash.harness.cases import DTYPES
 from vflash.harness.env import environment
 from vflash.harness.memory import peak_mib
+# The timing protocol lives in vflash.harness.timing (the lab scripts share it); its names stay importable from here.
+from vflash.harness.timing import Stats, gemm_warmup, time_call, time_calls_interleaved  # noqa: F401
+from vflash.harness.timing import summarize as _stats  # noqa: F401
 from vflash.reference import attention_explicit, attention_tiled
 
 CSV_COLUMNS = [
@@ -189,86 +191,6 @@ def default_methods(device: torch.device) -> List[str]:
     if device.type != "cuda":
         return ["explicit_fp32", "explicit", "tiled", "vflash"]
     return [m for m in METHODS if m != "fa4" or fa4_importable()]
-
-
-def gemm_warmup(seconds: float = 1.0) -> None:
-    """Lift the GPU out of its idle clocks before the first timing."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-
-
-Stats = Tuple[float, float, float, int]
-
-
-def _stats(times: Sequence[float]) -> Stats:
-    """(median, p20, p80, count) of repeated timings."""
-    times = sorted(times)
-
-    def q(f):
-        return times[min(len(times) - 1, int(round(f * (len(times) - 1))))]
-    return q(0.5), q(0.2), q(0.8), len(times)
-
-
-def time_call(call: Callable[[], object], device: torch.device, rep_ms: float = 200.0,
-              warmup_ms: float = 100.0) -> Stats:
-    """(median, p20, p80) milliseconds and the repetition count.
-
-    CUDA: events around each call, after warm-up, with the L2 cache flushed in
-    between (a 256 MiB write), as triton.testing.do_bench does. CPU: wall clock.
-    """
-    return time_calls_interleaved([("call", call)], device, rep_ms, warmup_ms)["call"]
-
-
-def time_calls_interleaved(calls: Sequence[Tuple[str, Callable[[], object]]], device: torch.device,
-                           rep_ms: float = 200.0, warmup_ms: float = 1200.0) -> Dict[str, Stats]:
-    """{name: (median, p20, p80, repetitions)} in milliseconds for several calls timed in
-    turn, one repetition of each per round, so that all of them see the same clocks.
-
-    Under sustained load the H200 holds its power cap and its SM clock moves within
-    the first second (a 5-12 % dip about 0.8 s in: docs/performance.md, the power cap),
-    so calls timed one after another can meet different clocks. CUDA: every call
-    once, three rounds to estimate a round's time, rounds of all of them for
-    warmup_ms (past that dip), then rounds with the L2 cache flushed before each
-    call and events around it, about rep_ms of each call in all. CPU: wall clock,
-    three rounds. time_call is this with one call and a 100 ms warm-up."""
-    if device.type != "cuda":
-        times = {name: [] for name, _ in calls}
-        for _ in range(3):
-            for name, call in calls:
-                t0 = time.perf_counter()
-                call()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-        return {name: _stats(ts) for name, ts in times.items()}
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    for _, call in calls:
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        for _, call in calls:
-            call()
-    end.record()
-    end.synchronize()
-    round_ms = max(start.elapsed_time(end) / 3, 1e-3)
-    for _ in range(max(1, int(warmup_ms / round_ms))):
-        for _, call in calls:
-            call()
-    reps = int(min(1000, max(5, rep_ms * len(calls) / round_ms)))
-    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                     for _ in range(reps)] for name, _ in calls}
-    for i in range(reps):
-        for name, call in calls:
-            flush.zero_()
-            events[name][i][0].record()
-            call()
-            events[name][i][1].record()
-    torch.cuda.synchronize()
-    return {name: _stats([s.elapsed_time(e) for s, e in pairs]) for name, pairs in events.items()}
 
 
 def _error_text(exc: Exception) -> str:

@@ -1,0 +1,210 @@
+"""The lab's window on the library's internals: what the lab scripts (benchmarks/experiments, benchmarks/tune.py)
+tune, time and compile, each under one name here.
+
+The public API chooses a kernel and tiles for every call (vflash.dispatch) and replays launch plans for
+repeats. A lab script asks other questions: how a candidate tile times against the table's, what a call
+costs on the host piece by piece, what ptxas made of a build. For that it needs the launchers with their
+tiles forced, the launches a call makes, the launch plans, and the sm_90 builds; they are gathered here so
+that a refactor of vflash.ops or vflash.kernels changes this module and no script, and so that a script
+that compares two source trees (ptx_fingerprint, the A/B scripts) runs against both.
+
+Not a user API: these take validated inputs and a folded mask (a Band, not causal / window), check nothing,
+and change with the kernels.
+
+Masks and tiles
+  Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
+  PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles
+Launchers with their tiles forced (nothing validated, no plan recorded)
+  attention_forward, attention_kvcache_forward, attention_backward, merge_states_forward, write_kvcache_forward
+Launches
+  KernelLaunch, run_launch            one kernel launch as a launcher builds it, and running it
+  capturing_launches, captured_launches   the launches calls make, kept instead of run
+Launch plans (the host fast path of repeated calls)
+  plans_off, clear_plans, recorded_plans, plan_key, kvcache_plan_key, lookup_plan, triton_launcher_only
+The sm_90 kernels
+  HAVE_GLUON, CONSUMER_ROWS, CONSUMER_REGS, hopper_launch, hopper_grid             the Gluon forward
+  hopper_dq_launch, hopper_dkdv_launch, HOPPER_BWD_STAGES                           the Gluon backward
+Builds without a GPU
+  compiled_path, compile_launch_sm90, sm90_builds, compile_hopper_sm90
+Device functions for prototype kernels
+  fold_splits                         split-KV's merge of fp32 partials (@triton.jit)
+"""
+
+import contextlib
+from typing import Callable, Iterator, List
+
+import torch
+
+from vflash import _backend
+from vflash.kernels.combine import fold_splits
+from vflash.ops import hopper as _hopper
+from vflash.ops import hopper_bwd as _hopper_bwd
+from vflash.ops import launch as _launches
+from vflash.ops import plans as _plans
+from vflash.ops.attention import attention_forward, attention_kvcache_forward
+from vflash.ops.attention_bwd import attention_backward
+from vflash.ops.band import Band, mask_band, sequence_band
+from vflash.ops.cache import write_kvcache_forward
+from vflash.ops.combine import merge_states_forward
+from vflash.ops.launch import KernelLaunch
+from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
+                              PortableTiles)
+
+__all__ = [
+    "Band", "mask_band", "sequence_band",
+    "PortableTiles", "HopperTiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
+    "attention_forward", "attention_kvcache_forward", "attention_backward", "merge_states_forward",
+    "write_kvcache_forward",
+    "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",
+    "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
+    "triton_launcher_only",
+    "HAVE_GLUON", "CONSUMER_ROWS", "CONSUMER_REGS", "hopper_launch", "hopper_grid",
+    "hopper_dq_launch", "hopper_dkdv_launch", "HOPPER_BWD_STAGES",
+    "compiled_path", "compile_launch_sm90", "sm90_builds", "compile_hopper_sm90",
+    "fold_splits",
+]
+
+# --- launches ---
+
+run_launch = _launches.run  # (launch, device): compiled for a CUDA device, interpreted for CPU tensors
+
+
+@contextlib.contextmanager
+def capturing_launches() -> Iterator[List[KernelLaunch]]:
+    """Inside, every kernel launch is appended to the yielded list instead of run, and plans are off
+    (plans_off), so each call builds its launches on the full path. The calls' outputs are then
+    garbage; a call that reads a kernel's result on the host (a metadata check) needs its check off."""
+    got: List[KernelLaunch] = []
+    run = _launches.run
+    _launches.run = lambda launch, device: got.append(launch)
+    try:
+        with plans_off():
+            yield got
+    finally:
+        _launches.run = run
+
+
+def captured_launches(call: Callable[[], object]) -> List[KernelLaunch]:
+    """The launches `call` makes, in order, built but not run (capturing_launches)."""
+    with capturing_launches() as got:
+        call()
+    return got
+
+
+# --- launch plans ---
+
+@contextlib.contextmanager
+def plans_off() -> Iterator[None]:
+    """Inside, no call finds a plan: every call takes the full path (validation, dispatch, launcher,
+    Triton's JIT launch), as a first call does."""
+    lookup = _plans.lookup
+    _plans.lookup = lambda *args: None
+    try:
+        yield
+    finally:
+        _plans.lookup = lookup
+
+
+@contextlib.contextmanager
+def triton_launcher_only() -> Iterator[None]:
+    """Inside, plans recorded bind Triton's own compiled launcher rather than the direct C launch
+    (vflash.ops.direct_launch): what a plan's launch costs without it. Plans recorded before keep theirs."""
+    direct = _launches.direct_launch
+    _launches.direct_launch = lambda *args: None
+    try:
+        yield
+    finally:
+        _launches.direct_launch = direct
+
+
+clear_plans = _plans.clear  # forget every recorded plan (tiles or tables changed, or a first call to time)
+plan_key = _plans.plan_key  # (q, k, v, causal, scale, window, softcap, return_lse): vflash.attention's key
+kvcache_plan_key = _plans.kvcache_plan_key  # vflash.attention_with_kvcache's key (its arguments, in order)
+lookup_plan = _plans.lookup  # (key, *inputs): the plan recorded for key that may run now, or None
+
+
+def recorded_plans() -> list:
+    """The plans recorded so far (LaunchPlan: call it with its inputs; .launch, .allocs, .scratch), oldest
+    first."""
+    return list(_plans._plans.values())
+
+
+# --- the sm_90 kernels ---
+
+HAVE_GLUON = _hopper.HAVE_GLUON  # whether this Triton has Gluon (the sm_90 kernels need it)
+CONSUMER_ROWS = _hopper.CONSUMER_ROWS  # query rows a consumer warpgroup of the forward
+CONSUMER_REGS = _hopper.CONSUMER_REGS  # {(consumers, CTAs an SM): registers a consumer thread}: the builds that fit
+hopper_grid = _hopper.grid  # (B, Hq, Nq, block_m, sms, right_edge, ctas_per_sm, dynamic): the forward's grid
+# (q, k, v, out, lse, counter, band, scale, softcap, tiles, sms): the forward's launch with these tiles
+hopper_launch = _hopper.build
+hopper_dq_launch = _hopper_bwd.dq_launch  # the backward's dQ launch with its tiles (block_m, block_n, stages)
+hopper_dkdv_launch = _hopper_bwd.dkdv_launch  # the backward's dK / dV launch with its tiles
+HOPPER_BWD_STAGES = _hopper_bwd.STAGES  # the backward's ring depth unless a launch says otherwise
+
+# --- builds without a GPU ---
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+           torch.int64: "i64"}
+
+
+@contextlib.contextmanager
+def compiled_path() -> Iterator[None]:
+    """Inside, launchers build their launches as for a GPU whatever the tensors' device (no interpreter
+    forms, no bf16 done by hand): with capturing_launches, a launcher called on CPU tensors with its tiles
+    given then builds the launches a GPU would compile. Nothing may run inside but captured launches, and
+    nothing that asks the dispatch (the public API does): it would look for the GPU it chooses for."""
+    interpreted = _backend.interpreted
+    _backend.interpreted = lambda device: False
+    try:
+        yield
+    finally:
+        _backend.interpreted = interpreted
+
+
+def compile_launch_sm90(launch: KernelLaunch):
+    """A captured launch of a @triton.jit kernel compiled for sm_90 without a GPU, from its own
+    arguments: Triton's CompiledKernel (its .asm holds 'ptx' and 'cubin'). Tensors
+    become 16-byte-aligned pointers of their dtype, None a constexpr, an int of 1 a constant, other ints
+    i32 (marked divisible by 16 where they are), floats fp32: the specializations Triton's JIT makes.
+    The Gluon kernels take TMA descriptors: compile_hopper_sm90 builds the forward."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.kernel
+    constexprs = dict(launch.constexprs)
+    signature, attrs = {}, {}
+    for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
+        if arg is None:
+            signature[name], constexprs[name] = "constexpr", None
+        elif isinstance(arg, torch.Tensor):
+            signature[name] = "*" + _DTYPES[arg.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(arg, float):
+            signature[name] = "fp32"
+        elif arg == 1:
+            signature[name], constexprs[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+            if arg % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    for name in fn.arg_names[len(launch.args):]:
+        signature[name] = "constexpr"
+    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=opts)
+
+
+def sm90_builds(call: Callable[[], object]) -> list:
+    """What `call` compiles to on sm_90, one CompiledKernel a launch, in order: a launcher of @triton.jit
+    kernels called on CPU tensors with its tiles given (attention_forward with PortableTiles, say), its
+    launches captured on the compiled path (compiled_path, captured_launches), each compiled by
+    compile_launch_sm90. A build's PTX is .asm['ptx'], its cubin .asm['cubin']."""
+    with compiled_path():
+        launches = captured_launches(call)
+    return [compile_launch_sm90(launch) for launch in launches]
+
+
+# (head_dim, dtype, tiles, *, right_edge, left_edge, softcap, lse, varlen, top_left, kv_cache, page_size):
+# the Gluon forward compiled for sm_90 without a GPU (Triton's CompiledKernel)
+compile_hopper_sm90 = _hopper.compile_sm90
