@@ -12,9 +12,9 @@ import torch
 from vflash import dispatch
 from vflash.dispatch import Problem, select, tables
 from vflash.dispatch import rules as select_module
-from vflash.ops import hopper as hopper_launch
+from vflash.ops import hopper
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles, KVCacheTiles, PortableTiles
 
 CUDA = torch.device("cuda", 0)
 H = torch.float16
@@ -23,7 +23,7 @@ H = torch.float16
 @pytest.fixture
 def h200(monkeypatch):
     monkeypatch.setattr(select_module, "_sm90", lambda index: (True, 132))
-    monkeypatch.setattr(hopper_launch, "HAVE_GLUON", True)
+    monkeypatch.setattr(select_module, "HAVE_GLUON", True)
     monkeypatch.setattr(select_module, "FORCED", None)
 
 
@@ -155,9 +155,9 @@ def test_every_table_entry_has_a_register_share():
     entries = [*tables.HOPPER.values(), *tables.HOPPER_FEW_TILES.values(),
                *(b.tiles for bands in tables.HOPPER_SHORT_CAUSAL.values() for b in bands)]
     for t in entries:
-        consumers = t.block_m // hopper_launch.CONSUMER_ROWS
-        cap = hopper_launch.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
-        assert hopper_launch.CONSUMER_REGS[(consumers, t.ctas_per_sm)] * consumers + 24 <= cap * (consumers + 1)
+        consumers = t.block_m // CONSUMER_ROWS
+        cap = hopper.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
+        assert CONSUMER_REGS[(consumers, t.ctas_per_sm)] * consumers + 24 <= cap * (consumers + 1)
     for d, bands in tables.HOPPER_SHORT_CAUSAL.items():
         assert [b.longest_n_q for b in bands] == sorted({b.longest_n_q for b in bands})
         assert (d, True) in tables.HOPPER and tables.HOPPER_USE[d].min_n_q_right <= bands[0].longest_n_q

@@ -10,9 +10,9 @@ from vflash.harness.cases import Case
 from vflash.dispatch import tables
 from vflash.kernels import attention_fwd_hopper as hopper_kernels
 from vflash.ops import attention as ops
-from vflash.ops import hopper, mask_band
+from vflash.ops import hopper, mask_band, tma
 from vflash.ops.band import Band
-from vflash.ops.tiles import HopperTiles
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
 
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
@@ -57,7 +57,7 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.4d" in ptx, kw
         # the consumers' register share, as the table gives it for their count and CTAs an SM,
         # and the thread cap that shares the file between the CTAs
-        regs = hopper.CONSUMER_REGS[(t.block_m // hopper.CONSUMER_ROWS, t.ctas_per_sm)]
+        regs = CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)]
         assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
         if t.ctas_per_sm > 1:
             assert re.search(rf"\.maxnreg {hopper.launch_options(64, t.ctas_per_sm)['maxnreg']}\b", ptx), kw
@@ -101,13 +101,13 @@ def test_grid_persistence_and_stride():
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
     x = torch.randn(2, 4, 10, 64, dtype=torch.float16)
-    assert hopper.tma_ready(x)
-    assert hopper.tma_ready(x.transpose(1, 2))  # [B, N, H, D] view: strides stay multiples of 8 elements
-    assert hopper.tma_ready(x[..., :56])  # a sliced view keeps 128-byte rows
-    assert not hopper.tma_ready(torch.randn(2, 4, 10, 60, dtype=torch.float16))  # 120-byte rows
-    assert not hopper.tma_ready(x.transpose(2, 3))  # last stride not 1
+    assert tma.tma_ready(x)
+    assert tma.tma_ready(x.transpose(1, 2))  # [B, N, H, D] view: strides stay multiples of 8 elements
+    assert tma.tma_ready(x[..., :56])  # a sliced view keeps 128-byte rows
+    assert not tma.tma_ready(torch.randn(2, 4, 10, 60, dtype=torch.float16))  # 120-byte rows
+    assert not tma.tma_ready(x.transpose(2, 3))  # last stride not 1
     shifted = torch.randn(x.numel() + 1, dtype=torch.float16)[1:].view(2, 4, 10, 64)
-    assert not hopper.tma_ready(shifted)  # base 2 bytes off 16
+    assert not tma.tma_ready(shifted)  # base 2 bytes off 16
 
 
 @needs_gluon
@@ -118,11 +118,11 @@ def test_descriptors_equal_the_checked_constructor():
     q = torch.randn(2, 8, 300, 128, dtype=torch.bfloat16)
     k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty(2, 8, 300, 128, dtype=torch.bfloat16)
-    rows_of, keys_of = hopper.describers(64, 128, torch.bfloat16)
+    rows_of, keys_of = tma.describers(64, 128, torch.bfloat16)
     got = (rows_of(q), keys_of(k), keys_of(k), rows_of(out))
     rows, keys = [1, 1, 64, 128], [1, 1, 64, 128]
     for d, t, block in zip(got, (q, k, k, out), (rows, keys, keys, rows)):
-        layout = hopper._shared_layout(tuple(block), torch.bfloat16)
+        layout = tma.shared_layout(tuple(block), torch.bfloat16)
         assert d == TensorDescriptor(t, t.shape, t.stride(), block, layout)
 
 
@@ -215,9 +215,9 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     assert names_by_slot[1] == "k_cache" and names_by_slot[9] == "cache_seqlens" and names_by_slot[2] == "v_cache"
     assert (names_by_slot.get(10) == "block_table") == bool(page)
     assert (names_by_slot.get(11), names_by_slot.get(12)) == (("k_cache", "v_cache") if runs else (None, None))
-    assert hopper.pages_fit(16, 128) and hopper.pages_fit(256, 64) and not hopper.pages_fit(17, 128)
-    assert not hopper.pages_fit(8, 128) and hopper.cache_ready(k) and hopper.cache_ready(k[:, ::2])
-    assert not hopper.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge
+    assert tma.pages_fit(16, 128) and tma.pages_fit(256, 64) and not tma.pages_fit(17, 128)
+    assert not tma.pages_fit(8, 128) and tma.cache_ready(k) and tma.cache_ready(k[:, ::2])
+    assert not tma.cache_ready(k[:, : k.shape[1] // 2])  # rows of a page cut short: they do not merge
     if page:  # the launcher refuses what dispatch would not hand it
         odd = torch.randn(40, 17, 2, 128, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="power-of-two pages"):
@@ -268,7 +268,7 @@ def _schedules(d):
 def _assert_case_with(case, tiles):
     # The case through the launcher with the Hopper kernel's tiles and switches forced to `tiles`.
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
-        assert all(map(hopper.tma_ready, (q, k, v)))
+        assert all(map(tma.tma_ready, (q, k, v)))
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
         band = mask_band(q.shape[2], k.shape[2], mode, window or (-1, -1))
         return ops.attention_forward(q, k, v, band=band, scale=q.shape[-1] ** -0.5 if scale is None else scale,

@@ -10,10 +10,11 @@ import torch
 
 from vflash import _backend
 from vflash.dispatch import tables
-from vflash.ops import hopper as hopper_launch
+from vflash.kernels.gluon_sm90 import HAVE_GLUON
+from vflash.ops.tma import cache_ready, pages_fit, tma_ready
 from vflash.ops.band import Band
-from vflash.ops.tiles import (BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles, MetadataTiles,
-                              PortableTiles, head_dim_pad)
+from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
+                              MetadataTiles, PortableTiles, head_dim_pad)
 
 KERNELS = ("portable", "sm90")
 
@@ -56,7 +57,7 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[
     """The Problem of an attention call on [B, H, N, D] tensors; out None: the
     launcher allocates it contiguous (which suits TMA)."""
     B, Hq, Nq, D = q.shape
-    tma = all(map(hopper_launch.tma_ready, (q, k, v) if out is None else (q, k, v, out)))
+    tma = all(map(tma_ready, (q, k, v) if out is None else (q, k, v, out)))
     return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
 
 
@@ -66,7 +67,7 @@ def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen
     KV cache): batch sequences, the longest of max_seqlen_q queries and max_seqlen_k keys.
     kv: the packed k and v (and a preallocated out) of an attention_varlen call, for the
     TMA check; None (a KV cache) counts as unfit for TMA."""
-    tma = kv is not None and all(map(hopper_launch.tma_ready, (q, *kv)))
+    tma = kv is not None and all(map(tma_ready, (q, *kv)))
     return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, tma,
                    varlen=True)
 
@@ -76,10 +77,10 @@ def kvcache_problem_of(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     """The Problem of an attention_with_kvcache call: packed queries q [total_q, Hq, D]
     against caches of `capacity` keys a sequence; TMA-fit when q (and a given out, rows
     [total_q, Hq, D]) suits TMA and both caches merge into rows TMA can address
-    (ops.hopper.cache_ready)."""
+    (ops.tma.cache_ready)."""
     p = varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
-    tma = (all(map(hopper_launch.tma_ready, (q,) if out is None else (q, out)))
-           and all(map(hopper_launch.cache_ready, (k_cache, v_cache))))
+    tma = (all(map(tma_ready, (q,) if out is None else (q, out)))
+           and all(map(cache_ready, (k_cache, v_cache))))
     return dataclasses.replace(p, tma_ok=tma)
 
 
@@ -97,7 +98,7 @@ def _sm90_device_refusal(p: Problem) -> Optional[str]:
     # what every sm_90 kernel needs: Gluon, an sm_90 device, 16-bit inputs TMA can address
     if _backend.interpreted(p.device):
         return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
-    if not hopper_launch.HAVE_GLUON:
+    if not HAVE_GLUON:
         return "this Triton has no Gluon"
     if not _sm90(p.device.index)[0]:
         return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
@@ -115,7 +116,7 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return refusal
     if (p.head_dim, p.band.has_right) not in tables.HOPPER:
         return f"it has tiles for head dims {sorted({d for d, _ in tables.HOPPER})}, not {p.head_dim}"
-    if p.row_tiles(hopper_launch.CONSUMER_ROWS) >= 2**31:
+    if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None
 
@@ -200,14 +201,14 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
 
     Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
     takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
-    for the same rows dense and the page size suits its copies (ops.hopper.pages_fit);
+    for the same rows dense and the page size suits its copies (ops.tma.pages_fit);
     decode and everything else attention_kvcache_kernel (portable)."""
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     rows = group * max(1, p.n_q)
     if rows > tables.DECODE_ROWS and not batch_invariant and num_splits in (None, 1) and sm90_refusal(p) is None:
         dense = select(p)
-        if dense.kernel == "sm90" and (page_size == 0 or hopper_launch.pages_fit(page_size, dense.tiles.block_n)):
+        if dense.kernel == "sm90" and (page_size == 0 or pages_fit(page_size, dense.tiles.block_n)):
             cache = f"pages of {page_size}" if page_size else "contiguous"
             return Choice("sm90", dense.tiles, f"{dense.why}, KV cache ({cache})")
     if _backend.interpreted(p.device):

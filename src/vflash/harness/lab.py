@@ -36,11 +36,13 @@ from typing import Callable, Iterator, List
 import torch
 
 from vflash import _backend
+from vflash.kernels import gluon_sm90 as _gluon
 from vflash.kernels.combine import fold_splits
 from vflash.ops import hopper as _hopper
 from vflash.ops import hopper_bwd as _hopper_bwd
 from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
+from vflash.ops import tiles as _tiles
 from vflash.ops.attention import attention_forward, attention_kvcache_forward
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band, mask_band, sequence_band
@@ -131,9 +133,9 @@ def recorded_plans() -> list:
 
 # --- the sm_90 kernels ---
 
-HAVE_GLUON = _hopper.HAVE_GLUON  # whether this Triton has Gluon (the sm_90 kernels need it)
-CONSUMER_ROWS = _hopper.CONSUMER_ROWS  # query rows a consumer warpgroup of the forward
-CONSUMER_REGS = _hopper.CONSUMER_REGS  # {(consumers, CTAs an SM): registers a consumer thread}: the builds that fit
+HAVE_GLUON = _gluon.HAVE_GLUON  # whether this Triton has Gluon (the sm_90 kernels need it)
+CONSUMER_ROWS = _tiles.CONSUMER_ROWS  # query rows a consumer warpgroup of the forward
+CONSUMER_REGS = _tiles.CONSUMER_REGS  # {(consumers, CTAs an SM): registers a consumer thread}: the builds that fit
 hopper_grid = _hopper.grid  # (B, Hq, Nq, block_m, sms, right_edge, ctas_per_sm, dynamic): the forward's grid
 # (q, k, v, out, lse, counter, band, scale, softcap, tiles, sms): the forward's launch with these tiles
 hopper_launch = _hopper.build

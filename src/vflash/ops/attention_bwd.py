@@ -9,13 +9,14 @@ import torch
 
 from vflash import _backend
 from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
-from vflash.ops import hopper, hopper_bwd
+from vflash.ops import hopper_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
 from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
+from vflash.ops.tma import tma_ready
 
 
 # A backward plan's inputs, in the order vflash.library's backward ops pass them (dlse may be None;
@@ -79,7 +80,7 @@ def attention_backward(
         dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), *([] if dlse is None else [Slot(2, "dlse")]),
                             Slot(3, "delta")))
     if kernel == "sm90":
-        do = do if hopper.tma_ready(do) else do.contiguous()
+        do = do if tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
         dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
                                        tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed)

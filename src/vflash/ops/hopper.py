@@ -1,9 +1,8 @@
 """Launcher of the Gluon Hopper kernel (kernels/attention_fwd_hopper.py): grid,
-TMA descriptors, the kernel's arguments and slots, and an ahead-of-time compile
+the kernel's arguments, TMA descriptors (ops/tma.py) and slots, and an ahead-of-time compile
 for sm_90 that needs no GPU (the CPU test suite uses it to prove the kernel builds)."""
 
 import math
-from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -12,18 +11,9 @@ from vflash.kernels import attention_fwd_hopper as hopper
 from vflash.ops.band import Band
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.tiles import HopperTiles
-
-HAVE_GLUON = hopper.HAVE_GLUON
-_GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-# Query rows per consumer warpgroup (one wgmma M): the kernel's ROWS.
-CONSUMER_ROWS = 64
-# Registers per thread of each consumer warpgroup (setmaxnreg), by (consumer
-# count, CTAs an SM); the producer warpgroup keeps what is left of the CTA's
-# share of the 64 K register file (one CTA: 24 of 168 / 128 a thread; two of one
-# consumer: 32 of 128; three: 24 of 80).
-CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
+from vflash.ops.tma import (GL_DTYPES, block_shapes, cache_ready, cache_rows, desc_signature, describers,
+                            heads_first, page_rows, page_runs, pages_fit)
 
 
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, right_edge: bool,
@@ -71,81 +61,6 @@ def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
     if ctas_per_sm == 1:
         return dict(num_warps=4)
     return dict(num_warps=4, maxnreg=65536 // (ctas_per_sm * threads) // 8 * 8)
-
-
-def tma_ready(t: torch.Tensor) -> bool:
-    """TMA can address t: 16-byte aligned base and strides, unit last stride."""
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
-
-
-def _block_shapes(block_n: int, head_dim: int):
-    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys (a
-    # paged cache's in page_rows(...) keys).
-    return [1, 1, CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
-
-
-def page_rows(page_size: int, block_n: int) -> int:
-    """Rows of one K/V copy from a paged cache: the tile's, or a page's when pages are
-    shorter (the kernel's PAGE_ROWS)."""
-    return min(page_size, block_n)
-
-
-def page_runs(page_size: int, block_n: int) -> bool:
-    """Pages shorter than a tile, so that a run of consecutive ones can go in one copy of the tile's
-    rows: the kernel then takes descriptors in blocks of block_n rows beside the page-row ones."""
-    return 0 < page_size < block_n
-
-
-def pages_fit(page_size: int, block_n: int) -> bool:
-    """The kernel's copies of a paged cache's tiles never straddle a page and keep the
-    shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows."""
-    return page_size >= 16 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
-
-
-def cache_ready(cache: torch.Tensor) -> bool:
-    """A KV cache the kernel's descriptors can cover: its first two dims merge into rows
-    (pages laid end to end) and TMA can address it."""
-    return cache.stride(0) == cache.shape[1] * cache.stride(1) and tma_ready(cache)
-
-
-def cache_rows(cache: torch.Tensor) -> torch.Tensor:
-    """A cache [pages or B, page_size or max_len, Hkv, D] as the [1, Hkv, rows, D] view
-    its descriptors cover (no copy; the first two dims must merge)."""
-    return heads_first(cache.flatten(0, 1))
-
-
-@lru_cache(maxsize=None)
-def _shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
-    from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
-
-
-def _descriptor(t: torch.Tensor, block, layout):
-    # The descriptor filled in directly rather than through the dataclass's
-    # checks (26 us for four on a CPU core, per call): the dispatch has checked
-    # what they check (tma_ready), and a launch plan only replays calls whose key
-    # fixes the shapes, strides and 16-byte alignment.
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, t.shape, t.stride(), block, layout, "zero"
-    return d
-
-
-@lru_cache(maxsize=None)
-def describers(block_n: int, head_dim: int, dtype: torch.dtype):
-    """(rows, keys): tensor -> its 4-D TMA descriptor over [B, H, N, D], in blocks
-    of one consumer's rows (Q, O) or of block_n keys (K, V)."""
-    rows, keys = _block_shapes(block_n, head_dim)
-    rows_layout, keys_layout = _shared_layout(tuple(rows), dtype), _shared_layout(tuple(keys), dtype)
-    return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
-
-
-def heads_first(t: torch.Tensor) -> torch.Tensor:
-    """A packed [total, H, D] tensor as the [1, H, total, D] view the descriptors
-    of a varlen launch cover (no copy)."""
-    return t.unsqueeze(0).transpose(1, 2)
 
 
 def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, scale: float,
@@ -238,12 +153,6 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
-def desc_signature(block, dtype: torch.dtype) -> str:
-    """A TMA descriptor argument's type in an ahead-of-time compile's signature: `block` of dtype,
-    in the shared layout the launch's descriptors carry."""
-    return f"tensordesc<{_GL_DTYPES[dtype]}[{', '.join(map(str, block))}],{_shared_layout(tuple(block), dtype)!r}>"
-
-
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
@@ -254,10 +163,10 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    rows, keys = _block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
-    tile_keys = _block_shapes(tiles.block_n, head_dim)[1]
+    rows, keys = block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
+    tile_keys = block_shapes(tiles.block_n, head_dim)[1]
     runs = page_runs(page_size, tiles.block_n)
-    name = _GL_DTYPES[dtype]
+    name = GL_DTYPES[dtype]
 
     def desc(block):
         return desc_signature(block, dtype)

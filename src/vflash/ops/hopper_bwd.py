@@ -9,8 +9,9 @@ import torch
 
 from vflash.kernels import attention_bwd_hopper as kernels
 from vflash.ops.band import Band
-from vflash.ops.hopper import CONSUMER_REGS as CONSUMER_REGS_FWD
-from vflash.ops.hopper import CONSUMER_ROWS, _block_shapes, describers, desc_signature, heads_first
+from vflash.ops.tiles import CONSUMER_REGS as CONSUMER_REGS_FWD
+from vflash.ops.tiles import CONSUMER_ROWS
+from vflash.ops.tma import block_shapes, desc_signature, describers, heads_first
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 
@@ -83,7 +84,7 @@ def _described(name: str, position: int, describe: Callable, view: Callable) -> 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
               block_n: int = 64, stages: int = STAGES, varlen: Optional[tuple] = None) -> KernelLaunch:
-    """attention_bwd_dq_hopper_kernel over TMA-ready tensors (ops.hopper.tma_ready): dq from q, k, v, do,
+    """attention_bwd_dq_hopper_kernel over TMA-ready tensors (ops.tma.tma_ready): dq from q, k, v, do,
     the forward's lse and delta = rowsum(do * out), fp32. Dense: q, do, dq [B, Hq, Nq, D], k, v [B, Hkv,
     Nk, D], lse / delta [B, Hq, Nq]. varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     top_left): packed q, do, dq [total_q, Hq, D], k, v [total_k, Hkv, D], lse / delta [Hq, total_q]."""
@@ -142,7 +143,7 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
                       varlen: bool = False, top_left: bool = False):
     """Compile the dK / dV kernel for sm_90 without a GPU (outputs as dkdv_launch's; varlen: the packed
     sequences' build); returns Triton's CompiledKernel."""
-    rows, streamed = _block_shapes(block_m, head_dim)
+    rows, streamed = block_shapes(block_m, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
     blocks = (streamed, rows, rows, streamed, rows, rows)
     return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), ("DK", "DV"), "n_heads_kv",
@@ -155,7 +156,7 @@ def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m:
                     top_left: bool = False):
     """Compile the dQ kernel for sm_90 without a GPU (varlen: the packed sequences' build); returns
     Triton's CompiledKernel."""
-    rows, keys = _block_shapes(block_n, head_dim)
+    rows, keys = block_shapes(block_n, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
     return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), ("DQ",),
                     "n_heads_q", head_dim, dtype, block_m, block_n, block_m, band, softcap, varlen, top_left,

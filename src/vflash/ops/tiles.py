@@ -3,6 +3,14 @@ tiles a call gets is `vflash.dispatch`'s; the launchers only read them."""
 
 from typing import NamedTuple
 
+# Query rows per consumer warpgroup (one wgmma M): the kernel's ROWS.
+CONSUMER_ROWS = 64
+# Registers per thread of each consumer warpgroup (setmaxnreg), by (consumer
+# count, CTAs an SM); the producer warpgroup keeps what is left of the CTA's
+# share of the 64 K register file (one CTA: 24 of 168 / 128 a thread; two of one
+# consumer: 32 of 128; three: 24 of 80).
+CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}
+
 
 def head_dim_pad(head_dim: int) -> int:
     """The portable kernel's head dim: the next power of two, at least 16 (masks pad the rest)."""

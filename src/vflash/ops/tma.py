@@ -1,0 +1,98 @@
+"""TMA (the Hopper tensor memory accelerator) for the sm_90 kernels, forward and backward: which tensors
+and caches a descriptor can address, the descriptors themselves (encoded per call from a tensor's pointer,
+shape and strides, in blocks of a consumer warpgroup's rows or of a key tile), the views the descriptors
+cover (packed [total, H, D] tensors and KV caches as [1, H, rows, D]), the copies a paged cache's tiles
+take, and a descriptor's type in an ahead-of-time compile's signature. Dispatch reads the fit checks;
+the launchers (ops/hopper.py, ops/hopper_bwd.py) build the descriptors."""
+
+from functools import lru_cache
+from typing import Tuple
+
+import torch
+
+from vflash.ops.tiles import CONSUMER_ROWS
+
+GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """TMA can address t: 16-byte aligned base and strides, unit last stride."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
+
+
+
+def block_shapes(block_n: int, head_dim: int):
+    # Q and O move in one consumer warpgroup's rows; K and V in block_n keys (a
+    # paged cache's in page_rows(...) keys).
+    return [1, 1, CONSUMER_ROWS, head_dim], [1, 1, block_n, head_dim]
+
+
+def page_rows(page_size: int, block_n: int) -> int:
+    """Rows of one K/V copy from a paged cache: the tile's, or a page's when pages are
+    shorter (the kernel's PAGE_ROWS)."""
+    return min(page_size, block_n)
+
+
+def page_runs(page_size: int, block_n: int) -> bool:
+    """Pages shorter than a tile, so that a run of consecutive ones can go in one copy of the tile's
+    rows: the kernel then takes descriptors in blocks of block_n rows beside the page-row ones."""
+    return 0 < page_size < block_n
+
+
+def pages_fit(page_size: int, block_n: int) -> bool:
+    """The kernel's copies of a paged cache's tiles never straddle a page and keep the
+    shared-memory swizzle's 8-row alignment: a power-of-two page of at least 16 rows."""
+    return page_size >= 16 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
+
+
+def cache_ready(cache: torch.Tensor) -> bool:
+    """A KV cache the kernel's descriptors can cover: its first two dims merge into rows
+    (pages laid end to end) and TMA can address it."""
+    return cache.stride(0) == cache.shape[1] * cache.stride(1) and tma_ready(cache)
+
+
+def cache_rows(cache: torch.Tensor) -> torch.Tensor:
+    """A cache [pages or B, page_size or max_len, Hkv, D] as the [1, Hkv, rows, D] view
+    its descriptors cover (no copy; the first two dims must merge)."""
+    return heads_first(cache.flatten(0, 1))
+
+
+@lru_cache(maxsize=None)
+def shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def _descriptor(t: torch.Tensor, block, layout):
+    # The descriptor filled in directly rather than through the dataclass's
+    # checks (26 us for four on a CPU core, per call): the dispatch has checked
+    # what they check (tma_ready), and a launch plan only replays calls whose key
+    # fixes the shapes, strides and 16-byte alignment.
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, t.shape, t.stride(), block, layout, "zero"
+    return d
+
+
+@lru_cache(maxsize=None)
+def describers(block_n: int, head_dim: int, dtype: torch.dtype):
+    """(rows, keys): tensor -> its 4-D TMA descriptor over [B, H, N, D], in blocks
+    of one consumer's rows (Q, O) or of block_n keys (K, V)."""
+    rows, keys = block_shapes(block_n, head_dim)
+    rows_layout, keys_layout = shared_layout(tuple(rows), dtype), shared_layout(tuple(keys), dtype)
+    return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
+
+
+def heads_first(t: torch.Tensor) -> torch.Tensor:
+    """A packed [total, H, D] tensor as the [1, H, total, D] view the descriptors
+    of a varlen launch cover (no copy)."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
+
+def desc_signature(block, dtype: torch.dtype) -> str:
+    """A TMA descriptor argument's type in an ahead-of-time compile's signature: `block` of dtype,
+    in the shared layout the launch's descriptors carry."""
+    return f"tensordesc<{GL_DTYPES[dtype]}[{', '.join(map(str, block))}],{shared_layout(tuple(block), dtype)!r}>"
