@@ -1,7 +1,7 @@
 """Chunked prefill on the sm90 kernel's KV_CACHE build: a paged cache's ring of K/V tiles at the table's
 depth and deeper (pages of 16 cost eight TMA copies a 128-key tile, 64 two; a tile whose pages are
 consecutive one: each page size also with every sequence's pages in order), beside a contiguous cache and
-vflash.attention on the same work dense, all timed in turn (serving._prefill_rows) on the chunked sweep's
+vflash.attention on the same work dense, all timed in turn (serving.prefill_rows) on the chunked sweep's
 rows. A variant "block_n:stages[:q_buffers]" replaces the dense rule's tiles for the cache calls while their
 call is captured (shared memory the launch cannot have: the row's status says so). Every output is
 checked against dense's before its time counts.
@@ -66,7 +66,7 @@ def rows_for(B: int, n_new: int, prefix: int, pages, variants, device) -> list:
         methods["contig_" + "_".join(map(str, tiles))] = _with_tiles(contig, *tiles)
     methods["dense"] = lambda: vflash.attention(qd, kd, vd, causal=True)
     flops = 4.0 * D * Hq * B * visible_pairs(n_new, n_k, True)
-    rows = serving._prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
+    rows = serving.prefill_rows(methods, dict(B=B, Nq=n_new, Nk=n_k), flops, device)
     serving.against_dense(rows, methods, "dense", "vs_dense")
     return rows
 

@@ -130,8 +130,8 @@ class DecodeInputs(NamedTuple):
 def shuffled_table(batch: int, pages: int, device: torch.device) -> torch.Tensor:
     """The decode sweep's block table: int32 [batch, pages], sequence b's pages a seeded shuffle of the cache's
     batch * pages pages."""
-    from vflash.harness.serving import _shuffled_table  # here, not at import: A/B scripts load other trees
-    return _shuffled_table(batch, pages, device)
+    from vflash.harness import serving  # here, not at import: A/B scripts load other trees
+    return serving.shuffled_table(batch, pages, device)
 
 
 def decode_inputs(b: int, kv: int, page: int, heads: Tuple[int, int, int], device: torch.device,

@@ -41,7 +41,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import vflash  # noqa: E402
 from vflash.distributed import ring_attention  # noqa: E402
-from vflash.harness.bench import Shape, _error_text, attention_flops  # noqa: E402
+from vflash.harness.bench import Shape, attention_flops, error_text  # noqa: E402
 
 FIELDS = ["method", "R", "N", "mask", "layout", "pass", "Hq", "Hkv", "D", "dtype", "status", "ms_median", "reps",
           "tflops_per_gpu", "kept", "single_N", "vs_cp_sdpa_cudnn", "peak_gib", "note"]
@@ -122,9 +122,9 @@ def _cp_rows(args, rank, world, dev, mesh, n, causal, passes, base):
                     call = attend if p == "fwd" else (lambda: torch.autograd.grad(attend(), leaves, do))
                     rows.append(_measure(row, call, dev, world, n, causal, args, p))
                 except Exception as e:  # noqa: BLE001  (a row records why it did not run)
-                    rows.append(dict(row, status=f"error: {_error_text(e)}"))
+                    rows.append(dict(row, status=f"error: {error_text(e)}"))
     except Exception as e:  # noqa: BLE001  (entering or leaving the context: the passes not yet recorded)
-        rows += [dict(base, **{"pass": p}, status=f"error: {_error_text(e)}")
+        rows += [dict(base, **{"pass": p}, status=f"error: {error_text(e)}")
                  for p in passes if not any(r["pass"] == p for r in rows)]
     return rows
 

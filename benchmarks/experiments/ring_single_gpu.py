@@ -19,7 +19,7 @@ import torch
 
 import vflash
 from benchmarks.experiments.common import write_rows
-from vflash.distributed import _Dense, _Ring, shard_sequence
+from vflash.distributed import ring_schedule, shard_sequence
 from vflash.harness.timing import time_call
 
 ROWS = [(32768, 2), (32768, 4), (131072, 4), (131072, 8)]
@@ -67,29 +67,30 @@ def _copies(side, dsts, srcs):
     torch.cuda.current_stream().wait_stream(side)
 
 
-def _step(ring, step, qs, kv_shards, scale):
-    # one step of the forward on the shard of rank (rank - step) mod R: pairs and merges
-    src = (ring.rank - step) % ring.world_size
+def _step(schedule, rank, step, qs, kv_shards, scale):
+    # one step of the forward on the shard of rank (rank - step) mod R (ring_schedule's pairs): pairs and merges
+    src = (rank - step) % len(schedule)
     ks, vs = (t.chunk(len(qs), dim=2) for t in kv_shards[src])
     acc = [None] * len(qs)
-    for a, b, (off, left, right) in ring.pairs(step):
+    for a, b, (off, left, right) in schedule[step]:
         out, lse = torch.ops.vflash.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, None)
         acc[a] = (out.float(), lse) if acc[a] is None else vflash.merge_states(acc[a][0], acc[a][1], out.float(), lse)
     return acc
 
 
-def _step_bwd(ring, step, qs, outs, lses, douts, kv_shards, dq, dkv, scale):
+def _step_bwd(schedule, rank, step, qs, outs, lses, douts, kv_shards, dq, dkv, scale):
     # one step of the backward on the shard of rank (rank - step) mod R: each pair's
     # gradients added into the fp32 dQ of the local queries and the travelling dK / dV
-    src = (ring.rank - step) % ring.world_size
-    chunks = _Dense(len(qs))
-    ks, vs = (t.chunk(len(qs), dim=2) for t in kv_shards[src])
-    for a, b, (off, left, right) in ring.pairs(step):
+    # (into the pair's chunk along the sequence, as ring_attention adds them on dense shards)
+    src = (rank - step) % len(schedule)
+    n = len(qs)
+    ks, vs = (t.chunk(n, dim=2) for t in kv_shards[src])
+    for a, b, (off, left, right) in schedule[step]:
         gq, gk, gv = torch.ops.vflash.attention_bwd(douts[a], None, qs[a], ks[b], vs[b], outs[a], lses[a], off, left,
                                                     right, scale, None)
-        chunks.add_into(dq, a, gq)
-        chunks.add_into(dkv[0], b, gk)
-        chunks.add_into(dkv[1], b, gv)
+        dq.chunk(n, dim=2)[a].add_(gq)
+        dkv[0].chunk(n, dim=2)[b].add_(gk)
+        dkv[1].chunk(n, dim=2)[b].add_(gv)
 
 
 def _backward_rows(n, world, causal, layout, q, k, v, shards, side, scale, dev):
@@ -102,24 +103,23 @@ def _backward_rows(n, world, causal, layout, q, k, v, shards, side, scale, dev):
     single = _ms(fwd_bwd, dev)
     out, lse = vflash.attention(q, k, v, causal=causal, return_lse=True)
     rank = world - 1
-    ring = _Ring(rank, world, layout, n // world, n // world, 0, -1, 0 if causal else -1)
-    nq = len(ring.q_ids)
+    nq, schedule = ring_schedule(rank, world, n // world, n // world, causal=causal, layout=layout)
     mine = [shard_sequence(t, rank, world, layout=layout).chunk(nq, dim=2) for t in (q, out, do)]
     lses = [c.contiguous() for c in shard_sequence(lse, rank, world, layout=layout).chunk(nq, dim=2)]
     dq = torch.zeros(q.shape[:2] + (n // world, q.shape[-1]), device=dev)
     dkv = [torch.zeros(shards[0][0].shape, device=dev) for _ in range(2)]
-    steps = [_ms(lambda s=s: _step_bwd(ring, s, mine[0], mine[1], lses, mine[2], shards, dq, dkv, scale),
-                       dev) for s in range(world)]
+    steps = [_ms(lambda s=s: _step_bwd(schedule, rank, s, mine[0], mine[1], lses, mine[2], shards, dq, dkv,
+                                       scale), dev) for s in range(world)]
     buf = [torch.empty_like(t) for t in shards[0]] + [torch.empty_like(t) for t in dkv]
 
     def overlapped(s):
         with _copies(side, buf, list(shards[(rank - s - 1) % world]) + dkv):
-            _step_bwd(ring, s, mine[0], mine[1], lses, mine[2], shards, dq, dkv, scale)
+            _step_bwd(schedule, rank, s, mine[0], mine[1], lses, mine[2], shards, dq, dkv, scale)
 
     with_copy = [_ms(lambda s=s: overlapped(s), dev) for s in range(world)]
     # the forward's steps for the same rank, so that the row is forward + backward
     qs = mine[0]
-    fwd = sum(_ms(lambda s=s: _step(ring, s, qs, shards, scale), dev) for s in range(world))
+    fwd = sum(_ms(lambda s=s: _step(schedule, rank, s, qs, shards, scale), dev) for s in range(world))
     total, total_copy = sum(steps) + fwd, sum(with_copy) + fwd
     row = dict(N=n, R=world, causal=causal, layout=layout, rank=rank, mode="fwd_bwd", single_ms=single,
                ideal_ms=single / world, steps_ms=total, steps_with_copy_ms=total_copy, kept=single / world / total,
@@ -152,14 +152,14 @@ def main() -> int:
             shards = [(shard_sequence(k, r, world, layout=layout), shard_sequence(v, r, world, layout=layout))
                       for r in range(world)]
             for rank in sorted({0, world - 1}):
-                ring = _Ring(rank, world, layout, n // world, n // world, 0, -1, 0 if causal else -1)
-                qs = shard_sequence(q, rank, world, layout=layout).chunk(len(ring.q_ids), dim=2)
-                steps = [_ms(lambda s=s: _step(ring, s, qs, shards, scale), dev) for s in range(world)]
+                nq, schedule = ring_schedule(rank, world, n // world, n // world, causal=causal, layout=layout)
+                qs = shard_sequence(q, rank, world, layout=layout).chunk(nq, dim=2)
+                steps = [_ms(lambda s=s: _step(schedule, rank, s, qs, shards, scale), dev) for s in range(world)]
                 buf = [torch.empty_like(t) for t in shards[0]]
 
                 def overlapped(s):
                     with _copies(side, buf, shards[(rank - s - 1) % world]):
-                        return _step(ring, s, qs, shards, scale)
+                        return _step(schedule, rank, s, qs, shards, scale)
 
                 with_copy = [_ms(lambda s=s: overlapped(s), dev) for s in range(world)]
                 # the merges alone: one fp32 merge_states of a query chunk's partials, times the
@@ -170,7 +170,7 @@ def main() -> int:
                 firsts = set()
                 merges = 0
                 for s in range(world):
-                    for a, _, _ in ring.pairs(s):
+                    for a, _, _ in schedule[s]:
                         merges += a in firsts
                         firsts.add(a)
                 total, total_copy = sum(steps), sum(with_copy)

@@ -10,7 +10,8 @@ whose band hides every key is skipped), and folds the partial result into fp32
 accumulators through the LSE (`vflash.merge_states`). The backward walks the ring again:
 each rank adds its queries' contributions to the dK / dV of the shard in hand, in fp32,
 and passes them on with the shard, so after the last step they reach their owner; dQ stays
-local. Every sum runs in a fixed order: the same bits from run to run.
+local. Every sum runs in a fixed order: the same bits from run to run. `ring_schedule` lists one
+rank's steps (the chunk pairs and their bands) without running them.
 
 Layouts (the sequence cut into chunks):
 - "zigzag" (default): 2R chunks, rank r holds chunks r and 2R-1-r, so under a causal mask
@@ -322,6 +323,34 @@ class _RingAttention(torch.autograd.Function):
         return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 5
 
 
+def _dense_ring(rank: int, world_size: int, layout: str, n_q: int, n_k: int, causal_mode: Optional[str], left: int,
+                right: int) -> _Ring:
+    # ring_attention's schedule for dense shards of n_q / n_k rows: the band's offset and right edge from the
+    # causal mode on the full sequence (Nq = R * n_q, Nk = R * n_k)
+    n_ids = len(_chunk_ids(rank, world_size, layout))
+    if n_q % n_ids or n_k % n_ids:
+        raise ValueError(f"the {layout} layout cuts each shard into {n_ids} chunks: Nq_local {n_q} and Nk_local "
+                         f"{n_k} must be multiples of {n_ids}")
+    off = 0 if causal_mode == "top_left" else world_size * (n_k - n_q)
+    if causal_mode is not None:
+        right = 0 if right < 0 else min(right, 0)
+    return _Ring(rank, world_size, layout, n_q, n_k, off, left, right)
+
+
+def ring_schedule(rank: int, world_size: int, n_q_local: int, n_k_local: int, *, causal: Union[bool, str] = False,
+                  window: Optional[Tuple[int, int]] = None,
+                  layout: str = "zigzag") -> Tuple[int, List[List[Tuple[int, int, Tuple[int, int, int]]]]]:
+    """The work `ring_attention` does on rank `rank` of `world_size`, without the transfers (for a lab that runs
+    one rank's steps on one GPU): (chunks, steps). Each shard ([B, H, N_local, D]) is cut along the sequence into
+    `chunks` equal chunks (2 under zigzag, 1 contiguous); steps[s] lists, in ring_attention's order, the
+    (query chunk, key chunk, band) pairs computed at step s on the K/V shard of rank (rank - s) mod world_size,
+    band = (offset, left, right) as the library's attention_fwd op takes it (pairs whose band hides every key
+    left out). causal, window: as ring_attention's, on the full sequence."""
+    ring = _dense_ring(rank, world_size, layout, n_q_local, n_k_local, _validate.resolve_causal(causal),
+                       *_validate.check_window(window))
+    return len(ring.q_ids), [list(ring.pairs(s)) for s in range(world_size)]
+
+
 def _group(group):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("ring attention needs an initialised torch.distributed process group")
@@ -361,16 +390,8 @@ def ring_attention(
     _validate.check_qkv(q, k, v)
     causal_mode, (left, right), scale_f, softcap_f, return_lse = _validate.check_options(
         causal, window, scale, softcap, return_lse, q.shape[-1])
-    n_ids = len(_chunk_ids(rank, world, layout))
-    n_q, n_k = q.shape[2], k.shape[2]
-    if n_q % n_ids or n_k % n_ids:
-        raise ValueError(f"the {layout} layout cuts each shard into {n_ids} chunks: Nq_local {n_q} and Nk_local "
-                         f"{n_k} must be multiples of {n_ids}")
-    off = 0 if causal_mode == "top_left" else world * (n_k - n_q)
-    if causal_mode is not None:
-        right = 0 if right < 0 else min(right, 0)
-    ring = _Ring(rank, world, layout, n_q, n_k, off, left, right)
-    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, _Dense(n_ids))
+    ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], causal_mode, left, right)
+    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, _Dense(len(ring.q_ids)))
     return (out, lse) if return_lse else out
 
 

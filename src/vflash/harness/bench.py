@@ -34,7 +34,6 @@ from vflash.harness.env import environment
 from vflash.harness.memory import peak_mib
 # The timing protocol lives in vflash.harness.timing (the lab scripts share it); its names stay importable from here.
 from vflash.harness.timing import Stats, gemm_warmup, time_call, time_calls_interleaved  # noqa: F401
-from vflash.harness.timing import summarize as _stats  # noqa: F401
 from vflash.reference import attention_explicit, attention_tiled
 
 CSV_COLUMNS = [
@@ -193,8 +192,9 @@ def default_methods(device: torch.device) -> List[str]:
     return [m for m in METHODS if m != "fa4" or fa4_importable()]
 
 
-def _error_text(exc: Exception) -> str:
-    """An exception as a CSV status: its type and first line, commas made semicolons."""
+def error_text(exc: Exception) -> str:
+    """An exception as a CSV status: its type and first line, commas made semicolons (the serving sweeps' and
+    the lab's rows too)."""
     first = (str(exc).splitlines() or [""])[0][:100].replace(",", ";")
     return f"{type(exc).__name__}: {first}"
 
@@ -251,7 +251,7 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
         except torch.cuda.OutOfMemoryError:
             row.update(status="oom")
         except Exception as exc:  # a baseline that fails on a shape is a row, not a crash
-            row.update(status=f"error: {_error_text(exc)}")
+            row.update(status=f"error: {error_text(exc)}")
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
@@ -268,7 +268,7 @@ def bench_shape(s: Shape, dtype: str, sweep: str, env: Dict[str, object], method
                 row.update(status="oom")
         except Exception as exc:  # one row per method still, each saying why
             for _, _, row in ready:
-                row.update(status=f"error (interleaved): {_error_text(exc)}")
+                row.update(status=f"error (interleaved): {error_text(exc)}")
     by = {r["method"]: r for r in rows}
     for r in rows:
         for base, col in (("sdpa_flash", "vs_sdpa_flash"), ("sdpa_cudnn", "vs_sdpa_cudnn")):

@@ -34,8 +34,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 import vflash
-from vflash.harness.bench import _error_text, _stats, visible_pairs
+from vflash.harness.bench import error_text, visible_pairs
 from vflash.harness.env import environment
+# The sweeps' timers and their settings live in vflash.harness.timing, which the lab scripts share (one
+# implementation); the settings stay importable from here. _host_us, the sweeps' own host timer, looks the CPU
+# probe up under this module's name, where a test replaces it.
+from vflash.harness.timing import REPLAYS, ROTATE_BYTES, WARMUP_MS  # noqa: F401
+from vflash.harness.timing import cpu_probe_us as _cpu_probe_us
+from vflash.harness.timing import graph_runner, graph_time, replay_times, rotating_copies, summarize, wall_us
 
 DECODE_ROWS = [(b, kv) for b in (1, 8, 32, 128) for kv in (1024, 8192, 32768)]
 DECODE_HEADS = (32, 8, 128)  # Hq, Hkv, D
@@ -48,7 +54,6 @@ MERGE_ROWS = [(1, 32, 1, 128), (128, 32, 1, 128), (1, 32, 4096, 128), (4, 32, 81
 WRITE_TOKENS = [1, 128, 2048, 32768]  # write_kvcache: a decode step (B 1, 128), prefill chunks
 WRITE_HEADS = (8, 128)  # Hkv, D
 WRITE_PAGE = 16
-ROTATE_BYTES = 1 << 30
 COLUMNS = ["date", "gpu", "sweep", "method", "dtype", "B", "Hq", "Hkv", "Nq", "Nk", "D", "page", "status",
            "us_median", "us_p20", "us_p80", "reps", "gbps", "tflops", "copy_gbps", "host_us", "host_out_us",
            "host_rounds", "host_probe_us", "vs_sdpa_cudnn", "vs_vflash_dense", "max_diff_vs_dense", "vs_torch",
@@ -60,77 +65,16 @@ SWEEPS = ("decode", "varlen", "chunked", "merge", "write")  # run_serving's, as 
 SMOKE_DECODE = [(2, 40)]
 SMOKE_HEADS = (4, 2, 16)
 
-
-# Replays of a timing's graph before the timed ones, for at least this long: the first ~10 ms of a kernel
-# after a row of much larger caches runs about 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k), and
-# a row's first method would take that alone.
-WARMUP_MS = 50.0
-REPLAYS = 20  # timed replays of a graph (a prefill row's method: a round's)
 # Varlen and chunked rows: the methods timed in turn this many rounds, each round after this much warmup
 PREFILL_ROUNDS = 5
 PREFILL_ROUND_WARMUP_MS = 10.0
 
 
-def _graph_runner(calls: Sequence[Callable[[], object]], device: torch.device) -> Callable[[], None]:
-    """The calls (one per rotating copy), run once (compile, settle the allocator), then captured in one
-    CUDA graph: its replay; calls that cannot be captured, launched one after another."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for c in calls:
-                c()
-        return graph.replay
-    except RuntimeError:  # not capturable: the calls launched one after another, timed by events
-        torch.cuda.synchronize()
-
-        def run():
-            for c in calls:
-                c()
-        return run
-
-
-def _replay_times(run: Callable[[], None], n_calls: int, replays: int, warmup_ms: float) -> List[float]:
-    """Microseconds of one call in each of `replays` timed runs of `run` (n_calls calls each),
-    after running it for warmup_ms."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n_calls)
-    return times
-
-
-def _graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = REPLAYS,
-                ) -> Tuple[float, float, float, int]:
-    """(median, p20, p80) microseconds of one call and the sample count: the calls
-    (one per rotating copy) captured in one CUDA graph, replayed for WARMUP_MS, then
-    `replays` times, each timed; CPU: wall clock."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        for c in calls:
-            c()
-        us = (time.perf_counter() - t0) * 1e6 / len(calls)
-        return us, us, us, 1
-    return _stats(_replay_times(_graph_runner(calls, device), len(calls), replays, WARMUP_MS))
-
-
 def _time_into(row: Dict[str, object], calls: Sequence[Callable[[], object]], device: torch.device, field: str,
                work_per_us: float) -> None:
-    """Time `calls` (_graph_time) into `row`: the microsecond statistics and `field`, the
+    """Time `calls` (timing.graph_time) into `row`: the microsecond statistics and `field`, the
     rate work_per_us / median (bytes a us / 1e3 -> GB/s; FLOPs a us / 1e6 -> TFLOP/s)."""
-    _put_stats(row, _graph_time(calls, device), field, work_per_us)
+    _put_stats(row, graph_time(calls, device), field, work_per_us)
 
 
 def _round_kept(x: float, places: int) -> float:
@@ -149,9 +93,10 @@ def _put_stats(row: Dict[str, object], stats: Tuple[float, float, float, int], f
                **{field: _round_kept(work_per_us / med, 1)})
 
 
-def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
-                  device: torch.device) -> List[Dict[str, object]]:
-    """One row a method, TFLOP/s of `flops` a call; a method that fails gets its status. On the GPU
+def prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, object], flops: float,
+                 device: torch.device) -> List[Dict[str, object]]:
+    """The varlen and chunked sweeps' timing of several ways to do the same prefill work: one row a method
+    (`base` and its name), TFLOP/s of `flops` a call; a method that fails gets its status. On the GPU
     the methods are timed in turn, PREFILL_ROUNDS rounds of REPLAYS replays each (after one WARMUP_MS),
     and each row's statistics pool its rounds: the board's clock moves by several per cent within a
     sweep, and a row's ratios are between methods that saw the same clocks."""
@@ -161,19 +106,19 @@ def _prefill_rows(methods: Dict[str, Callable[[], object]], base: Dict[str, obje
             try:
                 _time_into(rows[name], [call], device, "tflops", flops / 1e6)
             except Exception as exc:
-                rows[name]["status"] = _error_text(exc)
+                rows[name]["status"] = error_text(exc)
         return list(rows.values())
     runners, times = {}, {name: [] for name in methods}
     for name, call in methods.items():
         try:
-            runners[name] = _graph_runner([call], device)
+            runners[name] = graph_runner([call], device)
         except Exception as exc:
-            rows[name]["status"] = _error_text(exc)
+            rows[name]["status"] = error_text(exc)
     for rnd in range(PREFILL_ROUNDS):
         for name, run in runners.items():
-            times[name] += _replay_times(run, 1, REPLAYS, WARMUP_MS if rnd == 0 else PREFILL_ROUND_WARMUP_MS)
+            times[name] += replay_times(run, 1, REPLAYS, WARMUP_MS if rnd == 0 else PREFILL_ROUND_WARMUP_MS)
     for name in runners:
-        _put_stats(rows[name], _stats(times[name]), "tflops", flops / 1e6)
+        _put_stats(rows[name], summarize(times[name]), "tflops", flops / 1e6)
     return list(rows.values())
 
 
@@ -184,16 +129,14 @@ def copy_gbps(device: torch.device) -> float:
         return float("nan")
     a = torch.empty(1 << 29, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
-    us = min(_graph_time([lambda: b.copy_(a)], device)[0], _graph_time([lambda: torch.mul(a, 1.0, out=b)], device)[0])
+    us = min(graph_time([lambda: b.copy_(a)], device)[0], graph_time([lambda: torch.mul(a, 1.0, out=b)], device)[0])
     a = b = None  # free the 4 GiB before the sweep
     return 2 * (1 << 31) / us / 1e3
 
 
-def _copies(bytes_one: int) -> int:
-    return max(1, min(64, math.ceil(ROTATE_BYTES / bytes_one)))
-
-
-def _shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.Tensor:
+def shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.Tensor:
+    """The sweeps' block table: int32 [B, pages_per_seq], sequence b's pages a seeded shuffle of the cache's
+    B * pages_per_seq pages (the same table for the same arguments, run to run)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randperm(B * pages_per_seq, generator=g).to(torch.int32).view(B, pages_per_seq).to(device)
 
@@ -201,24 +144,12 @@ def _shuffled_table(B: int, pages_per_seq: int, device, seed: int = 0) -> torch.
 HOST_ROUNDS = 5  # _host_us's rounds in the decode sweep
 
 
-def _cpu_probe_us(n: int = 300) -> float:
-    """Mean us of a fixed pure-Python loop that touches neither the driver nor the GPU: the host
-    CPU's speed at this moment, beside a call's host time (the H200's KVM host has phases of seconds
-    in which every CPU cost, this loop's included, runs up to 2x slower)."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        s = 0
-        for i in range(200):
-            s += i * i
-    return (time.perf_counter() - t0) * 1e6 / n
-
-
 def _host_us(call: Callable[[], object], device: torch.device, n: int = 300,
              rounds: int = 5) -> Tuple[float, float]:
     """Host time a call: the least over `rounds` rounds of one round's mean, each round n calls
     back to back behind a sleep kernel longer than them, so the calls only queue their kernels and
     the timer sees the host's work alone (without it a call whose kernels outlast its host path is
-    timed at the GPU's pace); and `_cpu_probe_us` timed right after that round, which says whether
+    timed at the GPU's pace); and `timing.cpu_probe_us` timed right after that round, which says whether
     the host ran in a slow phase then. Returns (call us, probe us)."""
     for _ in range(10):
         call()
@@ -244,7 +175,7 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
     """One decode row: a dict per method (status, times, GB/s)."""
     Hq, Hkv, D = heads
     cache_bytes = 2 * B * KV * Hkv * D * torch.finfo(dtype).bits // 8
-    n = _copies(cache_bytes) if device.type == "cuda" else 1  # the interpreter: one copy, it reads no L2
+    n = rotating_copies(cache_bytes) if device.type == "cuda" else 1  # the interpreter: one copy, it reads no L2
     q = torch.randn(B, 1, Hq, D, device=device, dtype=dtype)
     seqlens = torch.full((B,), KV, dtype=torch.int32, device=device)
     rows = []
@@ -259,7 +190,7 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                 pages = -(-KV // page)
                 caches = [(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype),
                            torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
-                table = _shuffled_table(B, pages, device)
+                table = shuffled_table(B, pages, device)
                 calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(
                     q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, check_metadata=False)
                     for kc, vc in caches]
@@ -272,9 +203,9 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                     row["host_out_us"] = round(host, 2)
                     # a checked call (the default): its metadata check's device work and host sync, beside
                     # an unchecked call's wall time (both synchronized, the kernel's time included)
-                    row["checked_wall_us"] = round(_wall_us(lambda: vflash.attention_with_kvcache(
+                    row["checked_wall_us"] = round(wall_us(lambda: vflash.attention_with_kvcache(
                         q, *caches[0], seqlens, block_table=table)), 2)
-                    row["unchecked_wall_us"] = round(_wall_us(calls[0]), 2)
+                    row["unchecked_wall_us"] = round(wall_us(calls[0]), 2)
             else:
                 if contig is None:
                     contig = [(torch.randn(B, KV, Hkv, D, device=device, dtype=dtype),
@@ -287,7 +218,7 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                     calls = [_sdpa_call(method, q, kc, vc) for kc, vc in contig]
             _time_into(row, calls, device, "gbps", cache_bytes / 1e3)
         except Exception as exc:  # a method that cannot run here gets its status
-            row["status"] = _error_text(exc)
+            row["status"] = error_text(exc)
         finally:
             caches = calls = None
         rows.append(row)
@@ -330,7 +261,7 @@ def varlen_rows(lengths: Sequence[int], heads: Tuple[int, int, int], dtype: torc
         "vflash_dense": lambda: [vflash.attention(qs, ks, vs, causal=True) for qs, ks, vs in parts],
         "sdpa_cudnn": per_sequence_sdpa,
     }
-    return _prefill_rows(methods, dict(B=len(lengths), Hq=Hq, Hkv=Hkv, Nq=total, Nk=total, D=D, page=""), flops,
+    return prefill_rows(methods, dict(B=len(lengths), Hq=Hq, Hkv=Hkv, Nq=total, Nk=total, D=D, page=""), flops,
                          device)
 
 
@@ -341,7 +272,7 @@ def paged_cache(k: torch.Tensor, v: torch.Tensor, size: int,
     size on) page block_table[b, j]."""
     B, n_k, Hkv, D = k.shape
     pages = -(-n_k // size)
-    table = (_shuffled_table(B, pages, k.device) if shuffled else
+    table = (shuffled_table(B, pages, k.device) if shuffled else
              torch.arange(B * pages, dtype=torch.int32, device=k.device).view(B, pages))
     kc, vc = (torch.zeros(B * pages, size, Hkv, D, device=k.device, dtype=k.dtype) for _ in range(2))
     for c, t in ((kc, k), (vc, v)):
@@ -379,7 +310,7 @@ def chunked_rows(B: int, n_new: int, prefix: int, heads: Tuple[int, int, int], d
                "vflash_varlen": lambda: vflash.attention_varlen(qp, kp, vp, cu_q, cu_k, n_new, n_k, causal=True,
                                                                 check_metadata=False),
                "vflash_dense": lambda: vflash.attention(qd, kd, vd, causal=True)}
-    rows = _prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
+    rows = prefill_rows(methods, dict(B=B, Hq=Hq, Hkv=Hkv, Nq=n_new, Nk=n_k, D=D, page=""), flops, device)
     against_dense(rows, methods, "vflash_dense", "vs_vflash_dense")
     for r in rows:
         if "paged" in r["method"]:
@@ -419,7 +350,7 @@ def merge_inputs(B: int, H: int, N: int, D: int, device: torch.device) -> Tuple[
     (two outputs and LSEs read, one written)."""
     one = B * H * N * (D * 2 + 4)  # one output and its LSE
     parts = []
-    for _ in range(_copies(3 * one) if device.type == "cuda" else 1):
+    for _ in range(rotating_copies(3 * one) if device.type == "cuda" else 1):
         oa, ob = (torch.randn(B, H, N, D, device=device, dtype=torch.bfloat16) for _ in range(2))
         la, lb = (torch.randn(B, H, N, device=device) * 4 for _ in range(2))
         la.view(-1)[::7] = float("-inf")
@@ -440,7 +371,7 @@ def write_inputs(T: int, heads: Tuple[int, int], page: int,
     news = [(torch.randn(T, Hkv, D, device=device, dtype=torch.bfloat16),
              torch.randn(T, Hkv, D, device=device, dtype=torch.bfloat16),
              torch.randperm(blocks * page, generator=g)[:T].to(device))
-            for _ in range(_copies(new_bytes) if device.type == "cuda" else 1)]
+            for _ in range(rotating_copies(new_bytes) if device.type == "cuda" else 1)]
     return kc, vc, news, 2 * new_bytes
 
 
@@ -475,23 +406,10 @@ def merge_rows(B: int, H: int, N: int, D: int, device: torch.device) -> List[Dic
                     host, probe = _host_us(lambda: fn(*parts[0]), device, rounds=HOST_ROUNDS)
                     row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
         except Exception as exc:
-            row["status"] = _error_text(exc)
+            row["status"] = error_text(exc)
         rows.append(row)
     _against_torch(rows)
     return rows
-
-
-def _wall_us(call: Callable[[], object], n: int = 50, rounds: int = 5) -> float:
-    # a call's wall time on the GPU, synchronized after each round: the least round's mean
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) * 1e6 / n)
-    return best
 
 
 def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) -> List[Dict[str, object]]:
@@ -526,9 +444,9 @@ def write_rows(T: int, heads: Tuple[int, int], page: int, device: torch.device) 
                     # slot check's host sync included)
                     host, probe = _host_us(calls[0], device, rounds=HOST_ROUNDS)
                     row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS,
-                               checked_wall_us=round(_wall_us(lambda: vflash.write_kvcache(kc, vc, k0, v0, s0)), 2))
+                               checked_wall_us=round(wall_us(lambda: vflash.write_kvcache(kc, vc, k0, v0, s0)), 2))
         except Exception as exc:
-            row["status"] = _error_text(exc)
+            row["status"] = error_text(exc)
         rows.append(row)
     _against_torch(rows)
     return rows

@@ -18,17 +18,28 @@ Host time, microseconds:
   wall_us                 synchronized wall time a call, its kernels included
   cpu_probe_us            a fixed pure-Python loop: how fast the host CPU runs at this moment
 
-The serving protocol's timers are implemented in vflash.harness.serving, beside the sweeps they were written
-for; the functions here are their public names.
+summarize: (median, p20, p80, count) of repeated timings, both protocols' statistics.
+
+The serving sweeps (vflash.harness.serving) import their timers from here, so this module imports no other
+harness module.
 """
 
+import math
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
 Stats = Tuple[float, float, float, int]  # median, p20, p80, count
+
+# The serving protocol's settings (vflash.harness.serving names them too).
+# Replays of a timing's graph before the timed ones, for at least this long: the first ~10 ms of a kernel
+# after a row of much larger caches runs about 10 % slow on the H200 (B 128 / KV 1k after B 32 / KV 32k), and
+# a row's first method would take that alone.
+WARMUP_MS = 50.0
+REPLAYS = 20  # timed replays of a graph (a prefill row's method: a round's)
+ROTATE_BYTES = 1 << 30  # rotating input copies cover at least this much: no call finds its inputs in L2
 
 
 def summarize(times: Sequence[float]) -> Stats:
@@ -144,47 +155,89 @@ def per_call_us(call: Callable[[], object], n: int = 3000, rounds: int = 10) -> 
     return statistics.median(times)
 
 
-def graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: Optional[int] = None) -> Stats:
-    """(median, p20, p80) microseconds of one call and the sample count: the calls (one per
-    rotating input copy, so that no call finds its inputs in L2) captured in one CUDA graph,
-    replayed for a warm-up, then `replays` times (default the serving sweeps'), each timed; a
-    call that cannot be captured is launched eagerly instead. CPU: the wall clock of one pass."""
-    from vflash.harness import serving
-    return serving._graph_time(calls, device, serving.REPLAYS if replays is None else replays)
-
-
 def graph_runner(calls: Sequence[Callable[[], object]], device: torch.device) -> Callable[[], None]:
-    """The calls run once (compiles, settles the allocator), then captured in one CUDA graph: its
-    replay (calls that cannot be captured: a function launching them one after another)."""
-    from vflash.harness import serving
-    return serving._graph_runner(calls, device)
+    """The calls (one per rotating input copy) run once (compiles, settles the allocator), then captured in one
+    CUDA graph: its replay; calls that cannot be captured, a function launching them one after another (timed by
+    events all the same). CUDA only."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        return graph.replay
+    except RuntimeError:  # not capturable: the calls launched one after another
+        torch.cuda.synchronize()
+
+        def run():
+            for c in calls:
+                c()
+        return run
 
 
-def replay_times(run: Callable[[], None], n_calls: int, replays: Optional[int] = None,
-                 warmup_ms: Optional[float] = None) -> List[float]:
-    """Microseconds of one call in each of `replays` timed runs of a graph_runner's `run`
-    (n_calls calls each), after running it for warmup_ms (defaults: the serving sweeps')."""
-    from vflash.harness import serving
-    return serving._replay_times(run, n_calls, serving.REPLAYS if replays is None else replays,
-                                 serving.WARMUP_MS if warmup_ms is None else warmup_ms)
+def replay_times(run: Callable[[], None], n_calls: int, replays: int = REPLAYS,
+                 warmup_ms: float = WARMUP_MS) -> List[float]:
+    """Microseconds of one call in each of `replays` timed runs of a graph_runner's `run` (n_calls calls each),
+    after running it for warmup_ms. CUDA only."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n_calls)
+    return times
+
+
+def graph_time(calls: Sequence[Callable[[], object]], device: torch.device, replays: int = REPLAYS) -> Stats:
+    """(median, p20, p80) microseconds of one call and the sample count: the calls (one per rotating input copy,
+    so that no call finds its inputs in L2) captured in one CUDA graph (graph_runner), replayed for WARMUP_MS,
+    then `replays` times, each timed (replay_times). CPU: the wall clock of one pass, one sample."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        us = (time.perf_counter() - t0) * 1e6 / len(calls)
+        return us, us, us, 1
+    return summarize(replay_times(graph_runner(calls, device), len(calls), replays, WARMUP_MS))
 
 
 def rotating_copies(bytes_one: int) -> int:
-    """How many copies of inputs of bytes_one bytes the calls of a graph_time rotate through: enough to
-    cover 1 GiB (the L2 cache many times over), at most 64."""
-    from vflash.harness import serving
-    return serving._copies(bytes_one)
+    """How many copies of inputs of bytes_one bytes the calls of a graph_time rotate through: enough to cover
+    ROTATE_BYTES (the L2 cache many times over), at most 64."""
+    return max(1, min(64, math.ceil(ROTATE_BYTES / bytes_one)))
 
 
 def wall_us(call: Callable[[], object], n: int = 50, rounds: int = 5) -> float:
-    """A call's wall time on the GPU in microseconds, its kernels included: the least over
-    `rounds` rounds of one round's mean, each round n calls synchronized at its end."""
-    from vflash.harness import serving
-    return serving._wall_us(call, n, rounds)
+    """A call's wall time on the GPU in microseconds, its kernels included: the least over `rounds` rounds of
+    one round's mean, each round n calls synchronized at its end. CUDA only."""
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) * 1e6 / n)
+    return best
 
 
 def cpu_probe_us(n: int = 300) -> float:
-    """Mean microseconds of a fixed pure-Python loop that touches neither the driver nor the GPU:
-    the host CPU's speed at this moment, to set beside a call's host time."""
-    from vflash.harness import serving
-    return serving._cpu_probe_us(n)
+    """Mean microseconds of a fixed pure-Python loop that touches neither the driver nor the GPU: the host CPU's
+    speed at this moment, to set beside a call's host time (the H200's KVM host has phases of seconds in which
+    every CPU cost, this loop's included, runs up to 2x slower)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = 0
+        for i in range(200):
+            s += i * i
+    return (time.perf_counter() - t0) * 1e6 / n
