@@ -13,9 +13,11 @@ and change with the kernels.
 
 Masks and tiles
   Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
-  PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles
+  PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
+  MetadataTiles
 Launchers with their tiles forced (nothing validated, no plan recorded)
-  attention_forward, attention_kvcache_forward, attention_backward, merge_states_forward, write_kvcache_forward
+  attention_forward, attention_varlen_forward, attention_kvcache_forward, attention_backward, merge_states_forward,
+  write_kvcache_forward, sequence_metadata_flags
 Launches
   KernelLaunch, run_launch            one kernel launch as a launcher builds it, and running it
   capturing_launches, captured_launches   the launches calls make, kept instead of run
@@ -43,20 +45,22 @@ from vflash.ops import hopper_bwd as _hopper_bwd
 from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
 from vflash.ops import tiles as _tiles
-from vflash.ops.attention import attention_forward, attention_kvcache_forward
+from vflash.ops.attention import attention_forward, attention_kvcache_forward, attention_varlen_forward
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band, mask_band, sequence_band
 from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
+from vflash.ops.metadata import sequence_metadata_flags
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
-                              PortableTiles)
+                              MetadataTiles, PortableTiles)
 
 __all__ = [
     "Band", "mask_band", "sequence_band",
     "PortableTiles", "HopperTiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
-    "attention_forward", "attention_kvcache_forward", "attention_backward", "merge_states_forward",
-    "write_kvcache_forward",
+    "MetadataTiles",
+    "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
+    "merge_states_forward", "write_kvcache_forward", "sequence_metadata_flags",
     "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",
     "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
     "triton_launcher_only",
@@ -164,21 +168,25 @@ def compiled_path() -> Iterator[None]:
 
 
 def compile_launch_sm90(launch: KernelLaunch):
-    """A captured launch of a @triton.jit kernel compiled for sm_90 without a GPU, from its own
+    """A captured launch of a @triton.jit or @gluon.jit kernel compiled for sm_90 without a GPU, from its own
     arguments: Triton's CompiledKernel (its .asm holds 'ptx' and 'cubin'). Tensors
     become 16-byte-aligned pointers of their dtype, None a constexpr, an int of 1 a constant, other ints
-    i32 (marked divisible by 16 where they are), floats fp32: the specializations Triton's JIT makes.
-    The Gluon kernels take TMA descriptors: compile_hopper_sm90 builds the forward."""
+    i32 (marked divisible by 16 where they are), floats fp32, a Gluon TMA descriptor its block and shared
+    layout: the specializations Triton's JIT makes. The launch's num_warps, num_stages and maxnreg (the
+    Gluon forward's register cap at two or three CTAs an SM) are the compile's options."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = launch.kernel
+    gluon = getattr(fn, "is_gluon", lambda: False)()
     constexprs = dict(launch.constexprs)
     signature, attrs = {}, {}
     for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
         if arg is None:
             signature[name], constexprs[name] = "constexpr", None
+        elif gluon and _is_descriptor(arg):
+            signature[name] = _descriptor_type(arg)
         elif isinstance(arg, torch.Tensor):
             signature[name] = "*" + _DTYPES[arg.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -192,9 +200,24 @@ def compile_launch_sm90(launch: KernelLaunch):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     for name in fn.arg_names[len(launch.args):]:
         signature[name] = "constexpr"
-    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=opts)
+    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages", "maxnreg")}
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+        source = GluonASTSource(fn, signature, constexprs, attrs)
+    else:
+        source = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def _is_descriptor(arg) -> bool:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return isinstance(arg, TensorDescriptor)
+
+
+def _descriptor_type(desc) -> str:
+    # The type Triton's JIT gives a Gluon TensorDescriptor argument (ops.tma.desc_signature's form), from the
+    # launch's own descriptor: its element type, block shape and the shared layout it carries.
+    return f"tensordesc<{_DTYPES[desc.base.dtype]}[{', '.join(map(str, desc.block_shape))}],{desc.layout!r}>"
 
 
 def sm90_builds(call: Callable[[], object]) -> list:
