@@ -182,12 +182,14 @@ def attention_kvcache_forward(
         IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk, ONE_LOOP=tiles.one_loop,
     )
     grid = (row_tiles * splits, Hkv, batch)
-    slots = (Slot(0, "q"), Slot(1, "k_cache"), Slot(2, "v_cache"), Slot(3, "out"), Slot(7, "cache_seqlens"))
-    slots += ((Slot(4, "lse"),) if lse is not None else ()) + (
-        (Slot(5, "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
-        (Slot(6, "block_table"),) if block_table is not None else ())
+    slots = (Slot("Q", "q"), Slot("K", "k_cache"), Slot("V", "v_cache"), Slot("O", "out"),
+             Slot("SEQLENS_K", "cache_seqlens"))
+    slots += ((Slot("LSE", "lse"),) if lse is not None else ()) + (
+        (Slot("CU_SEQLENS_Q", "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
+        (Slot("BLOCK_TABLE", "block_table"),) if block_table is not None else ())
     # split scratch: slots too, a plan fetching this stream's pool (ops.scratch) each call
-    slots += (Slot(8, "o_part"), Slot(9, "lse_part"), Slot(10, "arrivals")) if splits > 1 else ()
+    if splits > 1:
+        slots += (Slot("O_PART", "o_part"), Slot("LSE_PART", "lse_part"), Slot("ARRIVALS", "arrivals"))
     launch = KernelLaunch(attention_kvcache_kernel, grid, args, constexprs,
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
     compiled = launches.run(launch, q.device)
@@ -253,9 +255,10 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,
         **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
     )
-    slots = (Slot(0, "q"), Slot(1, "k"), Slot(2, "v"), Slot(3, "out"), Slot(4, "out" if lse is None else "lse"))
+    slots = (Slot("Q", "q"), Slot("K", "k"), Slot("V", "v"), Slot("O", "out"),
+             Slot("LSE", "out" if lse is None else "lse"))
     if varlen is not None:
-        slots += (Slot(5, "cu_seqlens_q"), Slot(6, "cu_seqlens_k"))
+        slots += (Slot("CU_SEQLENS_Q", "cu_seqlens_q"), Slot("CU_SEQLENS_K", "cu_seqlens_k"))
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

@@ -77,8 +77,8 @@ def attention_backward(
     delta_launch = KernelLaunch(
         attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
         dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None),
-        dict(num_warps=4), (Slot(0, "out"), Slot(1, "do"), *([] if dlse is None else [Slot(2, "dlse")]),
-                            Slot(3, "delta")))
+        dict(num_warps=4), (Slot("O", "out"), Slot("DO", "do"), *([] if dlse is None else [Slot("DLSE", "dlse")]),
+                            Slot("DELTA", "delta")))
     if kernel == "sm90":
         do = do if tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)

@@ -116,22 +116,25 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         *score_scales(scale, softcap),
     )
     if varlen is None:
-        slots = (Slot(0, "q", rows), Slot(1, "k", keys), Slot(2, "v", keys), Slot(3, "out", rows))
+        slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", keys),
+                 Slot("o_desc", "out", rows))
     elif cache is None:
-        slots = tuple(Slot(i, name, lambda t, d=d: d(heads_first(t)))
-                      for i, name, d in ((0, "q", rows), (1, "k", keys), (2, "v", keys), (3, "out", rows)))
-        slots += (Slot(6, "cu_seqlens_q"), Slot(7, "cu_seqlens_k"), Slot(8, "out"))
+        slots = tuple(Slot(param, name, lambda t, d=d: d(heads_first(t)))
+                      for param, name, d in (("q_desc", "q", rows), ("k_desc", "k", keys), ("v_desc", "v", keys),
+                                             ("o_desc", "out", rows)))
+        slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("Out", "out"))
     else:
         packed, cached = (lambda t: rows(heads_first(t))), (lambda t: cache_keys(cache_rows(t)))
-        slots = (Slot(0, "q", packed), Slot(1, "k_cache", cached), Slot(2, "v_cache", cached), Slot(3, "out", packed),
-                 Slot(6, "cu_seqlens_q"), Slot(8, "out"), Slot(9, "cache_seqlens"))
-        slots += (Slot(10, "block_table"),) if table is not None else ()
+        slots = (Slot("q_desc", "q", packed), Slot("k_desc", "k_cache", cached), Slot("v_desc", "v_cache", cached),
+                 Slot("o_desc", "out", packed), Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("Out", "out"),
+                 Slot("cache_seqlens", "cache_seqlens"))
+        slots += (Slot("block_table", "block_table"),) if table is not None else ()
         if runs:
             tile_rows = (lambda t: keys(cache_rows(t)))
-            slots += (Slot(11, "k_cache", tile_rows), Slot(12, "v_cache", tile_rows))
-    slots += (Slot(4, "out" if lse is None else "lse"),)
+            slots += (Slot("kt_desc", "k_cache", tile_rows), Slot("vt_desc", "v_cache", tile_rows))
+    slots += (Slot("LSE", "out" if lse is None else "lse"),)
     if tiles.dynamic:
-        slots += (Slot(5, "tile_counter"),)
+        slots += (Slot("tile_counter", "tile_counter"),)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None,
                              varlen is not None, top_left, cache is not None, page_size)
     return KernelLaunch(hopper.attention_fwd_hopper_kernel,

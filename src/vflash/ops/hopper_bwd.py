@@ -78,8 +78,9 @@ def _constexprs(head_dim: int, block_m: int, block_n: int, own: int, band: Band,
                 IS_VARLEN=varlen, TOP_LEFT=top_left)
 
 
-def _described(name: str, position: int, describe: Callable, view: Callable) -> Slot:
-    return Slot(position, name, describe if view is None else (lambda t: describe(view(t))))
+def _described(name: str, describe: Callable, view: Callable) -> Slot:
+    # the tensor `name`'s descriptor, in the kernel's parameter name_desc
+    return Slot(f"{name}_desc", name, describe if view is None else (lambda t: describe(view(t))))
 
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
@@ -98,10 +99,10 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
             sh.batch, sh.heads_q, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
             band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_q * -(-sh.n_q // block_m), 1, 1)
-    slots = (_described("q", 0, rows, view), _described("k", 1, keys, view), _described("v", 2, keys, view),
-             _described("do", 3, rows, view), _described("dq", 4, rows, view), Slot(5, "lse"), Slot(6, "delta"))
+    slots = (_described("q", rows, view), _described("k", keys, view), _described("v", keys, view),
+             _described("do", rows, view), _described("dq", rows, view), Slot("LSE", "lse"), Slot("DELTA", "delta"))
     if varlen is not None:
-        slots += (Slot(7, "cu_seqlens_q"), Slot(8, "cu_seqlens_k"), Slot(9, "dq"))
+        slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("DQ", "dq"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_m, band, softcap is not None, stages,
                                   varlen is not None, sh.top_left))
     return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
@@ -128,11 +129,12 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
             sh.batch, sh.heads_k, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
             band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_k * -(-sh.n_k // block_n), 1, 1)
-    slots = (_described("q", 0, streamed, view), _described("k", 1, rows, view), _described("v", 2, rows, view),
-             _described("do", 3, streamed, view), _described("dk", 4, rows, view), _described("dv", 5, rows, view),
-             Slot(6, "lse"), Slot(7, "delta"))
+    slots = (_described("q", streamed, view), _described("k", rows, view), _described("v", rows, view),
+             _described("do", streamed, view), _described("dk", rows, view), _described("dv", rows, view),
+             Slot("LSE", "lse"), Slot("DELTA", "delta"))
     if varlen is not None:
-        slots += (Slot(8, "cu_seqlens_q"), Slot(9, "cu_seqlens_k"), Slot(10, "dk"), Slot(11, "dv"))
+        slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("DK", "dk"),
+                  Slot("DV", "dv"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_n, band, softcap is not None, stages,
                                   varlen is not None, sh.top_left), WANT_DK="dk" in outputs, WANT_DV="dv" in outputs)
     return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)

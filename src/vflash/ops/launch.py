@@ -16,7 +16,7 @@ more name, not a new launch path.
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -26,9 +26,14 @@ from vflash.ops.direct_launch import direct_launch
 
 
 class Slot(NamedTuple):
-    position: int  # index in the kernel's parameters
+    param: Union[str, int]  # the kernel parameter it fills, by name (KernelLaunch resolves it to its index)
     name: str  # the tensor it takes: a plan input or allocation
     describe: Optional[Callable[[torch.Tensor], Any]] = None  # tensor -> its TMA descriptor; None: a pointer
+
+    @property
+    def position(self) -> int:
+        """The parameter's index in the kernel's signature (once KernelLaunch has resolved the name)."""
+        return self.param
 
 
 class Alloc(NamedTuple):
@@ -47,6 +52,12 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     options: Dict[str, Any]  # num_warps, num_stages, maxnreg, ...
     slots: Tuple[Slot, ...]
+
+    def __post_init__(self):
+        # a slot names its parameter; its index comes from the kernel's own signature, never by hand
+        names = self.kernel.arg_names
+        self.slots = tuple(s._replace(param=names.index(s.param)) if isinstance(s.param, str) else s
+                           for s in self.slots)
 
     def params(self) -> list:
         """Every kernel parameter in signature order, constexprs included (what a
