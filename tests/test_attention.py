@@ -155,7 +155,7 @@ def test_tile_sizes_and_poisoned_outputs(block_m, block_n, split, opts, device):
     from vflash._validate import check_window, resolve_causal
     band = mask_band(77, 131, resolve_causal(opts.get("causal", False)), check_window(opts.get("window")))
     attention_forward(q, k, v, band=band, scale=32 ** -0.5, softcap=None, return_lse=True,
-                      tiles=PortableTiles(block_m, block_n, 4, 1, split), out=out, lse=lse)
+                      tiles=PortableTiles(block_m, block_n, 4, 1, split), kernel="portable", out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_o, ref_l = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
     same_o, _ = attention_explicit(q, k, v, compute_dtype=None, **opts)

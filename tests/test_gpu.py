@@ -28,9 +28,9 @@ def test_gpu_poisoned_outputs_are_fully_written(causal, d):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
     lse = torch.full(q.shape[:3], float("nan"), device="cuda")
     band = mask_band(1999, 2001, "bottom_right" if causal else None, (-1, -1))
-    tiles = dispatch.select(dispatch.problem_of(q, k, v, out, band)).tiles
-    attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None, return_lse=True, tiles=tiles, out=out,
-                      lse=lse)
+    choice = dispatch.select(dispatch.problem_of(q, k, v, out, band))
+    attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None, return_lse=True, tiles=choice.tiles,
+                      kernel=choice.kernel, out=out, lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
 
 

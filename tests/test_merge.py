@@ -75,9 +75,9 @@ def test_split_keys_merge_to_full_attention(opts, device):
     for start, stop in ((0, 45), (45, 100)):
         kp, vp = k[:, :, start:stop], v[:, :, start:stop]
         band = Band(off - start, edges.left, edges.right)
-        tiles = dispatch.select(dispatch.problem_of(q, kp, vp, None, band)).tiles
+        choice = dispatch.select(dispatch.problem_of(q, kp, vp, None, band))
         parts.append(attention_forward(q, kp, vp, band=band, scale=32 ** -0.5, softcap=opts.get("softcap"),
-                                       return_lse=True, tiles=tiles))
+                                       return_lse=True, tiles=choice.tiles, kernel=choice.kernel))
     (a, la), (b, lb) = parts
     out, lse = vflash.merge_states(a, la, b, lb)
     verdict = compare("out", out.cpu(), ref.cpu(), same.cpu(), torch.float16)

@@ -93,9 +93,9 @@ def test_every_element_is_written(device):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
     lse = torch.full((2, q.shape[0]), float("nan"), device=device)
     band = sequence_band("bottom_right", (-1, -1))
-    tiles = dispatch.select(dispatch.varlen_problem_of(q, 4, 33, 33, band)).tiles
+    choice = dispatch.select(dispatch.varlen_problem_of(q, 4, 33, 33, band))
     attention_varlen_forward(q, k, v, cq, cq, 33, band=band, top_left=False, scale=0.25, softcap=None,
-                             return_lse=True, tiles=tiles, out=out, lse=lse)
+                             return_lse=True, tiles=choice.tiles, kernel=choice.kernel, out=out, lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
 
 
@@ -225,7 +225,7 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
         lse = torch.full((8, q.shape[0]), float("nan"), device=dev)
         attention_varlen_forward(q, k, v, cq, ck, max(lens_q), band=band, top_left=mode == "top_left",
                                  scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True, tiles=tiles,
-                                 out=out, lse=lse)
+                                 kernel="sm90", out=out, lse=lse)
         assert not out.isnan().any() and not lse.isnan().any(), tiles
         for verdict in (compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), torch.bfloat16),
                         compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)):
@@ -299,7 +299,7 @@ def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
     for causal_tiles in (False, True):
         tiles = tables.HOPPER[(d, causal_tiles)]
         out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, scale=d ** -0.5,
-                                          softcap=None, return_lse=True, tiles=tiles)
+                                          softcap=None, return_lse=True, tiles=tiles, kernel="sm90")
         assert out[:100].isfinite().all(), tiles
         verdict = compare("out", out[:100].cpu(), ref.cpu(), same.cpu(), torch.bfloat16)
         assert verdict.passed, f"{tiles}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e}"

@@ -80,7 +80,7 @@ def attention(
     band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
     out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
-                                 tiles=choice.tiles, plan_key=key)
+                                 tiles=choice.tiles, kernel=choice.kernel, plan_key=key)
     return (out, lse) if return_lse else out
 
 
@@ -172,7 +172,7 @@ def attention_varlen(
     choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band, kv=(k, v)))
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
                                         top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
-                                        return_lse=return_lse, tiles=choice.tiles)
+                                        return_lse=return_lse, tiles=choice.tiles, kernel=choice.kernel)
     return (out, lse) if return_lse else out
 
 
@@ -366,7 +366,8 @@ def attention_with_kvcache(
                                      k_cache.shape[1] if block_table is not None else 0)
     result, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
                                             max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                            return_lse=return_lse, tiles=choice.tiles, out=out_rows, plan_key=key,
+                                            return_lse=return_lse, tiles=choice.tiles, kernel=choice.kernel,
+                                            out=out_rows, plan_key=key,
                                             plan_out_shape=tuple(q_shape), plan_guard=guard)
     return _kvcache_result(out if out is not None else result, lse, q_shape, dense_q, return_lse)
 

@@ -35,7 +35,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, off: int, left: int, right: i
     band = Band(off, left, right)
     choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
     return attention_forward(q, k, v, band=band, scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles,
-                             plan_key=key)
+                             kernel=choice.kernel, plan_key=key)
 
 
 @attention_fwd.register_fake
@@ -103,7 +103,8 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
     choice = dispatch.select(dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k,
                                                         band, kv=(k, v)))
     return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band, top_left=top_left,
-                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles, plan_key=key)
+                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles,
+                                    kernel=choice.kernel, plan_key=key)
 
 
 @attention_varlen_fwd.register_fake

@@ -7,10 +7,11 @@ whole account in `docs/dispatch.md`. `VFLASH_KERNEL=portable|sm90` (or
 raises ValueError saying why.
 """
 
-from vflash.dispatch.rules import (FORCED, KERNELS, Choice, Problem, backward_tiles, cache_write_tiles,
-                                   kvcache_problem_of, merge_tiles, metadata_tiles, problem_of, select, select_backward,
-                                   select_kvcache, sm90_backward_refusal, sm90_refusal, varlen_problem_of)
+from vflash.dispatch.rules import (FORCED, KERNELS, REGISTRY, Choice, Kernel, Problem, backward_tiles,
+                                   cache_write_tiles, kvcache_problem_of, merge_tiles, metadata_tiles, problem_of,
+                                   select, select_backward, select_kvcache, sm90_backward_refusal, sm90_refusal,
+                                   varlen_problem_of)
 
-__all__ = ["FORCED", "KERNELS", "Choice", "Problem", "backward_tiles", "cache_write_tiles",
+__all__ = ["FORCED", "KERNELS", "REGISTRY", "Choice", "Kernel", "Problem", "backward_tiles", "cache_write_tiles",
            "kvcache_problem_of", "merge_tiles", "metadata_tiles", "problem_of", "select", "select_backward",
            "select_kvcache", "sm90_backward_refusal", "sm90_refusal", "varlen_problem_of"]

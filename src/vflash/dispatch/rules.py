@@ -4,7 +4,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -16,7 +16,6 @@ from vflash.ops.band import Band
 from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, PortableTiles, head_dim_pad)
 
-KERNELS = ("portable", "sm90")
 
 # VFLASH_KERNEL=portable|sm90 forces a kernel for every call of the process (read at import).
 FORCED: Optional[str] = os.environ.get("VFLASH_KERNEL") or None
@@ -133,7 +132,7 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
     VFLASH_KERNEL, else chosen here) forces one; a forced kernel that cannot
     take the call raises ValueError saying why."""
     kernel = _forced(kernel)
-    refusal = sm90_refusal(p) if kernel != "portable" else "forced portable"
+    refusal = REGISTRY["sm90"].forward_refusal(p) if kernel != "portable" else "forced portable"
     if kernel == "sm90":
         if refusal is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refusal}")
@@ -206,7 +205,8 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     rows = group * max(1, p.n_q)
-    if rows > tables.DECODE_ROWS and not batch_invariant and num_splits in (None, 1) and sm90_refusal(p) is None:
+    unsplit = not batch_invariant and num_splits in (None, 1)
+    if rows > tables.DECODE_ROWS and unsplit and REGISTRY["sm90"].forward_refusal(p) is None:
         dense = select(p)
         if dense.kernel == "sm90" and (page_size == 0 or pages_fit(page_size, dense.tiles.block_n)):
             cache = f"pages of {page_size}" if page_size else "contiguous"
@@ -304,12 +304,32 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
     return None
 
 
+class Kernel(NamedTuple):
+    """A kernel family a call can run: its name (Choice.kernel, VFLASH_KERNEL's values) and what it can take,
+    as why its forward or its backward cannot run a problem (None: it can). The launchers build a family's
+    launch from Choice.kernel alone (vflash.ops.attention, vflash.ops.attention_bwd)."""
+    name: str
+    forward_refusal: Callable[[Problem], Optional[str]]
+    backward_refusal: Callable[[Problem], Optional[str]]
+
+
+def _takes_any(p: Problem) -> Optional[str]:
+    return None
+
+
+# The portable Triton kernels take every call (any device Triton runs on, the interpreter included); the sm_90
+# Gluon ones where their refusals say. select() prefers sm90 where it can take a call and is ahead there.
+REGISTRY = {"portable": Kernel("portable", _takes_any, _takes_any),
+            "sm90": Kernel("sm90", sm90_refusal, sm90_backward_refusal)}
+KERNELS = tuple(REGISTRY)
+
+
 def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
     """The backward's kernels and tiles for `p` (the forward's Problem), with `select`'s rules:
     the sm_90 kernels wherever they can take the call and are ahead (HOPPER_BACKWARD_MIN_N),
     `kernel` or VFLASH_KERNEL forcing one."""
     kernel = _forced(kernel)
-    refusal = sm90_backward_refusal(p) if kernel != "portable" else "forced portable"
+    refusal = REGISTRY["sm90"].backward_refusal(p) if kernel != "portable" else "forced portable"
     shortest = tables.HOPPER_BACKWARD_MIN_N.get(p.head_dim, 0)
     if refusal is None and kernel is None and min(p.n_q, p.n_k) < shortest:
         refusal = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"

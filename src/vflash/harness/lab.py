@@ -15,7 +15,7 @@ Masks and tiles
   Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
   PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
   MetadataTiles
-Launchers with their tiles forced (nothing validated, no plan recorded)
+Launchers with their tiles forced (nothing validated, no plan recorded; the kernel the tiles', kernel_of)
   attention_forward, attention_varlen_forward, attention_kvcache_forward, attention_backward, merge_states_forward,
   write_kvcache_forward, sequence_metadata_flags
 Launches
@@ -45,7 +45,7 @@ from vflash.ops import hopper_bwd as _hopper_bwd
 from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
 from vflash.ops import tiles as _tiles
-from vflash.ops.attention import attention_forward, attention_kvcache_forward, attention_varlen_forward
+from vflash.ops import attention as _attention
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band, mask_band, sequence_band
 from vflash.ops.cache import write_kvcache_forward
@@ -59,7 +59,7 @@ __all__ = [
     "Band", "mask_band", "sequence_band",
     "PortableTiles", "HopperTiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
     "MetadataTiles",
-    "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
+    "kernel_of", "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
     "merge_states_forward", "write_kvcache_forward", "sequence_metadata_flags",
     "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",
     "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
@@ -69,6 +69,28 @@ __all__ = [
     "compiled_path", "compile_launch_sm90", "sm90_builds", "compile_hopper_sm90",
     "fold_splits",
 ]
+
+
+def kernel_of(tiles) -> str:
+    """The kernel family a tile type belongs to (vflash.dispatch's Choice.kernel): HopperTiles the sm90
+    kernels, every other type the portable ones. The library takes the kernel from dispatch's choice; a
+    lab script that forces tiles names the kernel through them."""
+    return "sm90" if isinstance(tiles, HopperTiles) else "portable"
+
+
+def attention_forward(*args, tiles, kernel=None, **kw):
+    """vflash.ops.attention.attention_forward with `tiles` forced, its kernel the tiles' (kernel_of)."""
+    return _attention.attention_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
+
+
+def attention_varlen_forward(*args, tiles, kernel=None, **kw):
+    """vflash.ops.attention.attention_varlen_forward with `tiles` forced, its kernel the tiles'."""
+    return _attention.attention_varlen_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
+
+
+def attention_kvcache_forward(*args, tiles, kernel=None, **kw):
+    """vflash.ops.attention.attention_kvcache_forward with `tiles` forced, its kernel the tiles'."""
+    return _attention.attention_kvcache_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
 
 # --- launches ---
 

@@ -29,14 +29,14 @@ SCRATCH_NAMES = ("o_part", "lse_part", "arrivals")
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     band: Band, scale: float, softcap: Optional[float], return_lse: bool,
-    tiles: Union[PortableTiles, HopperTiles],
+    tiles: Union[PortableTiles, HopperTiles], kernel: str,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
     plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 (or None).
 
-    `tiles` picks the kernel: PortableTiles the Triton kernel, HopperTiles the
-    Gluon sm_90 one. `out` (any strides) and `lse` (contiguous) may be passed
+    `kernel` (vflash.dispatch's Choice.kernel: "portable", the Triton kernel, or "sm90",
+    the Gluon one) and its `tiles` are dispatch's choice. `out` (any strides) and `lse` (contiguous) may be passed
     preallocated, e.g. poisoned with NaN by tests that check every element is
     written. With a `plan_key` (vflash.ops.plans) the launch is recorded for
     later calls.
@@ -59,12 +59,9 @@ def attention_forward(
     allocs = [Alloc("out", tuple(out.shape), q.dtype)]
     if lse is not None:
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
-    if isinstance(tiles, HopperTiles):
-        if tiles.dynamic:
-            allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-        launch = _hopper_launch(q, k, v, out, lse, band, scale, softcap, tiles)
-    else:
-        launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles)
+    if kernel == "sm90" and tiles.dynamic:
+        allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
+    launch = _FORWARD[kernel](q, k, v, out, lse, band, scale, softcap, tiles)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, INPUTS, allocs, RETURNS, q.device.index)
@@ -74,13 +71,13 @@ def attention_forward(
 def attention_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, *, band: Band, top_left: bool, scale: float, softcap: Optional[float], return_lse: bool,
-    tiles: Union[PortableTiles, HopperTiles], out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-    plan_key: Optional[Hashable] = None,
+    tiles: Union[PortableTiles, HopperTiles], kernel: str, out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
     (or None). `band` is `ops.band.sequence_band`'s; each sequence's offset comes
-    from its own lengths (Nk - Nq, or 0 with `top_left`). `tiles` picks the kernel
-    as in attention_forward. `out` (any strides; unit last stride with HopperTiles)
+    from its own lengths (Nk - Nq, or 0 with `top_left`). `kernel` and `tiles` as in
+    attention_forward. `out` (any strides; unit last stride for sm90)
     and `lse` (contiguous) may be passed preallocated. With a `plan_key` the launch
     is recorded as attention_forward's is, its inputs VARLEN_INPUTS."""
     fresh_out = out is None
@@ -100,12 +97,9 @@ def attention_varlen_forward(
     allocs = [Alloc("out", tuple(out.shape), q.dtype)]
     if lse is not None:
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
-    if isinstance(tiles, HopperTiles):
-        if tiles.dynamic:
-            allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-        launch = _hopper_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
-    else:
-        launch = _portable_launch(q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
+    if kernel == "sm90" and tiles.dynamic:
+        allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
+    launch = _FORWARD[kernel](q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, VARLEN_INPUTS, allocs, RETURNS, q.device.index)
@@ -115,7 +109,7 @@ def attention_varlen_forward(
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
-    scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles],
+    scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles], kernel: str,
     out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
     plan_out_shape: Optional[Tuple[int, ...]] = None, plan_guard: Optional[Callable[..., bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -131,8 +125,8 @@ def attention_kvcache_forward(
     caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given; a given `out`
     (rows [total_q, Hq, D], unit stride in D) is written instead, and its plan takes the
     caller's out (of the key's metadata) as its last input, run where `plan_guard` passes
-    (plans.LaunchPlan.guard). HopperTiles
-    (chunked prefill on sm_90): the Hopper kernel's KV_CACHE build, unsplit and unplanned."""
+    (plans.LaunchPlan.guard). kernel "sm90" (chunked prefill on sm_90, HopperTiles): the Gluon
+    kernel's KV_CACHE build, unsplit and unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
@@ -142,7 +136,7 @@ def attention_kvcache_forward(
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
-    if isinstance(tiles, HopperTiles):
+    if kernel == "sm90":
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
             cu_seqlens_q = torch.arange(0, (batch + 1) * max_seqlen_q, max_seqlen_q, dtype=torch.int32,
                                         device=q.device)
@@ -262,3 +256,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
+
+
+# The forward's launch builders by vflash.dispatch's Choice.kernel (the names of its REGISTRY).
+_FORWARD = {"portable": _portable_launch, "sm90": _hopper_launch}
