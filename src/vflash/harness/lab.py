@@ -15,7 +15,8 @@ Masks and tiles
   Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
   PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
   MetadataTiles
-Launchers with their tiles forced (nothing validated, no plan recorded; the kernel the tiles', kernel_of)
+Launchers with their tiles forced (nothing validated, no plan recorded), the kernel the tiles name
+  kernel_of                           the kernel family a tile type belongs to ("portable" or "sm90")
   attention_forward, attention_varlen_forward, attention_kvcache_forward, attention_backward, merge_states_forward,
   write_kvcache_forward, sequence_metadata_flags
 Launches
