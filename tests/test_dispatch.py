@@ -264,3 +264,15 @@ def test_select_kvcache_takes_sm90_for_chunked_prefill_where_it_fits(h200, monke
         assert choice.tiles == dispatch.select(p).tiles and "KV cache" in choice.why
     # decode (4 packed rows) stays on attention_kvcache_kernel
     assert dispatch.select_kvcache(dataclasses.replace(p, n_q=1), 8, page_size=page).kernel == "portable"
+
+
+def test_every_registered_kernel_has_a_forward_builder_and_refusals():
+    # Choice.kernel is the one name the launchers build from: each kernel dispatch can choose has a builder,
+    # and the portable family takes any problem (select's fallback) while sm90 says why it cannot
+    from vflash.ops import attention as launchers
+    assert set(launchers._FORWARD) == set(dispatch.REGISTRY) == set(dispatch.KERNELS)
+    p = problem(128, True, 4096, 32, device=torch.device("cpu"))
+    assert dispatch.REGISTRY["portable"].forward_refusal(p) is None
+    assert dispatch.REGISTRY["portable"].backward_refusal(p) is None
+    assert "interpreter" in dispatch.REGISTRY["sm90"].forward_refusal(p)
+    assert "interpreter" in dispatch.REGISTRY["sm90"].backward_refusal(p)
