@@ -4,8 +4,6 @@ import itertools
 import time
 from typing import Callable, Iterable, Optional, TextIO
 
-import torch
-
 from vflash.harness.cases import (BaselineCheck, CacheWriteCase, Case, GradCase, KVCacheCase, MergeCase, TiledCheck,
                                   VarlenCase)
 
@@ -153,7 +151,3 @@ def run_matrix(cases: Iterable, device, stream: Optional[TextIO] = None,
         print(line, file=stream, flush=True)
     print(f"{passed} passed, {failed} failed", file=stream, flush=True)
     return failed
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
