@@ -35,6 +35,7 @@ Device functions for prototype kernels
 
 import contextlib
 from typing import Callable, Iterator, List
+from unittest import mock
 
 import torch
 
@@ -45,8 +46,8 @@ from vflash.ops import hopper as _hopper
 from vflash.ops import hopper_bwd as _hopper_bwd
 from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
-from vflash.ops import tiles as _tiles
 from vflash.ops import attention as _attention
+from vflash.ops import tiles as _tiles
 from vflash.ops.attention_bwd import attention_backward
 from vflash.ops.band import Band, mask_band, sequence_band
 from vflash.ops.cache import write_kvcache_forward
@@ -79,19 +80,17 @@ def kernel_of(tiles) -> str:
     return "sm90" if isinstance(tiles, HopperTiles) else "portable"
 
 
-def attention_forward(*args, tiles, kernel=None, **kw):
-    """vflash.ops.attention.attention_forward with `tiles` forced, its kernel the tiles' (kernel_of)."""
-    return _attention.attention_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
+def _kernel_from_tiles(launcher: Callable) -> Callable:
+    """`launcher` (an ops.attention forward launcher) with its kernel the forced tiles' (kernel_of) unless named."""
+    def run(*args, tiles, kernel=None, **kw):
+        return launcher(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
+    run.__name__, run.__doc__ = launcher.__name__, f"vflash.ops.attention.{launcher.__name__}, its kernel the tiles'."
+    return run
 
 
-def attention_varlen_forward(*args, tiles, kernel=None, **kw):
-    """vflash.ops.attention.attention_varlen_forward with `tiles` forced, its kernel the tiles'."""
-    return _attention.attention_varlen_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
-
-
-def attention_kvcache_forward(*args, tiles, kernel=None, **kw):
-    """vflash.ops.attention.attention_kvcache_forward with `tiles` forced, its kernel the tiles'."""
-    return _attention.attention_kvcache_forward(*args, tiles=tiles, kernel=kernel or kernel_of(tiles), **kw)
+attention_forward = _kernel_from_tiles(_attention.attention_forward)
+attention_varlen_forward = _kernel_from_tiles(_attention.attention_varlen_forward)
+attention_kvcache_forward = _kernel_from_tiles(_attention.attention_kvcache_forward)
 
 # --- launches ---
 
@@ -104,13 +103,8 @@ def capturing_launches() -> Iterator[List[KernelLaunch]]:
     (plans_off), so each call builds its launches on the full path. The calls' outputs are then
     garbage; a call that reads a kernel's result on the host (a metadata check) needs its check off."""
     got: List[KernelLaunch] = []
-    run = _launches.run
-    _launches.run = lambda launch, device: got.append(launch)
-    try:
-        with plans_off():
-            yield got
-    finally:
-        _launches.run = run
+    with mock.patch.object(_launches, "run", lambda launch, device: got.append(launch)), plans_off():
+        yield got
 
 
 def captured_launches(call: Callable[[], object]) -> List[KernelLaunch]:
@@ -122,28 +116,16 @@ def captured_launches(call: Callable[[], object]) -> List[KernelLaunch]:
 
 # --- launch plans ---
 
-@contextlib.contextmanager
-def plans_off() -> Iterator[None]:
-    """Inside, no call finds a plan: every call takes the full path (validation, dispatch, launcher,
-    Triton's JIT launch), as a first call does."""
-    lookup = _plans.lookup
-    _plans.lookup = lambda *args: None
-    try:
-        yield
-    finally:
-        _plans.lookup = lookup
+def plans_off():
+    """Inside (a context manager), no call finds a plan: every call takes the full path (validation, dispatch,
+    launcher, Triton's JIT launch), as a first call does."""
+    return mock.patch.object(_plans, "lookup", lambda *args: None)
 
 
-@contextlib.contextmanager
-def triton_launcher_only() -> Iterator[None]:
-    """Inside, plans recorded bind Triton's own compiled launcher rather than the direct C launch
-    (vflash.ops.direct_launch): what a plan's launch costs without it. Plans recorded before keep theirs."""
-    direct = _launches.direct_launch
-    _launches.direct_launch = lambda *args: None
-    try:
-        yield
-    finally:
-        _launches.direct_launch = direct
+def triton_launcher_only():
+    """Inside (a context manager), plans recorded bind Triton's own compiled launcher rather than the direct C
+    launch (vflash.ops.direct_launch): what a plan's launch costs without it. Plans recorded before keep theirs."""
+    return mock.patch.object(_launches, "direct_launch", lambda *args: None)
 
 
 clear_plans = _plans.clear  # forget every recorded plan (tiles or tables changed, or a first call to time)
@@ -176,18 +158,13 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.int64: "i64"}
 
 
-@contextlib.contextmanager
-def compiled_path() -> Iterator[None]:
+def compiled_path():
     """Inside, launchers build their launches as for a GPU whatever the tensors' device (no interpreter
     forms, no bf16 done by hand): with capturing_launches, a launcher called on CPU tensors with its tiles
     given then builds the launches a GPU would compile. Nothing may run inside but captured launches, and
-    nothing that asks the dispatch (the public API does): it would look for the GPU it chooses for."""
-    interpreted = _backend.interpreted
-    _backend.interpreted = lambda device: False
-    try:
-        yield
-    finally:
-        _backend.interpreted = interpreted
+    nothing that asks the dispatch (the public API does): it would look for the GPU it chooses for.
+    A context manager."""
+    return mock.patch.object(_backend, "interpreted", lambda device: False)
 
 
 def compile_launch_sm90(launch: KernelLaunch):
