@@ -22,6 +22,7 @@ import torch
 from vflash.harness.bench import Shape, attention_flops
 from vflash.harness.lab import PortableTiles, attention_forward, mask_band
 from vflash.harness.timing import gemm_warmup, time_call
+from vflash.harness.lab import Score
 
 # PortableTiles fields: (block_m, block_n, num_warps, num_stages[, split])
 CANDIDATES = {
@@ -78,7 +79,7 @@ def main() -> None:
         band = mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
         for cfg in table[s.D]:
             tiles = PortableTiles(*cfg)
-            fn = lambda: attention_forward(q, k, v, band=band, scale=s.D ** -0.5, softcap=None,  # noqa: E731
+            fn = lambda: attention_forward(q, k, v, band=band, score=Score(s.D ** -0.5, None),  # noqa: E731
                                            return_lse=False, tiles=tiles)
             try:
                 fn()

@@ -15,11 +15,12 @@ from vflash.harness.cases import Case, make_inputs, run_case
 from vflash.harness.oracle import compare
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.tile import cast
-from vflash.ops import mask_band
+from vflash._validate import mask_band
 from vflash.ops.attention import attention_forward
 from vflash.ops.tiles import PortableTiles
 from vflash.reference import attention_explicit
 from vflash.reference.explicit import visible_mask
+from vflash.call import Score
 
 
 def assert_case(case, device, attention=None):
@@ -154,7 +155,7 @@ def test_tile_sizes_and_poisoned_outputs(block_m, block_n, split, opts, device):
     lse = torch.full((2, 4, 77), float("nan"), dtype=torch.float32, device=device)
     from vflash._validate import check_window, resolve_causal
     band = mask_band(77, 131, resolve_causal(opts.get("causal", False)), check_window(opts.get("window")))
-    attention_forward(q, k, v, band=band, scale=32 ** -0.5, softcap=None, return_lse=True,
+    attention_forward(q, k, v, band=band, score=Score(32 ** -0.5, None), return_lse=True,
                       tiles=PortableTiles(block_m, block_n, 4, 1, split), kernel="portable", out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_o, ref_l = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)

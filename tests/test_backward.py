@@ -14,6 +14,7 @@ from _hopper import needs_hopper
 from vflash.library import attention_bwd, attention_fwd, attention_varlen_bwd, attention_varlen_fwd
 from vflash.harness.oracle import compare
 from vflash.reference import attention_explicit
+from vflash.call import Call, Score
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -330,7 +331,7 @@ HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (
                                                          (64, True, False, 3)])
 def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap, consumers):
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     band = Band(0, -1, 0 if causal else -1)
@@ -346,7 +347,8 @@ def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap, co
 @pytest.mark.parametrize("case", sorted(HOPPER_BWD_CASES))
 def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     # dQ and dK / dV from the sm_90 kernels, each against fp64 autograd of the explicit reference (3x rule)
-    from vflash.ops import hopper_bwd, mask_band
+    from vflash.ops import hopper_bwd
+    from vflash._validate import mask_band
     from vflash.ops import launch as launches
     B, Hq, Hkv, Nq, Nk, D, opts, *dtype = HOPPER_BWD_CASES[case]
     dtype = dtype[0] if dtype else torch.bfloat16
@@ -357,10 +359,9 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
     got = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # every row must be written
     (dq_m, dq_n), (kv_m, kv_n) = tiles
-    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, D ** -0.5, opts.get("softcap"), dq_m,
+    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, Score(D ** -0.5, opts.get("softcap")), dq_m,
                                       dq_n), q.device)
-    launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, D ** -0.5,
-                                        opts.get("softcap"), kv_m, kv_n), q.device)
+    launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, Score(D ** -0.5, opts.get("softcap")), kv_m, kv_n), q.device)
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)
@@ -382,11 +383,11 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
         "short_d64"])
 def test_gpu_autograd_takes_the_sm90_backward_and_matches_the_reference(B, Hq, Hkv, Nq, Nk, D, layout, opts):
     from vflash import dispatch
-    from vflash.ops import mask_band
+    from vflash._validate import mask_band
     (q, k, v), _ = _inputs(B, Hq, Hkv, Nq, Nk, D, torch.bfloat16, torch.device("cuda"), layout=layout)
     causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
-    choice = dispatch.select_backward(dispatch.problem_of(q, k, v, None, band))
+    choice = dispatch.select_backward(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)))
     assert choice.kernel == "sm90", choice.why
     _check(B, Hq, Hkv, Nq, Nk, D, "bf16", torch.device("cuda"), layout=layout, **opts)
 
@@ -404,7 +405,7 @@ def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
     import subprocess
     import tempfile
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     from triton.backends.nvidia.compiler import get_ptxas
@@ -424,7 +425,7 @@ def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
 @pytest.mark.parametrize("outputs,causal", [("dk", True), ("dv", False)])
 def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = hopper_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1),
@@ -444,7 +445,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     # dV from two launches of the dK / dV kernel (dkdv_apart), against fp64 autograd of the explicit
     # reference
     from vflash.dispatch import tables
-    from vflash.ops import mask_band
+    from vflash._validate import mask_band
     from vflash.ops.attention_bwd import attention_backward
     B, Hq, Hkv, Nq, Nk, opts = {"plain": (1, 2, 2, 300, 300, dict()),
                                 "causal_gqa": (2, 4, 1, 200, 333, dict(causal=True)),
@@ -456,7 +457,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
     tiles = tables.HOPPER_BACKWARD[256]
     assert tiles.dkdv_apart
-    got = attention_backward(do, q, k, v, out, lse, band=band, scale=256 ** -0.5, softcap=opts.get("softcap"),
+    got = attention_backward(do, q, k, v, out, lse, band=band, score=Score(256 ** -0.5, opts.get("softcap")),
                              tiles=tiles, kernel="sm90")
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
@@ -497,7 +498,7 @@ def _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles, poison=False)
     # the forward (vflash.attention_varlen) and the sm90 backward on packed inputs; poison: the
     # second sequence's first K / V rows inf and its first Q / dO rows NaN (the first sequence's
     # gradients must not see them)
-    from vflash.ops import sequence_band
+    from vflash._validate import sequence_band
     from vflash.ops.attention_bwd import attention_backward
     g = torch.Generator().manual_seed(9)
     q, do = (torch.randn(sum(lens_q), hq, d, generator=g).to(torch.bfloat16).to(dev) for _ in range(2))
@@ -512,7 +513,7 @@ def _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles, poison=False)
     out, lse = vflash.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), return_lse=True, **opts)
     causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
     band = sequence_band(causal, opts.get("window", (-1, -1)))
-    got = attention_backward(do, q, k, v, out, lse, band=band, scale=d ** -0.5, softcap=opts.get("softcap"),
+    got = attention_backward(do, q, k, v, out, lse, band=band, score=Score(d ** -0.5, opts.get("softcap")),
                              tiles=tiles, kernel="sm90",
                              varlen=(cq, ck, max(lens_q), max(lens_k), causal == "top_left"))
     return got, (q, k, v, do, cq, ck)
@@ -568,7 +569,7 @@ def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
 def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
@@ -581,15 +582,15 @@ def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
 
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     q, do = torch.randn(2, 4, 300, 64, dtype=torch.bfloat16), torch.randn(2, 4, 300, 64, dtype=torch.bfloat16)
     k, v = torch.randn(2, 2, 200, 64, dtype=torch.bfloat16), torch.randn(2, 2, 200, 64, dtype=torch.bfloat16)
     lse, delta = torch.randn(2, 4, 300), torch.randn(2, 4, 300)
     band = Band(-100, -1, 0)
-    dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, torch.empty_like(q), band, 0.125, None)
-    dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.125, None)
+    dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, torch.empty_like(q), band, Score(0.125, None))
+    dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.125, None))
     for launch, kernel in ((dq, "attention_bwd_dq_hopper_kernel"), (dkdv, "attention_bwd_dkdv_hopper_kernel")):
         names = getattr(hopper_bwd.kernels, kernel).arg_names
         assert len(launch.params()) == len(names)
@@ -597,23 +598,21 @@ def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
         assert by_name["kv_group"] == 2 and by_name["n_q"] == 300 and by_name["n_k"] == 200
     assert dq.grid == (2 * 4 * 3, 1, 1) and dkdv.grid == (2 * 2 * 2, 1, 1)
     with pytest.raises(ValueError, match="lse must be contiguous fp32"):
-        hopper_bwd.dq_launch(q, k, v, do, lse.transpose(1, 2).contiguous(), delta, torch.empty_like(q), band, 0.1,
-                             None)
+        hopper_bwd.dq_launch(q, k, v, do, lse.transpose(1, 2).contiguous(), delta, torch.empty_like(q), band, Score(0.1, None))
     with pytest.raises(ValueError, match="shared memory"):
-        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
+        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
                                64, 256)  # four consumers
     with pytest.raises(ValueError, match="outputs must be"):
-        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1, None,
+        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
                                outputs="dq")
-    assert hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, 0.1,
-                                  None, outputs="dv").constexprs["WANT_DK"] is False
+    assert hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None), outputs="dv").constexprs["WANT_DK"] is False
 
 
 def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
     # packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse / delta [Hq, total_q]: the grid covers the
     # longest sequence, the pointer parameters are the packed outputs and cu_seqlens, the strides theirs
     from vflash.ops import hopper_bwd
-    from vflash.ops.band import Band
+    from vflash.call import Band
     if not hopper_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     q, do = torch.randn(300, 4, 64, dtype=torch.bfloat16), torch.randn(300, 4, 64, dtype=torch.bfloat16)
@@ -623,8 +622,8 @@ def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
     varlen = (cu_q, cu_k, 200, 200, False)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     band = Band(0, -1, 0)
-    dq_l = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, 0.125, None, varlen=varlen)
-    dkdv_l = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, 0.125, None, varlen=varlen)
+    dq_l = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, Score(0.125, None), varlen=varlen)
+    dkdv_l = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(0.125, None), varlen=varlen)
     for launch, kernel in ((dq_l, "attention_bwd_dq_hopper_kernel"), (dkdv_l, "attention_bwd_dkdv_hopper_kernel")):
         names = getattr(hopper_bwd.kernels, kernel).arg_names
         assert len(launch.params()) == len(names)
@@ -641,4 +640,4 @@ def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
     assert [s.position for s in dkdv_l.slots if s.name in ("dk", "dv")] == [4, 5, 10, 11]
     assert dq_l.grid == (2 * 4 * 2, 1, 1) and dkdv_l.grid == (2 * 2 * 2, 1, 1)  # cdiv(200, 128), cdiv(200, 128)
     with pytest.raises(ValueError, match=r"lse must be contiguous fp32 \[4, 300\]"):
-        hopper_bwd.dq_launch(q, k, v, do, lse.t().contiguous(), delta, dq, band, 0.125, None, varlen=varlen)
+        hopper_bwd.dq_launch(q, k, v, do, lse.t().contiguous(), delta, dq, band, Score(0.125, None), varlen=varlen)

@@ -13,7 +13,7 @@ from vflash import dispatch
 from vflash.dispatch import Problem, select, tables
 from vflash.dispatch import rules as select_module
 from vflash.ops import hopper
-from vflash.ops.band import Band
+from vflash.call import Band, Call, Score
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles, KVCacheTiles, PortableTiles
 
 CUDA = torch.device("cuda", 0)
@@ -142,11 +142,14 @@ def test_select_backward_refusals_and_forcing(h200, monkeypatch):
 
 def test_problem_of_reads_tma_fitness():
     x = torch.randn(2, 4, 10, 64, dtype=H)
-    p = dispatch.problem_of(x, x, x, None, Band(0, -1, -1))
+
+    def problem(q, k, v, out=None):
+        return dispatch.problem_of(Call(q, k, v, None, Band(0, -1, -1), Score(0.125), False, out))
+    p = problem(x, x, x)
     assert (p.batch, p.heads_q, p.n_q, p.n_k, p.head_dim, p.tma_ok) == (2, 4, 10, 10, 64, True)
     shifted = torch.randn(x.numel() + 1, dtype=H)[1:].view(2, 4, 10, 64)
-    assert not dispatch.problem_of(x, shifted, x, None, Band(0, -1, -1)).tma_ok
-    assert not dispatch.problem_of(x, x, x, x.transpose(2, 3), Band(0, -1, -1)).tma_ok
+    assert not problem(x, shifted, x).tma_ok
+    assert not problem(x, x, x, x.transpose(2, 3)).tma_ok
 
 
 def test_every_table_entry_has_a_register_share():

@@ -7,6 +7,7 @@ import torch
 import vflash
 from vflash.harness.cases import Case, make_inputs
 from vflash.harness.check import gpu_matrix
+from vflash.call import Call, Score
 
 pytestmark = pytest.mark.gpu
 
@@ -22,14 +23,14 @@ def test_gpu_matrix(case):
 def test_gpu_poisoned_outputs_are_fully_written(causal, d):
     # The dispatch's own choice for the shape and the preallocated (TMA-ready) outputs.
     from vflash import dispatch
-    from vflash.ops import mask_band
+    from vflash._validate import mask_band
     from vflash.ops.attention import attention_forward
     q, k, v = make_inputs(Case(B=2, Hq=8, Hkv=2, Nq=1999, Nk=2001, D=d), torch.device("cuda"))
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
     lse = torch.full(q.shape[:3], float("nan"), device="cuda")
     band = mask_band(1999, 2001, "bottom_right" if causal else None, (-1, -1))
-    choice = dispatch.select(dispatch.problem_of(q, k, v, out, band))
-    attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None, return_lse=True, tiles=choice.tiles,
+    choice = dispatch.select(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False, out)))
+    attention_forward(q, k, v, band=band, score=Score(d ** -0.5, None), return_lse=True, tiles=choice.tiles,
                       kernel=choice.kernel, out=out, lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
 

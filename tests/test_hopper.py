@@ -10,9 +10,11 @@ from vflash.harness.cases import Case
 from vflash.dispatch import tables
 from vflash.kernels import attention_fwd_hopper as hopper_kernels
 from vflash.ops import attention as ops
-from vflash.ops import hopper, mask_band, tma
-from vflash.ops.band import Band
+from vflash.ops import hopper, tma
+from vflash._validate import mask_band
+from vflash.call import Band
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
+from vflash.call import Score
 
 needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
@@ -135,7 +137,7 @@ def test_build_follows_the_signature_and_declares_its_slots(dynamic):
     out = torch.empty_like(q)
     counter = torch.zeros(1, dtype=torch.int32) if dynamic else None
     tiles = HopperTiles(128, 128, 2, q_buffers=2, dynamic=dynamic)
-    launch = hopper.build(q, k, k, out, None, counter, Band(100, -1, 0), 0.125, None, tiles, 132)
+    launch = hopper.build(q, k, k, out, None, counter, Band(100, -1, 0), Score(0.125, None), tiles, 132)
     by_name = dict(zip(names, launch.params()))
     assert len(launch.params()) == len(names)
     assert by_name["LSE"] is out and by_name["kv_group"] == 4 and by_name["off"] == 100
@@ -161,7 +163,7 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
     cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
     cu_k = torch.tensor([0, 500, 600, 900], dtype=torch.int32)
     tiles = HopperTiles(128, 128, 2)
-    launch = hopper.build(q, k, k, out, lse, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+    launch = hopper.build(q, k, k, out, lse, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                           varlen=(cu_q, cu_k, 400, True))
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
     by_name = dict(zip(names, launch.params()))
@@ -194,7 +196,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     out, seqlens = torch.empty_like(q), torch.tensor([900, 10, 300], dtype=torch.int32)
     cu_q = torch.tensor([0, 500, 510, 600], dtype=torch.int32)
     tiles = HopperTiles(128, 128, 2)
-    launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+    launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                           varlen=(cu_q, None, 500, False), cache=(seqlens, table))
     names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
     assert len(launch.params()) == len(names)
@@ -221,11 +223,11 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     if page:  # the launcher refuses what dispatch would not hand it
         odd = torch.randn(40, 17, 2, 128, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="power-of-two pages"):
-            hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+            hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
         short = torch.randn(40, 2 * page, 2, 128, dtype=torch.bfloat16)[:, :page]  # pages spaced apart
         with pytest.raises(ValueError, match="merge into rows"):
-            hopper.build(q, short, short, out, None, None, Band(0, -1, 0), 0.125, None, tiles, 132,
+            hopper.build(q, short, short, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
 
 
@@ -271,8 +273,7 @@ def _assert_case_with(case, tiles):
         assert all(map(tma.tma_ready, (q, k, v)))
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
         band = mask_band(q.shape[2], k.shape[2], mode, window or (-1, -1))
-        return ops.attention_forward(q, k, v, band=band, scale=q.shape[-1] ** -0.5 if scale is None else scale,
-                                     softcap=softcap, return_lse=return_lse, tiles=tiles, kernel="sm90")
+        return ops.attention_forward(q, k, v, band=band, score=Score(q.shape[-1] ** -0.5 if scale is None else scale, softcap), return_lse=return_lse, tiles=tiles, kernel="sm90")
     for v in case.run(torch.device("cuda"), attention):
         assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
 

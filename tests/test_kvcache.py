@@ -11,6 +11,7 @@ import vflash
 from _hopper import needs_hopper, tile_variants
 from vflash.harness.oracle import compare
 from vflash.reference import attention_with_kvcache_reference
+from vflash.call import Cache, Call, Score
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -327,7 +328,8 @@ def test_fixed_split_keys_off_the_key_tiles_still_cover_every_key(device):
     # a fixed split of keys only counts a sequence's splits (cdiv(length, split_keys), its tiles interleaved
     # among them): 24 keys a split over 16-key tiles gives the 40-key sequence two splits and the 7-key one
     # one, and the merged result is attention over every key
-    from vflash.ops import attention_kvcache_forward, sequence_band
+    from vflash.ops import attention_kvcache_forward
+    from vflash._validate import sequence_band
     from vflash.ops.tiles import KVCacheTiles
     lens = [40, 7]
     k_cache, v_cache, table = _paged(lens, 16, 2, 16, torch.float16, device)
@@ -336,7 +338,7 @@ def test_fixed_split_keys_off_the_key_tiles_still_cover_every_key(device):
     cu = torch.arange(3, dtype=torch.int32, device=device)
     tiles = KVCacheTiles(16, 16, 4, 1, num_splits=2, split_keys=24, split_chunk=2, merge_rows=2, one_loop=True)
     out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, 1,
-                                         band=sequence_band("bottom_right", (-1, -1)), scale=0.25, softcap=None,
+                                         band=sequence_band("bottom_right", (-1, -1)), score=Score(0.25, None),
                                          return_lse=True, tiles=tiles, kernel="portable")
     ref = {c: attention_with_kvcache_reference(q, k_cache, v_cache, seqlens, table, cu, compute_dtype=c,
                                                scale=0.25)
@@ -576,7 +578,8 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     # launcher; cache rows past every sequence's length hold NaN, which must not reach the
     # output (K there is masked, V's tail tile read as zeros). Lengths: tails that fill no
     # tile, more new queries than keys, a sequence with one key.
-    from vflash.ops import attention_kvcache_forward, sequence_band
+    from vflash.ops import attention_kvcache_forward
+    from vflash._validate import sequence_band
     from vflash.reference import attention_with_kvcache_reference as reference
     lens_q, lens_k = [300, 1, 129, 5], [1000, 77, 129, 3]
     if opts.get("empty"):  # sequences whose cache is empty (zeros, -inf), one with no new queries
@@ -595,7 +598,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
            for c in (torch.float64, None, torch.float32)}
     for tiles in tile_variants(d, band.has_right):
         out, lse = attention_kvcache_forward(q, k_cache, v_cache, seqlens, table, cu, max(lens_q), band=band,
-                                             scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True,
+                                             score=Score(d ** -0.5, opts.get("softcap")), return_lse=True,
                                              tiles=tiles, kernel="sm90")
         assert not out.isnan().any() and not lse.isnan().any(), tiles
         for verdict in (compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), torch.bfloat16),
@@ -611,17 +614,17 @@ def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
     # the public call with [B, Nq] queries: the sm90 kernel for a contiguous cache and
     # page 16, the portable kernel for page 17; both right against the reference
     from vflash import dispatch
-    from vflash.ops import sequence_band
+    from vflash._validate import sequence_band
     lens = [2048, 1500]
     if page == 17:
         k_cache, v_cache, table = _paged(lens, page, 8, 128, torch.bfloat16, "cuda", seed=2)
     else:
         k_cache, v_cache, table = _poisoned_cache(lens, page, 8, 128, torch.bfloat16, seed=2)
     q = _q(2, 512, 32, 128, torch.bfloat16, "cuda")
-    problem = dispatch.kvcache_problem_of(q.reshape(-1, 32, 128), k_cache, v_cache, 2, 512,
-                                          k_cache.shape[1] * (1 if table is None else table.shape[1]),
-                                          sequence_band("bottom_right", (-1, -1)))
-    choice = dispatch.select_kvcache(problem, 8, page_size=page if table is not None else 0)
+    lengths = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    layout = Cache(lengths, table, None, 512, None, False, False, tuple(q.shape))
+    choice = dispatch.choose(Call(q.reshape(-1, 32, 128), k_cache, v_cache, layout,
+                                  sequence_band("bottom_right", (-1, -1)), Score(128 ** -0.5), False))
     assert choice.kernel == ("portable" if page == 17 else "sm90"), choice.why
     _check(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device="cuda"), table)
 
@@ -655,7 +658,7 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monke
                                              return_lse=return_lse, check_metadata=check, **extra)
     call(False), call(True)  # record the plans
     recorded = interpreted_plans._plans
-    assert sorted(key[0] for key in recorded) == ["kvcache", "kvcache", "sequence_metadata"]
+    assert sorted(key[0] for key in recorded) == ["attention_with_kvcache"] * 2 + ["sequence_metadata"]
     used = []
     plan_call = type(next(iter(recorded.values()))).__call__
     monkeypatch.setattr(type(next(iter(recorded.values()))), "__call__",
@@ -671,16 +674,18 @@ def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monke
             assert all(torch.equal(a, b) for a, b in zip(got, want)), step
         seqlens.add_(1)
     assert len(used) == 9 and set(map(id, used)) == set(map(id, recorded.values()))
-    assert all((plan.scratch is None) == (splits == 1) for key, plan in recorded.items() if key[0] == "kvcache")
+    assert all((plan.scratch is None) == (splits == 1)
+               for key, plan in recorded.items() if key[0] == "attention_with_kvcache")
 
 
 def test_the_varlen_check_records_no_plan(interpreted_plans):
-    # packed lengths change from call to call (attention_varlen's launches are not planned): a plan a call
-    # would fill the table, and its clearing would drop the decode plans with it
-    from vflash import _validate
+    # packed lengths change from call to call in the loops that check them (and are part of such a key): a
+    # plan a call would fill the table, and its clearing would drop the decode plans with it
+    from vflash import dispatch
+    from vflash.ops import metadata
     for total in (8, 9, 10):
         cu = torch.tensor([0, total // 2, total], dtype=torch.int32)
-        _validate.check_varlen_offsets(cu, cu, total, total, total, total)
+        metadata.check_offsets(cu, cu, total, total, total, total, dispatch.metadata_tiles(2, cu.device))
     assert not interpreted_plans._plans
 
 

@@ -12,11 +12,18 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "vflash"
 # package -> vflash modules it must not import (a layer above it, or the kernels for references)
 FORBIDDEN = {
     "kernels": ("vflash.ops", "vflash.dispatch", "vflash.api", "vflash.harness", "vflash.cli", "vflash.reference",
-                "vflash._validate", "vflash._backend"),
-    "ops": ("vflash.dispatch", "vflash.api", "vflash.harness", "vflash.cli", "vflash._validate"),
-    "dispatch": ("vflash.api", "vflash.harness", "vflash.cli", "vflash._validate"),
+                "vflash._validate", "vflash._backend", "vflash.call", "vflash.pipeline", "vflash.library"),
+    "ops": ("vflash.dispatch", "vflash.api", "vflash.harness", "vflash.cli", "vflash._validate", "vflash.pipeline",
+            "vflash.library"),
+    "dispatch": ("vflash.api", "vflash.harness", "vflash.cli", "vflash._validate", "vflash.pipeline",
+                 "vflash.library"),
     "reference": ("vflash.kernels", "vflash.ops", "vflash.dispatch", "vflash.api", "vflash._backend"),
 }
+
+
+def test_a_call_is_described_on_the_ground_floor():
+    # vflash/call.py, the value every layer reads, imports no other vflash module
+    assert not [name for name in _imports(SRC / "call.py") if name.startswith("vflash")]
 
 
 def _imports(path: pathlib.Path):

@@ -11,6 +11,7 @@ import vflash
 from vflash.harness.oracle import compare
 from vflash.kernels.combine import fold_splits
 from vflash.reference import attention_explicit, attention_varlen_reference, merge_states_reference
+from vflash.call import Call, Score
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -61,8 +62,9 @@ def test_split_keys_merge_to_full_attention(opts, device):
     # its offset shifted by the part's first key (the per-call band ring attention takes per
     # step); the merged parts are attention over all keys, held to the dense oracle's rule.
     from vflash import dispatch
-    from vflash.ops import attention_forward, sequence_band
-    from vflash.ops.band import Band
+    from vflash.ops import attention_forward
+    from vflash._validate import sequence_band
+    from vflash.call import Band
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 60, 32, generator=g).half().to(device)
     k, v = (torch.randn(2, 2, 100, 32, generator=g).half().to(device) for _ in range(2))
@@ -75,8 +77,8 @@ def test_split_keys_merge_to_full_attention(opts, device):
     for start, stop in ((0, 45), (45, 100)):
         kp, vp = k[:, :, start:stop], v[:, :, start:stop]
         band = Band(off - start, edges.left, edges.right)
-        choice = dispatch.select(dispatch.problem_of(q, kp, vp, None, band))
-        parts.append(attention_forward(q, kp, vp, band=band, scale=32 ** -0.5, softcap=opts.get("softcap"),
+        choice = dispatch.select(dispatch.problem_of(Call(q, kp, vp, None, band, Score(1.0), False)))
+        parts.append(attention_forward(q, kp, vp, band=band, score=Score(32 ** -0.5, opts.get("softcap")),
                                        return_lse=True, tiles=choice.tiles, kernel=choice.kernel))
     (a, la), (b, lb) = parts
     out, lse = vflash.merge_states(a, la, b, lb)

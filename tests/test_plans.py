@@ -5,15 +5,21 @@ import torch
 import triton
 
 import vflash
+from vflash import library
+from vflash.call import ATTENTION
 from vflash.kernels.attention_fwd import attention_fwd_kernel
 from vflash.kernels import attention_fwd_hopper as hopper_kernels
 from vflash.ops import attention as ops
 from vflash.ops import launch as launches
 from vflash.ops import plans
-from vflash.ops.band import Band
+from vflash.call import Band
 from vflash.ops.launch import Alloc, Slot
 from vflash.ops.tiles import HopperTiles, PortableTiles
 from vflash.reference import attention_explicit
+from vflash.call import Score
+
+
+_attention_key = plans.key_function(ATTENTION)  # (q, k, v, causal, window, scale, softcap, return_lse)
 
 
 @pytest.fixture
@@ -21,7 +27,8 @@ def keyed(monkeypatch):
     # Keys are computed only for compiled kernels; pretend, to test the key itself.
     monkeypatch.setattr(plans, "_planned", lambda q: True)
     q = torch.randn(1, 2, 8, 16)
-    return q, lambda *a, **kw: plans.plan_key(q, q, q, *a, **kw)
+    return q, lambda causal, scale, window, softcap, return_lse: _attention_key(q, q, q, causal, window, scale,
+                                                                                 softcap, return_lse)
 
 
 def test_key_tells_apart_what_validation_tells_apart(keyed):
@@ -44,26 +51,26 @@ def test_key_covers_metadata_and_alignment(keyed):
     q, _ = keyed
     args = (False, None, None, None, False)
     k = q.clone()
-    base = plans.plan_key(q, k, k, *args)
-    assert plans.plan_key(q, k.transpose(1, 2).contiguous().transpose(1, 2), k, *args) != base  # strides
-    assert plans.plan_key(q, k.half(), k, *args) != base
+    base = _attention_key(q, k, k, *args)
+    assert _attention_key(q, k.transpose(1, 2).contiguous().transpose(1, 2), k, *args) != base  # strides
+    assert _attention_key(q, k.half(), k, *args) != base
     shifted = torch.randn(2 * q.numel() + 1)[1:1 + q.numel()].view(q.shape)  # 4-byte offset
-    assert plans.plan_key(shifted, k, k, *args) != base
+    assert _attention_key(shifted, k, k, *args) != base
 
 
 def test_key_is_none_for_unkeyable_input(keyed):
     q, key = keyed
-    assert plans.plan_key(q.numpy(), q, q, False, None, None, None, False) is None
+    assert _attention_key(q.numpy(), q, q, False, None, None, None, False) is None
     assert key(False, None, 4, None, False) is None  # window not a pair: the full path raises
     unhashable = key(False, None, ({}, 2), None, False)  # never planned: lookup and record pass it by
-    assert plans.lookup(unhashable, q, q, q) is None
+    assert plans.lookup(unhashable) is None
     plans.record(unhashable, "plan")
     assert "plan" not in plans._plans.values()
 
 
 def test_cpu_tensors_never_plan():
     q = torch.randn(1, 1, 4, 16)
-    assert plans.plan_key(q, q, q, False, None, None, None, False) is None
+    assert _attention_key(q, q, q, False, None, None, None, False) is None
 
 
 def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
@@ -79,7 +86,7 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     q = torch.randn(1, 2, 8, 16)
     out = torch.empty_like(q)
     lse = torch.empty(1, 2, 8)
-    launch = ops._portable_launch(q, q, q, out, lse, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    launch = ops._portable_launch(q, q, q, out, lse, Band(0, -1, 0), Score(0.25), PortableTiles(32, 32, 4, 1))
     allocs = [Alloc("out", (1, 2, 8, 16), q.dtype), Alloc("lse", (1, 2, 8), torch.float32)]
     launches.record("k", launch, FakeCompiled(), ops.INPUTS, allocs, ops.RETURNS, 0)
     plan = recorded["k"]
@@ -96,7 +103,7 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
         assert by_name[name] == value
     assert o2.shape == q.shape and l2.shape == (1, 2, 8) and l2.dtype == torch.float32
     # without LSE the kernel's LSE slot takes out, and the plan returns None for it
-    launch = ops._portable_launch(q, q, q, out, None, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    launch = ops._portable_launch(q, q, q, out, None, Band(0, -1, 0), Score(0.25), PortableTiles(32, 32, 4, 1))
     launches.record("k2", launch, FakeCompiled(), ops.INPUTS, allocs[:1], ops.RETURNS, 0)
     o3, l3 = recorded["k2"](q, q, q)
     assert l3 is None and calls[-1][1][4] is o3 is calls[-1][1][3]
@@ -116,7 +123,7 @@ def test_recorded_plan_keeps_no_tensor_of_the_recording_call_alive(monkeypatch):
     monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
     q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
     out, lse = torch.empty_like(q), torch.empty(1, 2, 8)
-    launch = ops._portable_launch(q, k, k, out, lse, Band(0, -1, 0), 0.25, None, PortableTiles(32, 32, 4, 1))
+    launch = ops._portable_launch(q, k, k, out, lse, Band(0, -1, 0), Score(0.25), PortableTiles(32, 32, 4, 1))
     launches.record("k", launch, FakeCompiled(), ops.INPUTS, [Alloc("out", (1, 2, 8, 16), q.dtype),
                                                               Alloc("lse", (1, 2, 8), torch.float32)],
                     ops.RETURNS, 0)
@@ -337,7 +344,7 @@ def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
     q = torch.randn(1, 2, 300, 128, dtype=torch.float16)
     for dynamic in (False, True):
         counter = torch.zeros(1, dtype=torch.int32) if dynamic else None
-        launch = hopper.build(q, q, q, torch.empty_like(q), None, counter, Band(0, -1, 0), 0.1, None,
+        launch = hopper.build(q, q, q, torch.empty_like(q), None, counter, Band(0, -1, 0), Score(0.1, None),
                               HopperTiles(128, 128, 2, dynamic=dynamic), 132)
         allocs = [Alloc("out", tuple(q.shape), q.dtype)] + ([Alloc("tile_counter", (1,), torch.int32, True)]
                                                             if dynamic else [])
@@ -405,14 +412,17 @@ def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     monkeypatch.setattr(plans, "_planned", lambda q: True)
     q, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
 
-    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, op="attention_bwd"):
-        return plans.op_plan_key(op, (do, dlse, q, q, q, q, lse), (off, left, right, scale, softcap))
+    backward_key = plans.key_function(library.SPECS["attention_bwd"])
+    other_op = plans.key_function(library.SPECS["attention_bwd"]._replace(name="other"))
+
+    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, op=backward_key):
+        return op(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap)
     base = key()
     assert base is not None and base == key()
     for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
-                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op="other")):
+                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op=other_op)):
         assert other != base
-    assert plans.op_plan_key("attention_bwd", (q, None, "q"), (0,)) is None
+    assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None) is None
 
 
 def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backward_launches):
@@ -423,7 +433,7 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backwa
     calls, recorded = fake_backward_launches
     q, k, v, do = (torch.randn(1, 2, 8, 16) for _ in range(4))
     out, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
-    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), scale=0.25, softcap=None,
+    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), score=Score(0.25, None),
                            tiles=tables.BACKWARD_INTERPRETER, plan_key="k")
     assert list(recorded) == ["k"]
     q2, k2, v2, do2, out2 = (torch.randn_like(q) for _ in range(5))
@@ -440,7 +450,7 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backwa
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     # inputs the launcher had to convert (a non-fp32 lse) are never planned: the plan would skip the copy
     recorded.clear()
-    bwd.attention_backward(do, q, k, v, out, lse.double(), band=Band(0, -1, 0), scale=0.25, softcap=None,
+    bwd.attention_backward(do, q, k, v, out, lse.double(), band=Band(0, -1, 0), score=Score(0.25, None),
                            tiles=tables.BACKWARD_INTERPRETER, plan_key="k")
     assert recorded == {}
 
@@ -454,7 +464,7 @@ def test_recorded_varlen_backward_plan_binds_cu_seqlens(fake_backward_launches):
     k, v = torch.randn(20, 2, 16), torch.randn(20, 2, 16)
     lse = torch.randn(4, 12)
     cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 9, 20], dtype=torch.int32)
-    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), scale=0.25, softcap=None,
+    bwd.attention_backward(do, q, k, v, out, lse, band=Band(0, -1, 0), score=Score(0.25, None),
                            tiles=tables.BACKWARD_INTERPRETER, varlen=(cu_q, cu_k, 7, 11, False), plan_key="kv")
     new = [torch.randn_like(t) for t in (do, q, k, v, out, lse)]
     cu_q2, cu_k2 = torch.tensor([0, 7, 12], dtype=torch.int32), torch.tensor([0, 11, 20], dtype=torch.int32)
@@ -543,3 +553,55 @@ def test_plan_allocates_like_its_first_input_only_where_that_is_new_empty():
             assert lse.shape == (2, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
             assert counter.tolist() == [0]
             assert seen[-1][0] is q and seen[-1][1] is out
+
+
+def test_every_plan_key_and_custom_op_holds_every_score_option():
+    # a call's score options are one value (vflash.call.Score): each field is an argument of every attention
+    # entry point's key and of every custom op's schema, so a new option cannot be left out of either
+    from vflash.call import ATTENTION_KVCACHE, ATTENTION_VARLEN, Score
+    for spec in (ATTENTION, ATTENTION_VARLEN, ATTENTION_KVCACHE, *library.SPECS.values()):
+        assert set(Score._fields) <= set(spec.names), spec.name
+    for op in (library.attention_fwd, library.attention_bwd, library.attention_varlen_fwd,
+               library.attention_varlen_bwd):
+        schema = {a.name for a in op._opoverload._schema.arguments}
+        assert set(Score._fields) <= schema and set(library.SPECS[op._name].names) == schema
+
+
+def test_a_key_function_reads_its_spec_in_order(monkeypatch):
+    # keys are generated from a spec: each tensor's metadata, each option's type and value, a flag that is not a
+    # bool refusing a key; changing any one argument changes the key
+    from vflash.call import Spec
+    monkeypatch.setattr(plans, "_planned", lambda q: True)
+    key = plans.key_function(Spec("toy", (("q", "tensor"), ("extra", "tensor"), ("scale", "option"),
+                                         ("window", "pair"), ("check", "flag"))))
+    q = torch.randn(2, 3, 4)
+    base = key(q, None, 0.5, (1, 2), True)
+    assert base[0] == "toy" and base == key(q.clone(), None, 0.5, (1, 2), True)
+    for other in (key(q.half(), None, 0.5, (1, 2), True), key(q, q, 0.5, (1, 2), True), key(q, None, 1, (1, 2), True),
+                  key(q, None, 0.5, (1, 3), True), key(q, None, 0.5, [1, 2], True), key(q, None, 0.5, (1, 2), False)):
+        assert other != base
+    assert key(q, None, 0.5, (1, 2), 1) is None  # a flag that is not a bool: the full path decides
+    assert key(q.numpy(), None, 0.5, (1, 2), True) is None
+    with pytest.raises(TypeError):
+        key(q, None, 0.5, (1, 2))  # an argument missing: loud, never a key that forgets it
+
+
+def test_planned_varlen_repeats_check_their_offsets(interpreted_plans):
+    # attention_varlen's repeats take the plan their first call recorded, after the offsets' check the call
+    # asked for (the plan's admit): bad offsets still raise, a checked repeat matches the full path
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(12, 2, 16, generator=g).half() for _ in range(3))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+
+    def call(offsets, check=True):
+        return vflash.attention_varlen(q, k, v, offsets, offsets, 7, 7, causal=True, check_metadata=check)
+    first = call(cu)
+    assert [key[0] for key in interpreted_plans._plans] == ["attention_varlen"]
+    (plan,) = interpreted_plans._plans.values()
+    assert plan.admit is not None
+    assert torch.equal(call(cu), first)
+    with pytest.raises(ValueError, match="sequence 1 has 9 rows"):
+        call(torch.tensor([0, 3, 12], dtype=torch.int32))
+    call(cu, check=False)  # unchecked: a plan of its own, admitted without a check
+    unchecked = [p for key, p in interpreted_plans._plans.items() if key[-1] is False]
+    assert len(unchecked) == 1 and unchecked[0].admit is None

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import vflash
-import vflash.api
+from vflash.kernels.metadata import sequence_metadata_kernel
+from vflash.ops import launch as _launch
 
-# The launchers vflash.api calls: any of them reached here would be a validation hole (no_launch), except in the
-# tests that compare numbers (launches).
-_LAUNCHERS = ("attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "write_kvcache_forward",
-              "merge_states_forward")
-_REAL = {name: getattr(vflash.api, name) for name in _LAUNCHERS}
+# Every kernel launch goes through vflash.ops.launch.run: one reached here would be a validation hole
+# (no_launch), except the metadata check's own kernel (its values are checked on their device, before the
+# launch they guard) and in the tests that compare numbers (launches).
+_REAL_RUN = _launch.run
 _DEVICE = os.environ.get("VFLASH_TEST_DEVICE", "cpu")
 
 
@@ -28,18 +28,22 @@ def _boom(*a, **k):
     raise AssertionError("kernel launched despite invalid input")
 
 
+def _checks_only(launch, device):
+    if launch.kernel is not sequence_metadata_kernel:
+        _boom()
+    return _REAL_RUN(launch, device)
+
+
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
-    # Any launch here would be a validation hole: make it fail loudly.
-    for name in _LAUNCHERS:
-        monkeypatch.setattr(vflash.api, name, _boom)
+    # Any launch but the metadata check's here would be a validation hole: make it fail loudly.
+    monkeypatch.setattr(_launch, "run", _checks_only)
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    # the real launchers back (after no_launch), for a test that compares numbers
-    for name in _LAUNCHERS:
-        monkeypatch.setattr(vflash.api, name, _REAL[name])
+    # the real launches back (after no_launch), for a test that compares numbers
+    monkeypatch.setattr(_launch, "run", _REAL_RUN)
 
 
 @pytest.fixture
@@ -181,8 +185,7 @@ def _cache(B=2, rows=8, Hkv=1, D=16, device=_DEVICE, seed=0):
 def test_attention_layout_decode_query_against_a_one_head_cache_is_refused(monkeypatch, check, paged):
     # q [B, 32, 1, D] is 32 new queries of one head or attention's decode query of 32 heads: MQA would run
     # either, so it is refused before any launch (the metadata check's kernel included), naming the fix
-    import vflash._validate
-    monkeypatch.setattr(vflash._validate, "sequence_metadata_flags", _boom)
+    monkeypatch.setattr(_launch, "run", _boom)
     k_cache, v_cache, lens = _cache()
     table = torch.arange(2, dtype=torch.int32, device=lens.device)[:, None] if paged else None
     q = torch.randn(2, 32, 1, 16, dtype=torch.float16, device=lens.device)

@@ -10,8 +10,10 @@ import vflash
 from _hopper import needs_hopper, tile_variants
 from vflash import dispatch
 from vflash.harness.oracle import compare
-from vflash.ops import attention_varlen_forward, sequence_band
+from vflash.ops import attention_varlen_forward
 from vflash.reference import attention_varlen_reference
+from vflash.call import Call, Packed, Score
+from vflash._validate import sequence_band
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -93,8 +95,8 @@ def test_every_element_is_written(device):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
     lse = torch.full((2, q.shape[0]), float("nan"), device=device)
     band = sequence_band("bottom_right", (-1, -1))
-    choice = dispatch.select(dispatch.varlen_problem_of(q, 4, 33, 33, band))
-    attention_varlen_forward(q, k, v, cq, cq, 33, band=band, top_left=False, scale=0.25, softcap=None,
+    choice = dispatch.choose(Call(q, k, v, Packed(cq, cq, 33, 33, False, False), band, Score(0.25), True))
+    attention_varlen_forward(q, k, v, cq, cq, 33, band=band, top_left=False, score=Score(0.25, None),
                              return_lse=True, tiles=choice.tiles, kernel=choice.kernel, out=out, lse=lse)
     assert not out.isnan().any() and not lse.isnan().any()
 
@@ -174,11 +176,13 @@ def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):
     # on the CPU (the interpreter), and anywhere for short rows or tensors TMA cannot address
     q, k, v, cu = _bad(device)
     band = sequence_band(None, (-1, -1))
-    p = dispatch.varlen_problem_of(q, 2, 4, 4, band)  # no k, v: counted unfit for TMA
+    packed = Packed(cu, cu, 4, 4, False, False)
+    odd = k.transpose(0, 1).contiguous().transpose(0, 1)[:, :, 1:]  # a head dim's unit stride, an odd base
+    p = dispatch.problem_of(Call(q, odd, odd, packed, band, Score(0.5), False))  # unfit for TMA
     assert p.varlen and not p.tma_ok and dispatch.select(p).kernel == "portable"
     with pytest.raises(ValueError, match="sm90 kernel cannot take this call"):
         dispatch.select(p, kernel="sm90")
-    p = dispatch.varlen_problem_of(q, 2, 4, 4, band, kv=(k, v))
+    p = dispatch.problem_of(Call(q, k, v, packed, band, Score(0.5), False))
     assert p.tma_ok and dispatch.select(p).kernel == "portable"  # the interpreter, or 4 rows: too short
 
 
@@ -224,7 +228,7 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((8, q.shape[0]), float("nan"), device=dev)
         attention_varlen_forward(q, k, v, cq, ck, max(lens_q), band=band, top_left=mode == "top_left",
-                                 scale=d ** -0.5, softcap=opts.get("softcap"), return_lse=True, tiles=tiles,
+                                 score=Score(d ** -0.5, opts.get("softcap")), return_lse=True, tiles=tiles,
                                  kernel="sm90", out=out, lse=lse)
         assert not out.isnan().any() and not lse.isnan().any(), tiles
         for verdict in (compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), torch.bfloat16),
@@ -243,10 +247,10 @@ def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
     q, k, v = _inputs(lens, lens, 8, 2, 128, torch.bfloat16, dev, seed=1)
     cu = _cu(lens, dev)
     band = sequence_band("bottom_right" if causal else None, (-1, -1))
-    assert dispatch.select(dispatch.varlen_problem_of(q, len(lens), 2048, 2048, band, kv=(k, v))).kernel == "sm90"
+    call = Call(q, k, v, Packed(cu, cu, 2048, 2048, False, False), band, Score(128 ** -0.5), True)
+    assert dispatch.choose(call).kernel == "sm90"
     _check(lens, lens, dev, hq=8, hkv=2, d=128, dtype="bf16", causal=causal)
-    assert dispatch.select_backward(dispatch.varlen_problem_of(q, len(lens), 2048, 2048, band,
-                                                               kv=(k, v))).kernel == "sm90"
+    assert dispatch.select_backward(dispatch.problem_of(call)).kernel == "sm90"
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(q)
     grads = []
     for compute_dtype, dtype in ((None, torch.bfloat16), (torch.float64, torch.float64), (None, None)):
@@ -298,8 +302,7 @@ def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
     band = sequence_band("bottom_right", (-1, -1))
     for causal_tiles in (False, True):
         tiles = tables.HOPPER[(d, causal_tiles)]
-        out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, scale=d ** -0.5,
-                                          softcap=None, return_lse=True, tiles=tiles, kernel="sm90")
+        out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, score=Score(d ** -0.5, None), return_lse=True, tiles=tiles, kernel="sm90")
         assert out[:100].isfinite().all(), tiles
         verdict = compare("out", out[:100].cpu(), ref.cpu(), same.cpu(), torch.bfloat16)
         assert verdict.passed, f"{tiles}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e}"

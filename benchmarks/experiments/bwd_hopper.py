@@ -23,6 +23,7 @@ from vflash import dispatch
 from vflash.harness import lab
 from vflash.harness.bench import attention_flops
 from vflash.harness.timing import graphed, time_call
+from vflash.harness.lab import Score
 
 ROWS = ["128:1024:0", "128:4096:0", "128:16384:0", "128:1024:1", "128:4096:1", "128:16384:1", "64:4096:0",
         "64:4096:1"]
@@ -85,12 +86,12 @@ def main() -> int:
 
         def dq_launches(t):
             m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
-            return [lab.hopper_dq_launch(q, k, v, do, lse, delta, dq, band, scale, None, m, n, stages)]
+            return [lab.hopper_dq_launch(q, k, v, do, lse, delta, dq, band, Score(scale, None), m, n, stages)]
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_launches(t):
             m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
-            return [lab.hopper_dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, None, m, n, stages,
+            return [lab.hopper_dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(scale, None), m, n, stages,
                                            outputs=o) for o in outputs]
 
         def record_sm90(what, kernel, tiles, built, flops, got, want, rnd):

@@ -19,6 +19,7 @@ from vflash import dispatch
 from vflash.harness.bench import attention_flops
 from vflash.harness.lab import BackwardLaunch, BackwardTiles, attention_backward
 from vflash.harness.timing import time_call
+from vflash.harness.lab import Score
 
 ROWS = ["128:4096:1", "128:4096:0", "64:4096:1", "256:4096:1"]
 DKDV = [(m, n, w, s) for (m, n, w), s in itertools.product(
@@ -46,7 +47,7 @@ def main() -> int:
         flops = attention_flops(s) * 2.5
 
         def grads(t: BackwardTiles):
-            return attention_backward(do, q, k, v, out, lse, band=band, scale=scale, softcap=None, tiles=t)
+            return attention_backward(do, q, k, v, out, lse, band=band, score=Score(scale, None), tiles=t)
 
         want = grads(table)
 

@@ -18,6 +18,7 @@ import torch
 
 from vflash.harness.bench import Shape, sweep_shapes
 from vflash.harness.timing import graphed, time_call
+from vflash.harness.lab import Call, Score
 
 if TYPE_CHECKING:
     from vflash.harness.lab import Band
@@ -96,7 +97,7 @@ def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bflo
     v = torch.randn_like(k)
     do = torch.randn_like(q)
     band = lab.mask_band(s.Nq, s.Nk, "bottom_right" if s.causal else None, (-1, -1))
-    problem = dispatch.problem_of(q, k, v, None, band)
+    problem = dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False))
     out, lse = vflash.attention(q, k, v, causal=s.causal, return_lse=True)
     scale = d ** -0.5  # vflash.attention's default
     return BackwardRow(s, q, k, v, do, band, scale, problem, out, lse)
@@ -105,8 +106,7 @@ def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bflo
 def backward_launches(do, q, k, v, out, lse, band, scale, softcap, tiles) -> list:
     """The portable backward's launches (delta, dK / dV, dQ) as it would run them, captured, not run."""
     from vflash.harness import lab
-    return lab.captured_launches(lambda: lab.attention_backward(do, q, k, v, out, lse, band=band, scale=scale,
-                                                                softcap=softcap, tiles=tiles))
+    return lab.captured_launches(lambda: lab.attention_backward(do, q, k, v, out, lse, band=band, score=Score(scale, softcap), tiles=tiles))
 
 
 def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):

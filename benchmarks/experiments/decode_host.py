@@ -36,7 +36,8 @@ def main() -> int:
     for row in args.rows:
         b, kv = (int(x) for x in row.split(":"))
         q, kc, vc, table, seqlens = decode_inputs(b, kv, args.page, DECODE_HEADS, dev, dtype)
-        opts = (True, None, None, None, None, False, False, False)  # causal .. check_metadata, as the API's
+        # causal, window, scale, softcap, num_splits, batch_invariant, return_lse, check_metadata, out: the API's
+        opts = (True, None, None, None, None, False, False, False, None)
 
         def call():
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)

@@ -55,9 +55,10 @@ def main() -> int:
             ref, _ = attention_with_kvcache_reference(q.view(B, Hq, D), kc, vc, seqlens, ref_table,
                                                       torch.arange(B + 1, dtype=torch.int32, device=dev))
             err = float((out.view(B, Hq, D).float() - ref).abs().max())
-            problem = dispatch.varlen_problem_of(q.view(B, Hq, D), B, 1, kc.shape[1] * (table.shape[1] if page else 1),
-                                                 lab.sequence_band("bottom_right", (-1, -1)))
-            tiles = dispatch.select_kvcache(problem, Hkv, page_size=page).tiles
+            layout = lab.Cache(seqlens, table if page else None, None, 1, None, False, False, tuple(q.shape))
+            tiles = dispatch.choose(lab.Call(q.view(B, Hq, D), kc, vc, layout,
+                                             lab.sequence_band("bottom_right", (-1, -1)), lab.Score(D ** -0.5),
+                                             False)).tiles
             print(f"B {B:4d} KV {KV:6d} D {D} page {page:3d}: stages {tiles.num_stages} splits {tiles.num_splits} "
                   f"chunk {tiles.split_chunk}, max err {err:.2e}", flush=True)
             launched = lab.captured_launches(lambda: vflash.attention_with_kvcache(

@@ -23,6 +23,7 @@ from benchmarks.experiments.common import shuffled_table, write_rows
 from vflash import dispatch
 from vflash.harness.lab import KVCacheTiles, attention_kvcache_forward, sequence_band
 from vflash.harness.timing import graph_time, rotating_copies
+from vflash.harness.lab import Cache, Call, Score
 
 ROWS = [(1, 8192), (8, 8192), (32, 8192), (128, 8192)]
 TILES = [
@@ -79,12 +80,12 @@ def main() -> int:
         seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
         q = torch.randn(B, Hq, D, device=dev, dtype=dt)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-        problem = dispatch.varlen_problem_of(q, B, 1, pages * page, band)
-        chosen = dispatch.select_kvcache(problem, Hkv).tiles
+        cached = Cache(seqlens, table, cu, 1, None, False, False, tuple(q.shape))
+        chosen = dispatch.choose(Call(q, *caches[0], cached, band, Score(scale), False)).tiles
 
         def time_tiles(t: KVCacheTiles) -> float:
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
-                q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
+                q, kc, vc, seqlens, table, cu, 1, band=band, score=Score(scale, None), return_lse=False,
                 tiles=t) for kc, vc in caches]
             return graph_time(calls, dev)[0]
 
@@ -145,7 +146,7 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
 
         def time_tiles(caches, table, t):
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
-                q, kc, vc, seqlens, table, cu, 1, band=band, scale=scale, softcap=None, return_lse=False,
+                q, kc, vc, seqlens, table, cu, 1, band=band, score=Score(scale, None), return_lse=False,
                 tiles=t) for kc, vc in caches]
             return graph_time(calls, dev)[0]
 
@@ -159,8 +160,8 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
             return us
 
         caches, table = layout(16)
-        problem = dispatch.varlen_problem_of(q, B, 1, table.shape[1] * 16, band)
-        chosen = dispatch.select_kvcache(problem, Hkv).tiles
+        cached = Cache(seqlens, table, cu, 1, None, False, False, tuple(q.shape))
+        chosen = dispatch.choose(Call(q, *caches[0], cached, band, Score(scale), False)).tiles
         record("dispatch", 16, chosen, time_tiles(caches, table, chosen))
         best, best_us = chosen, float("inf")
         for tl_ in tile_list:

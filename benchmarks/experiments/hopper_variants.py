@@ -34,6 +34,7 @@ from vflash.harness.lab import Band, HopperTiles, attention_forward, mask_band
 from vflash.harness.oracle import compare
 from vflash.harness.timing import gemm_warmup
 from vflash.reference import attention_explicit
+from vflash.harness.lab import Call, Score
 
 
 class Variant(NamedTuple):
@@ -126,7 +127,7 @@ def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, 
     B, Hq, Nq, D = q.shape
     tiles = variant_tiles(var, D, band.has_right)
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-    launch = lab.hopper_launch(q, k, v, out, lse, counter, band, scale, softcap, tiles, sms)
+    launch = lab.hopper_launch(q, k, v, out, lse, counter, band, Score(scale, softcap), tiles, sms)
     if var.persist is not None:
         work = B * Hq * -(-Nq // var.block_m)
         grid = (min(work, var.ctas or sms * tiles.ctas_per_sm) if var.persist else work, 1, 1)
@@ -144,7 +145,7 @@ def launcher_tiles(q, k, v, causal, window):
     """The launcher's choice of the Hopper kernel's tiles for this call (raises
     where the sm90 kernel cannot take it)."""
     band = mask_band(q.shape[2], k.shape[2], causal, window)
-    return band, dispatch.select(dispatch.problem_of(q, k, v, None, band), kernel="sm90").tiles
+    return band, dispatch.select(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)), kernel="sm90").tiles
 
 
 def check(dims, names) -> bool:
@@ -164,7 +165,7 @@ def check(dims, names) -> bool:
         if not names or "launcher" in names:
             def run_launcher(o, lse):
                 band, tiles = launcher_tiles(q, k, v, causal, win)
-                attention_forward(q, k, v, band=band, scale=D ** -0.5, softcap=softcap, return_lse=lse is not None,
+                attention_forward(q, k, v, band=band, score=Score(D ** -0.5, softcap), return_lse=lse is not None,
                                   tiles=tiles, out=o, lse=lse)
             runs.insert(0, ("launcher", run_launcher))
         for name, run in runs:
@@ -203,11 +204,11 @@ def timing(ns, dims, causals, names, article=False, graphs=False, rounds=1) -> N
         flops = attention_flops(s)
         mode = "bottom_right" if causal else None
         band = mask_band(n, n, mode, (-1, -1))
-        problem = dispatch.problem_of(q, k, v, None, band)
+        problem = dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False))
         # the launcher's choice (whichever kernel) and the portable kernel's tiles for this call
         chosen = [("launcher", dispatch.select(problem).tiles),
                   ("portable", dispatch.select(problem, kernel="portable").tiles)]
-        cands = [(name, lambda t=t: attention_forward(q, k, v, band=band, scale=d ** -0.5, softcap=None,
+        cands = [(name, lambda t=t: attention_forward(q, k, v, band=band, score=Score(d ** -0.5, None),
                                                       return_lse=False, tiles=t))
                  for name, t in chosen]
         for var in VARIANTS[d]:

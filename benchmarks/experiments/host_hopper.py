@@ -46,7 +46,7 @@ def main() -> int:
             row("  ... Triton's runner instead of the direct launch", per_call_us(lambda: vflash.attention(q, q, q)))
         lab.clear_plans()
         vflash.attention(q, q, q)
-        key = lab.plan_key(q, q, q, False, None, None, None, False)
+        key = lab.plan_key(q, q, q, False, None, None, None, False)  # vflash.call.ATTENTION's order
         out = torch.empty_like(q)
         row("  plan_key", per_call_us(lambda: lab.plan_key(q, q, q, False, None, None, None, False)))
         row("  lookup", per_call_us(lambda: lab.lookup_plan(key, q, q, q)))

@@ -22,6 +22,7 @@ from benchmarks.experiments.common import require_cuda, sweep_shape
 from vflash import dispatch
 from vflash.dispatch import tables
 from vflash.harness.lab import HopperTiles, attention_forward, mask_band
+from vflash.harness.lab import Call, Score
 
 TILES = {
     "main": "tables.HOPPER's entry for the head dim and mask",
@@ -84,7 +85,7 @@ def main() -> int:
     band = mask_band(s.Nq, s.Nk, causal, (-1, -1))
     tiles = None
     if a.tiles or a.q_buffers:
-        launcher = None if a.tiles else dispatch.select(dispatch.problem_of(q, k, v, None, band), kernel="sm90").tiles
+        launcher = None if a.tiles else dispatch.select(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)), kernel="sm90").tiles
         tiles = forced_tiles(a.tiles, a.q_buffers, a.d, a.causal, launcher)
         print(f"profile_hopper: {tiles}", flush=True)
     for _ in range(a.calls):
@@ -94,7 +95,7 @@ def main() -> int:
         elif tiles is None:
             vflash.attention(q, k, v, causal=causal or False)
         else:
-            attention_forward(q, k, v, band=band, scale=a.d ** -0.5, softcap=None, return_lse=False, tiles=tiles)
+            attention_forward(q, k, v, band=band, score=Score(a.d ** -0.5, None), return_lse=False, tiles=tiles)
     torch.cuda.synchronize()
     return 0
 

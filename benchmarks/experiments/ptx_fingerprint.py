@@ -42,6 +42,7 @@ import torch
 from vflash.harness import lab
 from vflash.harness.lab import (Band, BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles,
                                 MergeTiles, MetadataTiles, PortableTiles, sequence_band)
+from vflash.harness.lab import Score
 
 F16, BF16, I32 = torch.float16, torch.bfloat16, torch.int32
 SMS = 132  # an H100's SMs: the Gluon forward's grid, which the compile does not read
@@ -83,7 +84,7 @@ def gluon_dense(head_dim: int, tiles: HopperTiles, dtype=F16, right_edge=False, 
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
         band = Band(0, 256 if left_edge else -1, 0 if right_edge else -1)
         return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(2, hq, n, dtype=torch.float32)
-                                  if lse else None, counter, band, head_dim ** -0.5, 20.0 if softcap else None,
+                                  if lse else None, counter, band, Score(head_dim ** -0.5, 20.0 if softcap else None),
                                   tiles, SMS)]
     return Group(launches, ("",), gluon=True)
 
@@ -96,7 +97,7 @@ def gluon_varlen(head_dim: int, tiles: HopperTiles, causal: Optional[str] = "bot
         q, k = _empty(2000, hq, head_dim), _empty(2400, hkv, head_dim)
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
         return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, 2000, dtype=torch.float32),
-                                  counter, sequence_band(causal, (-1, -1)), head_dim ** -0.5, None, tiles, SMS,
+                                  counter, sequence_band(causal, (-1, -1)), Score(head_dim ** -0.5, None), tiles, SMS,
                                   varlen=(cu_q, cu_k, 1000, causal == "top_left"))]
     return Group(launches, ("",), gluon=True)
 
@@ -118,7 +119,7 @@ def gluon_kvcache(head_dim: int, tiles: HopperTiles, page_size: int = 0, lse=Tru
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
         return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, q.shape[0], dtype=torch.float32)
                                   if lse else None, counter, sequence_band("bottom_right", (-1, -1)),
-                                  head_dim ** -0.5, None, tiles, SMS, varlen=(cu_q, None, max_q, False),
+                                  Score(head_dim ** -0.5, None), tiles, SMS, varlen=(cu_q, None, max_q, False),
                                   cache=(_empty(batch, dtype=I32), table))]
     return Group(launches, ("",), gluon=True)
 
@@ -141,8 +142,7 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
             lse, band = _empty(2, hq, 1024, dtype=torch.float32), lab.mask_band(1024, 1024, causal, window)
             packed = None
         return _captured(lambda: lab.attention_backward(
-            torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band, scale=head_dim ** -0.5,
-            softcap=softcap, tiles=tiles, varlen=packed, kernel=kernel))
+            torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band, score=Score(head_dim ** -0.5, softcap), tiles=tiles, varlen=packed, kernel=kernel))
     mains = ("dk", "dv") if tiles.dkdv_apart else ("dkdv",)
     return Group(launches, (None if kernel == "sm90" else "delta", *mains, "dq"), gluon=kernel == "sm90")
 
@@ -155,8 +155,7 @@ def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_righ
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
         band = Band(0, 32 if has_left else -1, 0 if has_right else -1)
-        return _captured(lambda: lab.attention_forward(q, q, q, band=band, scale=head_dim ** -0.5,
-                                                       softcap=20.0 if softcap else None, return_lse=store_lse,
+        return _captured(lambda: lab.attention_forward(q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None), return_lse=store_lse,
                                                        tiles=tiles))
     return Group(launches, ("",))
 
@@ -170,7 +169,7 @@ def portable_varlen(head_dim: int, tiles: PortableTiles, causal: Optional[str], 
         q, k = _empty(2000, hq, head_dim, dtype=dtype), _empty(2400, hkv, head_dim, dtype=dtype)
         return _captured(lambda: lab.attention_varlen_forward(
             q, k, k.clone(), cu_q, cu_k, 1000, band=sequence_band(causal, window), top_left=causal == "top_left",
-            scale=head_dim ** -0.5, softcap=softcap, return_lse=True, tiles=tiles))
+            score=Score(head_dim ** -0.5, softcap), return_lse=True, tiles=tiles))
     return Group(launches, ("",))
 
 
@@ -190,7 +189,7 @@ def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q
         cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=I32) if packed_q else None
         return _captured(lambda: lab.attention_kvcache_forward(
             q, k, k.clone(), _empty(batch, dtype=I32), table, cu_q, n_q, band=sequence_band("bottom_right", window),
-            scale=head_dim ** -0.5, softcap=softcap, return_lse=lse, tiles=tiles))
+            score=Score(head_dim ** -0.5, softcap), return_lse=lse, tiles=tiles))
     return Group(launches, ("",))
 
 

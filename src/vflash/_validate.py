@@ -13,20 +13,15 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash import dispatch
 from vflash._backend import interpreted, interpreter_refusal
+from vflash.call import ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN, Band, Cache, Call, Packed, Score, Spec
 from vflash.ops import plans
-from vflash.ops.metadata import sequence_metadata_flags
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's 2nd and 3rd dimensions: q heads, batch
 _INT32_MAX = 2**31 - 1
-# write_kvcache's slot check on the host up to this many slots, else on the device: on the H200's host a
-# checked call took about 250 us for the device's sort and flags whatever the count, where the host's check
-# costs about 0.1 us a slot
-_HOST_SLOT_CHECK = 1024
 
 CausalArg = Union[bool, str]
 
@@ -164,12 +159,10 @@ def check_qkv(q, k, v) -> None:
         _check_span(name, n, D, t.stride(2), t.stride(3), "sequence span")
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata: bool) -> int:
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
     """Validate packed q [total_q, Hq, D], k/v [total_k, Hkv, D] and their int32
-    cu_seqlens [B + 1]; returns B. With check_metadata (check_varlen_offsets: one
-    small kernel and one host sync for CUDA tensors), the offsets' values too: 0
-    first, non-decreasing, the packed length last, and no sequence longer than its
-    max_seqlen."""
+    cu_seqlens [B + 1]; returns B. The offsets' values are checked next to the launch
+    (vflash.ops.metadata.check_offsets)."""
     _check_tensors(q, k, v, 3, "[total_q, heads, head_dim] (packed sequences)", "[total_k, Hkv, D]", "")
     total_q, Hq, D = q.shape
     total_k, Hkv, Dk = k.shape
@@ -200,29 +193,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         raise ValueError(f"packed lengths must fit int32, got total_q {total_q}, total_k {total_k}")
     for name, t, m in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         _check_span(name, m, D, t.stride(0), t.stride(2), "longest sequence's span")
-    if check_metadata:
-        check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
     return batch
-
-
-def check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
-                         max_seqlen_k: int) -> None:
-    """cu_seqlens' values: 0 first, non-decreasing, the packed length last, no sequence longer than its
-    max_seqlen. One small kernel on their device and one host sync (vflash.ops.metadata); the offender
-    is looked for, to be named, only when the kernel flags one. Under torch.compile the custom op runs
-    it (a traced host read would be a data-dependent graph break)."""
-    batch = cu_seqlens_q.numel() - 1
-    if cu_seqlens_k.numel() != batch + 1:  # check_varlen's, again for the custom op's own call
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length [batch + 1], got "
-                         f"{batch + 1} and {cu_seqlens_k.numel()}")
-    flags = sequence_metadata_flags(batch, dispatch.metadata_tiles(batch, cu_seqlens_q.device),
-                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_q=total_q,
-                                    max_seqlen_q=max_seqlen_q, total_k=total_k, max_seqlen_k=max_seqlen_k)
-    for flag, name, cu, total, longest in ((flags[2], "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
-                                           (flags[3], "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
-        if flag:
-            _check_offsets(name, cu.tolist(), total, longest)
-            _flagged(_OFFSETS_RULE.format(name=name, longest=longest))
 
 
 def check_merge(out_a, lse_a, out_b, lse_b) -> None:
@@ -254,14 +225,12 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError(f"{lse_a.numel()} rows exceed 2**31 - 1; merge in parts")
 
 
-def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
-                            check_metadata: bool):
+def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q):
     """Validate attention against a KV cache. q [B, Nq, Hq, D], or packed [total_q, Hq, D]
     with cu_seqlens_q int32 [B + 1] and max_seqlen_q; the cache contiguous
     [B, max_len, Hkv, D] (block_table None) or paged [pages, page_size, Hkv, D] with an
-    int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. With
-    check_metadata, the values too (check_kvcache_metadata: one small kernel and one
-    host sync for CUDA tensors)."""
+    int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. The values are
+    checked next to the launch (vflash.ops.metadata.check_cache)."""
     packed = cu_seqlens_q is not None
     _check_tensor("q", q, 3 if packed else 4, "[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed
                   else "[batch, seq_len, heads, head_dim]")
@@ -319,8 +288,6 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
             raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
     if capacity > _INT32_MAX:
         raise ValueError(f"a sequence's cache capacity ({capacity} rows) exceeds 2**31 - 1")
-    if check_metadata:
-        check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
     return batch
 
 
@@ -451,45 +418,11 @@ def _check_caches_apart(k_cache, v_cache) -> None:
                          "apart (separate tensors, or disjoint slices of one buffer such as kv[:, 0] and kv[:, 1])")
 
 
-def check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q) -> None:
-    """The values of a KV-cache call's metadata (its structure checked by check_kvcache_attention):
-    every sequence's length within its capacity, every page it uses a page of the cache, cu_seqlens_q
-    (packed q) 0, non-decreasing to q's length in steps of at most max_seqlen_q. One small kernel on
-    their device and one host sync (the tables of a large batch hold 10^5-10^6 entries: no loop over
-    them on the host); the offender is looked for, to be named, only when the kernel flags one."""
-    rows = k_cache.shape[1]
-    capacity = rows * (1 if block_table is None else block_table.shape[1])
-    packed = cu_seqlens_q is not None
-    batch = cache_seqlens.numel()
-    bad_len, bad_page, bad_offsets, _ = sequence_metadata_flags(
-        batch, dispatch.metadata_tiles(batch, cache_seqlens.device), cache_seqlens, block_table, cu_seqlens_q,
-        capacity=capacity, page_size=rows, num_pages=k_cache.shape[0], total_q=q.shape[0] if packed else 0,
-        max_seqlen_q=max_seqlen_q if packed else 0)
-    holds = "block_table row holds" if block_table is not None else "cache row holds"
-    if bad_len:
-        lens = cache_seqlens.long()
-        for b in ((lens < 0) | (lens > capacity)).nonzero()[:1, 0].tolist():
-            raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside 0..{capacity}, the rows "
-                             f"sequence {b}'s {holds}")
-        _flagged(f"cache_seqlens must lie within 0..{capacity}, the rows a sequence's {holds}")
-    if bad_page:
-        lens = cache_seqlens.long()
-        used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + rows - 1) // rows)[:, None]
-        for b, j in (used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).nonzero()[:1].tolist():
-            n, page = int(cache_seqlens[b]), int(block_table[b, j])
-            raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{k_cache.shape[0] - 1}); "
-                             f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
-        _flagged(f"the block_table entries of the pages a sequence uses must be pages of the cache "
-                 f"(0..{k_cache.shape[0] - 1})")
-    if bad_offsets:
-        _check_offsets("cu_seqlens_q", cu_seqlens_q.tolist(), q.shape[0], max_seqlen_q)
-        _flagged(_OFFSETS_RULE.format(name="cu_seqlens_q", longest=max_seqlen_q))
-
-
-def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata: bool) -> None:
+def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata) -> bool:
     """Validate a paged cache [num_blocks, block_size, Hkv, D] pair (no two slots sharing memory),
-    the new tokens [T, Hkv, D] and their slots [T] (int32 / int64). With check_metadata (one host
-    sync for CUDA tensors), every slot is -1 or a distinct slot of the cache."""
+    the new tokens [T, Hkv, D] and their slots [T] (int32 / int64); returns check_metadata, forced on
+    under the interpreter (check_metadata_on). The slots' values are checked next to the launch
+    (vflash.ops.cache.check_slots)."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new),
                     ("slot_mapping", slot_mapping)):
         if not isinstance(t, torch.Tensor):
@@ -524,66 +457,7 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     _check_device(k_cache.device, "the cache is on the CPU")
     if k_new.shape[0] > _INT32_MAX // 2:
         raise ValueError(f"{k_new.shape[0]} tokens in one call are too many; write them in parts")
-    if check_metadata:
-        check_kvcache_slots(slot_mapping, num_blocks, block_size)
-
-
-def check_kvcache_slots(slot_mapping, num_blocks: int, block_size: int) -> None:
-    """slot_mapping's values (its structure checked by check_kvcache_write): every slot -1 or a
-    distinct slot of the cache [num_blocks, block_size, ...]. One host sync for CUDA tensors."""
-    if slot_mapping.numel():
-        capacity = num_blocks * block_size
-        if slot_mapping.numel() <= _HOST_SLOT_CHECK:  # a decode step's few slots: one copy to the host
-            slots = slot_mapping.tolist()
-            pad = slots.count(-1)
-            bad = min(slots) < -1 or max(slots) >= capacity or len(set(slots)) != len(slots) - pad + (pad > 0)
-        else:  # a prefill's many: reduced on the device to two flags, one sync
-            s = slot_mapping.to(torch.int64)
-            srt = torch.sort(s).values
-            bad = any(torch.stack([((s < -1) | (s >= capacity)).any(),
-                                   ((srt[1:] == srt[:-1]) & (srt[1:] >= 0)).any()]).tolist())
-        if bad:  # only a bad call walks the slots, to name the first bad one
-            _name_bad_slot(slot_mapping.tolist(), num_blocks, block_size)
-
-
-def _name_bad_slot(slots, num_blocks: int, block_size: int) -> None:
-    capacity = num_blocks * block_size
-    seen = {}
-    for t, s in enumerate(slots):
-        if s == -1:
-            continue
-        if not 0 <= s < capacity:
-            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache's {capacity} slots "
-                             f"({num_blocks} blocks of {block_size}); -1 skips a token")
-        if s in seen:
-            raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
-                             f"token a call")
-        seen[s] = t
-
-
-_OFFSETS_RULE = "{name} must run from 0 to the packed length, non-decreasing, in steps of at most {longest}"
-
-
-def _flagged(rule: str) -> None:
-    # the device check's verdict where the host's search for the offender found none (never, while the two
-    # read the rule alike): the rule, unnamed
-    raise ValueError(f"{rule} (the metadata check flagged it)")
-
-
-def _check_offsets(name: str, offsets, total: int, longest: int) -> None:
-    tensor = "q" if name.endswith("_q") else "k and v"
-    if offsets[0] != 0:
-        raise ValueError(f"{name}[0] must be 0, got {offsets[0]}")
-    for i in range(len(offsets) - 1):
-        length = offsets[i + 1] - offsets[i]
-        if length < 0:
-            raise ValueError(f"{name} must be non-decreasing: sequence {i} runs from {offsets[i]} to "
-                             f"{offsets[i + 1]}")
-        if length > longest:
-            raise ValueError(f"sequence {i} has {length} rows ({name}[{i + 1}] - {name}[{i}]), more than "
-                             f"max_seqlen_{name[-1]} = {longest}")
-    if offsets[-1] != total:
-        raise ValueError(f"{name}[-1] must be the packed length of {tensor} ({total}), got {offsets[-1]}")
+    return check_metadata_on(check_flag("check_metadata", check_metadata), k_cache)
 
 
 def resolve_causal(causal) -> Optional[str]:
@@ -650,13 +524,6 @@ def check_metadata_on(check_metadata: bool, t) -> bool:
     return check_metadata or (isinstance(t, torch.Tensor) and interpreted(t.device) and not plans._planned(t))
 
 
-def check_options(causal, window, scale, softcap, return_lse, head_dim: int):
-    """The options every attention entry point shares: (causal mode, (left, right),
-    scale, softcap, return_lse), each checked."""
-    return (resolve_causal(causal), check_window(window), check_scale(scale, head_dim), check_softcap(softcap),
-            check_flag("return_lse", return_lse))
-
-
 MAX_SPLITS = 256
 
 
@@ -681,3 +548,107 @@ def check_no_grad(q, k, v, entry: str) -> None:
         raise ValueError(
             f"vflash.{entry} has no backward pass yet, and its inputs require grad; call it under "
             "torch.no_grad() / torch.inference_mode(), or pass detached tensors")
+
+
+def mask_band(n_q: int, n_k: int, causal: Optional[str], window: Tuple[int, int]) -> Band:
+    """Fold causal mode ("top_left", "bottom_right" or None), window and
+    Nq != Nk into a Band.
+
+    off = Nk - Nq (bottom-right alignment) unless the causal mode is "top_left".
+    Causal attention caps right at 0. A side that hides no key from any row
+    becomes unbounded, so the kernel neither masks nor bounds-checks for it (one
+    decode query at the end of its keys is causal in name only)."""
+    off = 0 if causal == "top_left" else n_k - n_q
+    left, right = window
+    if causal is not None:
+        right = 0 if right < 0 else min(right, 0)
+    if left >= n_q - 1 + off:  # row Nq-1, the one with the highest lower bound, still starts at key <= 0
+        left = -1
+    if right >= n_k - 1 - off:  # row 0, the one with the lowest upper bound, already ends at key >= Nk-1
+        right = -1
+    return Band(off, left, right)
+
+
+def sequence_band(causal: Optional[str], window: Tuple[int, int]) -> Band:
+    """The edges of a band whose offset each sequence takes from its own lengths
+    (Nk - Nq, or 0 under "top_left"): off is 0 here and unused. Causal caps
+    right at 0. No edge is folded away: whether it hides a key depends on the
+    sequence."""
+    left, right = window
+    if causal is not None:
+        right = 0 if right < 0 else min(right, 0)
+    return Band(0, left, right)
+
+
+def check_score(scale, softcap, head_dim: int) -> Score:
+    """The score options every attention entry point shares, checked (vflash.call.Score)."""
+    return Score(check_scale(scale, head_dim), check_softcap(softcap))
+
+
+def attention_call(q, k, v, causal, window, scale, softcap, return_lse) -> Call:
+    """vflash.attention's arguments (vflash.call.ATTENTION's order) as a Call: q [B, Hq, Nq, D],
+    k / v [B, Hkv, Nk, D], the band folded from the lengths."""
+    check_qkv(q, k, v)
+    band = mask_band(q.shape[2], k.shape[2], resolve_causal(causal), check_window(window))
+    return Call(q, k, v, None, band, check_score(scale, softcap, q.shape[-1]), check_flag("return_lse", return_lse))
+
+
+def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
+                return_lse, check_metadata) -> Call:
+    """vflash.attention_varlen's arguments (vflash.call.ATTENTION_VARLEN's order) as a Call of layout
+    Packed (check_metadata forced on under the interpreter: check_metadata_on)."""
+    check_metadata = check_metadata_on(check_flag("check_metadata", check_metadata), q)
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    causal_mode = resolve_causal(causal)
+    layout = Packed(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal_mode == "top_left",
+                    check_metadata)
+    return Call(q, k, v, layout, sequence_band(causal_mode, check_window(window)),
+                check_score(scale, softcap, q.shape[-1]), check_flag("return_lse", return_lse))
+
+
+def kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale,
+                 softcap, num_splits, batch_invariant, return_lse, check_metadata, out) -> Call:
+    """vflash.attention_with_kvcache's arguments (vflash.call.ATTENTION_KVCACHE's order) as a Call of
+    layout Cache: dense q [B, Nq, Hq, D] (and out) as rows [B * Nq, Hq, D], views where the strides
+    merge (else q a copy; out must merge)."""
+    check_metadata = check_metadata_on(check_flag("check_metadata", check_metadata), q)
+    check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
+    causal_mode = resolve_causal(causal)
+    if causal_mode == "top_left":
+        raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
+                         "their sequence (bottom-right alignment); pass causal=True")
+    window = check_window(window)
+    score = check_score(scale, softcap, q.shape[-1])
+    batch_invariant = check_num_splits(num_splits, batch_invariant)
+    return_lse = check_flag("return_lse", return_lse)
+    check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
+    guard = None
+    inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)  # KVCACHE_OUT_APART's
+    if out is not None:
+        # a plan's repeat checks out's overlap with the inputs again, their byte extents fixed by the key
+        extents = check_kvcache_out(out, inputs)
+        guard = lambda o, ins: kvcache_out_overlap(o, ins, extents) is None  # noqa: E731
+    q_shape, rows = tuple(q.shape), q
+    if cu_seqlens_q is None:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
+        max_seqlen_q = q.shape[1]
+        rows = q.reshape(-1, q.shape[2], q.shape[3])
+        if out is not None:
+            try:
+                out = out.view(-1, out.shape[2], out.shape[3])
+            except RuntimeError:
+                raise ValueError("out's [B, Nq] strides must merge into one row stride (as a view); "
+                                 "pass a contiguous out") from None
+    layout = Cache(cache_seqlens, block_table, cu_seqlens_q, int(max_seqlen_q), num_splits, batch_invariant,
+                   check_metadata, q_shape, guard)
+    return Call(rows, k_cache, v_cache, layout, sequence_band(causal_mode, window), score, return_lse, out)
+
+
+def call_of(spec: Spec, args: tuple) -> Call:
+    """An attention entry point's arguments, in its spec's order (vflash.call), as a validated Call."""
+    if spec is ATTENTION:
+        return attention_call(*args)
+    if spec is ATTENTION_VARLEN:
+        return varlen_call(*args)
+    if spec is ATTENTION_KVCACHE:
+        return kvcache_call(*args)
+    raise ValueError(f"{spec.name} is not an attention entry point")

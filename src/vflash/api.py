@@ -1,14 +1,12 @@
-"""The public functions. Argument handling and documentation only; no math."""
+"""The public functions: their arguments, in their vflash.call.Spec's order, to the one
+pipeline (vflash.pipeline), and their documentation. No checks and no math here."""
 
 from typing import Optional, Tuple, Union
 
 import torch
 
-from vflash import _validate, dispatch, library
-from vflash.ops import (attention_forward, attention_kvcache_forward, attention_varlen_forward, mask_band, plans,
-                        sequence_band)
-from vflash.ops.cache import write_kvcache_forward
-from vflash.ops.combine import merge_states_forward
+from vflash import pipeline
+from vflash.call import ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN
 
 
 def attention(
@@ -65,22 +63,8 @@ def attention(
     takes them, the portable Triton kernels elsewhere.
     """
     q, k, v = _autocast(q, k, v)
-    if _through_library(q, k, v):
-        return _attention_library(q, k, v, causal, scale, window, softcap, return_lse)
-    # Repeated calls with the same metadata and options skip straight to the launch
-    # recorded by the first one (vflash.ops.plans); everything else is checked here.
-    key = plans.plan_key(q, k, v, causal, scale, window, softcap, return_lse)
-    plan = plans.lookup(key, q, k, v)
-    if plan is not None:
-        out, lse = plan(q, k, v)
-        return (out, lse) if return_lse else out
-    _validate.check_qkv(q, k, v)
-    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, window, scale, softcap, return_lse, q.shape[-1])
-    band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
-    choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
-    out, lse = attention_forward(q, k, v, band=band, scale=scale_f, softcap=softcap_f, return_lse=return_lse,
-                                 tiles=choice.tiles, kernel=choice.kernel, plan_key=key)
+    autograd = _through_library(q, k, v)
+    out, lse = pipeline.attention(ATTENTION, (q, k, v, causal, window, scale, softcap, return_lse), autograd)
     return (out, lse) if return_lse else out
 
 
@@ -97,15 +81,6 @@ def _autocast(q, k, v):
         dt = torch.get_autocast_dtype(dev.type)
         q, k, v = (t.to(dt) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v))
     return q, k, v
-
-
-def _attention_library(q, k, v, causal, scale, window, softcap, return_lse):
-    _validate.check_qkv(q, k, v)
-    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, window, scale, softcap, return_lse, q.shape[-1])
-    band = mask_band(q.shape[2], k.shape[2], causal_mode, window_lr)
-    out, lse = library.attention_fwd(q, k, v, band.off, band.left, band.right, scale_f, softcap_f)
-    return (out, lse) if return_lse else out
 
 
 def attention_varlen(
@@ -156,23 +131,10 @@ def attention_varlen(
     deterministic backward).
     """
     q, k, v = _autocast(q, k, v)
-    check_metadata = _validate.check_metadata_on(_validate.check_flag("check_metadata", check_metadata), q)
-    # A traced call cannot read cu_seqlens' values: under torch.compile the custom op checks them at run time.
-    traced = torch.compiler.is_compiling()
-    batch = _validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   check_metadata and not traced)
-    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, window, scale, softcap, return_lse, q.shape[-1])
-    band = sequence_band(causal_mode, window_lr)
-    if _through_library(q, k, v):
-        out, lse = library.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                 band.left, band.right, causal_mode == "top_left", scale_f, softcap_f,
-                                                 check_metadata and traced)
-        return (out, lse) if return_lse else out
-    choice = dispatch.select(dispatch.varlen_problem_of(q, batch, max_seqlen_q, max_seqlen_k, band, kv=(k, v)))
-    out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band,
-                                        top_left=causal_mode == "top_left", scale=scale_f, softcap=softcap_f,
-                                        return_lse=return_lse, tiles=choice.tiles, kernel=choice.kernel)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
+            return_lse, check_metadata)
+    autograd = _through_library(q, k, v)
+    out, lse = pipeline.attention(ATTENTION_VARLEN, args, autograd)
     return (out, lse) if return_lse else out
 
 
@@ -198,14 +160,7 @@ def merge_states(
         +inf, never NaN. Repeats of a call's metadata (CUDA) launch the
         plan its first call recorded.
     """
-    # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans)
-    key = plans.op_plan_key("merge_states", (out_a, lse_a, out_b, lse_b), ())
-    plan = plans.lookup(key, out_a, lse_a, out_b, lse_b)
-    if plan is not None:
-        return plan(out_a, lse_a, out_b, lse_b)
-    _validate.check_merge(out_a, lse_a, out_b, lse_b)
-    return merge_states_forward(out_a, lse_a, out_b, lse_b, dispatch.merge_tiles(out_a.shape[-1], out_a.device),
-                                plan_key=key)
+    return pipeline.merge_states((out_a, lse_a, out_b, lse_b))
 
 
 def write_kvcache(
@@ -231,20 +186,7 @@ def write_kvcache(
             call recorded (after the slots' check where it is on). CPU tensors are always
             checked (as True): it costs nothing next to the interpreted kernel.
     """
-    # a repeat of a call's metadata launches its recorded plan (vflash.ops.plans), after the slots' check
-    # where it is on
-    key = (plans.op_plan_key("write_kvcache", (k_cache, v_cache, k_new, v_new, slot_mapping), (check_metadata,))
-           if check_metadata.__class__ is bool else None)
-    plan = plans.lookup(key, k_cache, v_cache, k_new, v_new, slot_mapping)
-    if plan is not None:
-        if check_metadata:
-            _validate.check_kvcache_slots(slot_mapping, k_cache.shape[0], k_cache.shape[1])
-        plan(k_cache, v_cache, k_new, v_new, slot_mapping)
-        return
-    # an interpreted call takes no plan (vflash.ops.plans: compiled launches), so its forced check is here
-    _validate.check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, _validate.check_metadata_on(
-        _validate.check_flag("check_metadata", check_metadata), k_cache))
-    write_kvcache_forward(k_cache, v_cache, k_new, v_new, slot_mapping, dispatch.cache_write_tiles(), plan_key=key)
+    pipeline.write_kvcache((k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata))
 
 
 def attention_with_kvcache(
@@ -315,61 +257,11 @@ def attention_with_kvcache(
     kernel where the cache suits it (contiguous, or power-of-two pages of 16 rows or
     more; vflash.dispatch). No backward pass.
     """
-    # Repeats of a call's metadata and options skip to the recorded launches (vflash.ops.plans), after the
-    # metadata's value check where it is on; cache_seqlens' values are not part of the key.
-    dense_q = cu_seqlens_q is None
-    key = plans.kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal,
-                                 scale, window, softcap, num_splits, batch_invariant, return_lse, check_metadata,
-                                 out)
-    inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)  # _validate.KVCACHE_OUT_APART's
-    plan = plans.lookup(key, q, k_cache, v_cache, *(() if out is None else (out,)))
-    if plan is not None and (out is None or plan.guard(out, inputs)):
-        # it takes q (and a given out, apart from the inputs: its guard; else it allocates out in the
-        # caller's layout: dense q's rows)
-        if check_metadata:
-            _validate.check_kvcache_metadata(q, k_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q)
-        planned = plan(q, k_cache, v_cache, cache_seqlens, cu_seqlens_q, block_table, *(() if out is None else (out,)))
-        return _kvcache_result(*planned, q.shape, dense_q, return_lse)
-    # an interpreted call takes no plan (vflash.ops.plans: compiled launches), so its forced check is here
-    check = _validate.check_metadata_on(_validate.check_flag("check_metadata", check_metadata), q)
-    batch = _validate.check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
-                                              max_seqlen_q, check)
-    causal_mode, window_lr, scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, window, scale, softcap, return_lse, q.shape[-1])
-    if causal_mode == "top_left":
-        raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
-                         "their sequence (bottom-right alignment); pass causal=True")
-    batch_invariant = _validate.check_num_splits(num_splits, batch_invariant)
-    _validate.check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
-    guard = None
-    if out is not None:
-        # a plan's repeat checks out's overlap with the inputs again, their byte extents fixed by the key
-        extents = _validate.check_kvcache_out(out, inputs)
-        guard = lambda o, ins: _validate.kvcache_out_overlap(o, ins, extents) is None  # noqa: E731
-    q_shape, out_rows = q.shape, out
-    if dense_q:  # [B, Nq, Hq, D] as rows, Nq a sequence (no cu_seqlens: the kernel counts them)
-        max_seqlen_q = q.shape[1]
-        rows = q.reshape(-1, q.shape[2], q.shape[3])
-        if rows.data_ptr() != q.data_ptr():
-            key = None  # reshape copied (strides that do not merge): a plan could not take q itself
-        q = rows
-        if out is not None:
-            try:
-                out_rows = out.view(-1, out.shape[2], out.shape[3])
-            except RuntimeError:
-                raise ValueError("out's [B, Nq] strides must merge into one row stride (as a view); "
-                                 "pass a contiguous out") from None
-    band = sequence_band(causal_mode, window_lr)
-    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-    problem = dispatch.kvcache_problem_of(q, k_cache, v_cache, batch, max_seqlen_q, capacity, band, out_rows)
-    choice = dispatch.select_kvcache(problem, k_cache.shape[2], num_splits, batch_invariant,
-                                     k_cache.shape[1] if block_table is not None else 0)
-    result, lse = attention_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q,
-                                            max_seqlen_q, band=band, scale=scale_f, softcap=softcap_f,
-                                            return_lse=return_lse, tiles=choice.tiles, kernel=choice.kernel,
-                                            out=out_rows, plan_key=key,
-                                            plan_out_shape=tuple(q_shape), plan_guard=guard)
-    return _kvcache_result(out if out is not None else result, lse, q_shape, dense_q, return_lse)
+    # cache_seqlens' values are not part of a plan's key: a generation loop's growing lengths keep one plan
+    result, lse = pipeline.attention(ATTENTION_KVCACHE, (
+        q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale, softcap,
+        num_splits, batch_invariant, return_lse, check_metadata, out))
+    return _kvcache_result(result if out is None else out, lse, q.shape, cu_seqlens_q is None, return_lse)
 
 
 def _kvcache_result(out, lse, q_shape, dense_q: bool, return_lse: bool):

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 import vflash
-from vflash import _validate, library
+from vflash import _validate, dispatch, library
+from vflash.ops import metadata
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -189,11 +190,11 @@ class _Dense:
     def join_lse(self, parts):
         return torch.cat(parts, dim=2)
 
-    def forward(self, q, k, v, band, scale, softcap):
-        return library.attention_fwd(q, k, v, *band, scale, softcap)
+    def forward(self, q, k, v, band, score):
+        return library.attention_fwd(q, k, v, *band, *score)
 
-    def backward(self, do, dlse, q, k, v, out, lse, band, scale, softcap):
-        return library.attention_bwd(do, dlse, q, k, v, out, lse, *band, scale, softcap)
+    def backward(self, do, dlse, q, k, v, out, lse, band, score):
+        return library.attention_bwd(do, dlse, q, k, v, out, lse, *band, *score)
 
 
 class _Packed:
@@ -240,20 +241,20 @@ class _Packed:
             out.index_copy_(1, i, p)
         return out
 
-    def forward(self, q, k, v, band, scale, softcap):
+    def forward(self, q, k, v, band, score):
         _, left, right = band
         return library.attention_varlen_fwd(q, k, v, self.cu, self.cu, self.max, self.max, left, right, False,
-                                            scale, softcap)
+                                            *score, False)
 
-    def backward(self, do, dlse, q, k, v, out, lse, band, scale, softcap):
+    def backward(self, do, dlse, q, k, v, out, lse, band, score):
         _, left, right = band
         return library.attention_varlen_bwd(do, dlse, q, k, v, out, lse, self.cu, self.cu, self.max, self.max,
-                                            left, right, False, scale, softcap)
+                                            left, right, False, *score)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, group, scale, softcap, chunks):
+    def forward(ctx, q, k, v, ring, group, score, chunks):
         R = ring.world_size
         nq = len(ring.q_ids)
         qs = chunks.split(q)
@@ -263,7 +264,7 @@ class _RingAttention(torch.autograd.Function):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
             for a, b, band in ring.pairs(step):
-                out, lse = chunks.forward(qs[a], ks[b], vs[b], band, scale, softcap)
+                out, lse = chunks.forward(qs[a], ks[b], vs[b], band, score)
                 lse = chunks.merge_lse(lse)
                 if acc[a] is None:
                     acc[a] = (out.float(), lse)
@@ -284,7 +285,7 @@ class _RingAttention(torch.autograd.Function):
         out = chunks.join(outs).to(q.dtype)
         lse = chunks.join_lse(lses)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.group, ctx.scale, ctx.softcap, ctx.chunks = ring, group, scale, softcap, chunks
+        ctx.ring, ctx.group, ctx.score, ctx.chunks = ring, group, score, chunks
         return out, lse
 
     @staticmethod
@@ -305,7 +306,7 @@ class _RingAttention(torch.autograd.Function):
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
             for a, b, band in ring.pairs(step):
                 gq, gk, gv = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
-                                             ctx.scale, ctx.softcap)
+                                             ctx.score)
                 chunks.add_into(dq, a, gq)
                 chunks.add_into(dkv[0], b, gk)
                 chunks.add_into(dkv[1], b, gv)
@@ -320,7 +321,7 @@ class _RingAttention(torch.autograd.Function):
             for r in reqs_dkv:
                 r.wait()
             dkv = tuple(recv_dkv)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 5
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 4
 
 
 def _dense_ring(rank: int, world_size: int, layout: str, n_q: int, n_k: int, causal_mode: Optional[str], left: int,
@@ -387,12 +388,11 @@ def ring_attention(
         (out, lse). Differentiable: the backward passes dK / dV around the ring.
     """
     rank, world = _group(group)
-    _validate.check_qkv(q, k, v)
-    causal_mode, (left, right), scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, window, scale, softcap, return_lse, q.shape[-1])
-    ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], causal_mode, left, right)
-    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, _Dense(len(ring.q_ids)))
-    return (out, lse) if return_lse else out
+    call = _validate.attention_call(q, k, v, causal, window, scale, softcap, return_lse)  # its band: a shard's
+    ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], _validate.resolve_causal(causal),
+                       *_validate.check_window(window))
+    out, lse = _RingAttention.apply(q, k, v, ring, group, call.score, _Dense(len(ring.q_ids)))
+    return (out, lse) if call.return_lse else out
 
 
 def ring_attention_varlen(
@@ -424,14 +424,15 @@ def ring_attention_varlen(
         out [total_local, Hq, D], or (out, lse [Hq, total_local] fp32).
     """
     rank, world = _group(group)
-    _validate.check_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, True)
-    causal_mode, _, scale_f, softcap_f, return_lse = _validate.check_options(
-        causal, None, scale, softcap, return_lse, q.shape[-1])
+    call = _validate.varlen_call(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, None, scale,
+                                 softcap, return_lse, True)
+    metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))(cu_seqlens, cu_seqlens)
+    causal_mode = _validate.resolve_causal(causal)
     n_ids = len(_chunk_ids(rank, world, layout))
     if bool((torch.diff(cu_seqlens) % n_ids).any()):
         raise ValueError(f"the {layout} layout cuts each local sequence into {n_ids} chunks: every length in "
                          f"cu_seqlens must be a multiple of {n_ids}")
     ring = _Ring(rank, world, layout, None, None, 0, -1, -1 if causal_mode is None else 0)
     chunks = _Packed(n_ids, cu_seqlens, max_seqlen)
-    out, lse = _RingAttention.apply(q, k, v, ring, group, scale_f, softcap_f, chunks)
-    return (out, lse) if return_lse else out
+    out, lse = _RingAttention.apply(q, k, v, ring, group, call.score, chunks)
+    return (out, lse) if call.return_lse else out

@@ -8,150 +8,199 @@ nodes, and `register_autograd` linking the two: the forward saves q, k, v, out a
 lse only. CPU tensors run the kernels through Triton's interpreter, as the rest of
 vflash does. The kernels are chosen inside the ops (vflash.dispatch), so the traced
 graph holds no launch details. Repeated calls (dense or packed) replay the launch plans
-(vflash.ops.plans.op_plan_key) their first call recorded.
+their first call recorded (keys from each op's arguments, vflash.ops.plans.key_function).
+
+Each op's arguments are its tensors, then its layout's options, then the fields of
+vflash.call.Score (their types from its annotations): the schemas, the plan keys, the
+saved options and the backward's count of gradients all follow from those lists, so a
+new score option changes no line here.
 """
 
-from typing import Optional, Tuple
+import typing
+from typing import Callable, Sequence, Tuple
 
 import torch
 
 from vflash import _validate, dispatch
-from vflash.ops import attention_forward, attention_varlen_forward
-from vflash.ops import plans
+from vflash.call import Band, Call, Packed, Score, Spec
+from vflash.ops import forward, plans
 from vflash.ops.attention_bwd import attention_backward
-from vflash.ops.band import Band
 
 Tensor = torch.Tensor
 
+_SCORE = tuple((name, Score.__annotations__[name]) for name in Score._fields)
+_DENSE = (("off", int), ("left", int), ("right", int))
+_PACKED = (("max_seqlen_q", int), ("max_seqlen_k", int), ("left", int), ("right", int), ("top_left", bool))
+_GRADS = (("dout", Tensor), ("dlse", typing.Optional[Tensor]))
+_SAVED = (("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", Tensor))
+_CU = (("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor))
 
-@torch.library.custom_op("vflash::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, off: int, left: int, right: int, scale: float,
-                  softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
+
+def _spec(name: str, params) -> Spec:
+    return Spec(name, tuple((n, "tensor" if t in (Tensor, typing.Optional[Tensor]) else "option")
+                            for n, t, *_ in params))
+
+
+SPECS = {}  # each op's arguments as its plan key reads them (vflash.call.Spec)
+
+
+def _op(name: str, params, returns, impl: Callable) -> Callable:
+    """The custom op vflash::`name` with `params` ((name, type) or (name, type, default) in order) calling
+    impl(spec, *args)."""
+    spec = SPECS[name] = _spec(name, params)
+    names = ", ".join(p[0] for p in params)
+    signature = ", ".join(f"{p[0]}: {_type_text(p[1])}" + (f" = {p[2]!r}" if len(p) > 2 else "") for p in params)
+    text = f"def {name}({signature}) -> {_type_text(returns)}:\n    return _impl(_spec, {names})\n"
+    scope = {"typing": typing, "torch": torch, "_impl": impl, "_spec": spec}
+    exec(text, scope)  # noqa: S102 (code made from the field lists above)
+    fn = scope[name]
+    fn.__doc__ = impl.__doc__
+    fn.__module__ = __name__
+    return torch.library.custom_op(f"vflash::{name}", mutates_args=())(fn)
+
+
+def _type_text(t) -> str:
+    if t is Tensor:
+        return "torch.Tensor"
+    return t.__name__ if isinstance(t, type) else repr(t)
+
+
+_KEYS = {}
+
+
+def _key(spec: Spec, args: tuple):
+    fn = _KEYS.get(spec.name)
+    if fn is None:
+        fn = _KEYS[spec.name] = plans.key_function(spec)
+    return fn(*args)
+
+
+def _forward(spec: Spec, q, k, v, *options):
     """out [B, Hq, Nq, D] in q's dtype and lse [B, Hq, Nq] fp32 (inputs validated by vflash.api)."""
-    key = plans.op_plan_key("attention_fwd", (q, k, v), (off, left, right, scale, softcap))
+    args = (q, k, v, *options)
+    key = _key(spec, args)
     plan = plans.lookup(key)  # inside the op: no autograd to refuse
     if plan is not None:
-        return plan(q, k, v)
-    band = Band(off, left, right)
-    choice = dispatch.select(dispatch.problem_of(q, k, v, None, band))
-    return attention_forward(q, k, v, band=band, scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles,
-                             kernel=choice.kernel, plan_key=key)
+        return plan(*args)
+    band, score = Band(*options[:3]), Score(*options[3:])
+    call = Call(q, k, v, None, band, score, True)
+    return forward(call, dispatch.choose(call), plan_key=key, plan_inputs=spec.names)
+
+
+def _backward_op(spec: Spec, dout, dlse, q, k, v, out, lse, *options):
+    """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
+    dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
+    tensors = (dout, dlse, q, k, v, out, lse)
+    key = _key(spec, tensors + options)
+    plan = plans.lookup(key)
+    if plan is not None:
+        return plan(*tensors)
+    call = Call(q, k, v, None, Band(*options[:3]), Score(*options[3:]), True)
+    choice = dispatch.select_backward(dispatch.problem_of(call))
+    return attention_backward(dout, q, k, v, out, lse, band=call.band, score=call.score, tiles=choice.tiles,
+                              dlse=dlse, kernel=choice.kernel, plan_key=key)
+
+
+def _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options: Sequence, check_metadata: bool) -> Call:
+    max_seqlen_q, max_seqlen_k, left, right, top_left = options[:len(_PACKED)]
+    layout = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left, check_metadata)
+    return Call(q, k, v, layout, Band(0, left, right), Score(*options[len(_PACKED):]), True)
+
+
+def _varlen_forward(spec: Spec, q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api;
+    check_metadata: cu_seqlens' values checked here, at run time, which a traced call cannot do)."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, *options)
+    key = _key(spec, args)
+    plan = plans.lookup(key)
+    if plan is not None and (plan.admit is None or plan.admit(*args)):
+        return plan(*args)
+    call = _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options[:-1], options[-1])
+    choice = dispatch.choose(call)
+    return forward(call, choice, dispatch.metadata_tiles(call.batch, q.device), plan_key=key,
+                   plan_inputs=spec.names)
+
+
+def _varlen_backward(spec: Spec, dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options):
+    tensors = (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    key = _key(spec, tensors + options)
+    plan = plans.lookup(key)
+    if plan is not None:
+        return plan(*tensors)
+    call = _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options, False)
+    choice = dispatch.select_backward(dispatch.problem_of(call))
+    layout = call.layout
+    return attention_backward(dout, q, k, v, out, lse, band=call.band, score=call.score, tiles=choice.tiles,
+                              dlse=dlse, kernel=choice.kernel,
+                              varlen=(cu_seqlens_q, cu_seqlens_k, layout.max_seqlen_q, layout.max_seqlen_k,
+                                      layout.top_left), plan_key=key)
+
+
+_PAIR = Tuple[Tensor, Tensor]
+_TRIPLE = Tuple[Tensor, Tensor, Tensor]
+_QKV = (("q", Tensor), ("k", Tensor), ("v", Tensor))
+attention_fwd = _op("attention_fwd", _QKV + _DENSE + _SCORE, _PAIR, _forward)
+attention_bwd = _op("attention_bwd", _GRADS + _SAVED + _DENSE + _SCORE, _TRIPLE, _backward_op)
+attention_varlen_fwd = _op("attention_varlen_fwd", _QKV + _CU + _PACKED + _SCORE + (("check_metadata", bool, False),),
+                           _PAIR, _varlen_forward)
+attention_varlen_bwd = _op("attention_varlen_bwd", _GRADS + _SAVED + _CU + _PACKED + _SCORE, _TRIPLE,
+                           _varlen_backward)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, off, left, right, scale, softcap):
+def _attention_fwd_fake(q, k, v, *options):
     B, Hq, Nq, D = q.shape
     return q.new_empty((B, Hq, Nq, D)), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
 
-@torch.library.custom_op("vflash::attention_bwd", mutates_args=())
-def attention_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                  off: int, left: int, right: int, scale: float,
-                  softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of the loss whose gradients with respect to out and lse are dout and
-    dlse (None: lse unused). dlse enters as P * dlse in dS, i.e. delta - dlse."""
-    key = plans.op_plan_key("attention_bwd", (dout, dlse, q, k, v, out, lse), (off, left, right, scale, softcap))
-    plan = plans.lookup(key)
-    if plan is not None:
-        return plan(dout, dlse, q, k, v, out, lse)
-    band = Band(off, left, right)
-    choice = dispatch.select_backward(dispatch.problem_of(q, k, v, None, band))
-    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap, tiles=choice.tiles,
-                              dlse=dlse, kernel=choice.kernel, plan_key=key)
-
-
-@attention_bwd.register_fake
-def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, off, left, right, scale, softcap):
-    return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), \
-        torch.empty_like(v, memory_format=torch.contiguous_format)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, off, left, right, scale, softcap = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (off, left, right, scale, softcap)
-    ctx.set_materialize_grads(False)  # an unused lse's gradient stays None: no zeros made or read
-
-
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = attention_bwd(dout, dlse, q, k, v, out, lse, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None
-
-
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-@torch.library.custom_op("vflash::attention_varlen_fwd", mutates_args=())
-def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                         max_seqlen_q: int, max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
-                         softcap: Optional[float], check_metadata: bool = False) -> Tuple[Tensor, Tensor]:
-    """Packed sequences: out [total_q, Hq, D] and lse [Hq, total_q] fp32 (inputs validated by vflash.api;
-    check_metadata: cu_seqlens' values checked here, at run time, which a traced call cannot do)."""
-    if check_metadata:
-        _validate.check_varlen_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    key = plans.op_plan_key("attention_varlen_fwd", (q, k, v, cu_seqlens_q, cu_seqlens_k),
-                            (max_seqlen_q, max_seqlen_k, left, right, top_left, scale, softcap))
-    plan = plans.lookup(key)
-    if plan is not None:
-        return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    band = Band(0, left, right)
-    choice = dispatch.select(dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k,
-                                                        band, kv=(k, v)))
-    return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, band=band, top_left=top_left,
-                                    scale=scale, softcap=softcap, return_lse=True, tiles=choice.tiles,
-                                    kernel=choice.kernel, plan_key=key)
-
-
 @attention_varlen_fwd.register_fake
-def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
-                               top_left, scale, softcap, check_metadata=False):
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
     total_q, Hq, D = q.shape
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("vflash::attention_varlen_bwd", mutates_args=())
-def attention_varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                         lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, left: int, right: int, top_left: bool, scale: float,
-                         softcap: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    key = plans.op_plan_key("attention_varlen_bwd", (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k),
-                            (max_seqlen_q, max_seqlen_k, left, right, top_left, scale, softcap))
-    plan = plans.lookup(key)
-    if plan is not None:
-        return plan(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    band = Band(0, left, right)
-    problem = dispatch.varlen_problem_of(q, cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, band, kv=(k, v))
-    choice = dispatch.select_backward(problem)
-    return attention_backward(dout, q, k, v, out, lse, band=band, scale=scale, softcap=softcap,
-                              tiles=choice.tiles, dlse=dlse, kernel=choice.kernel,
-                              varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, top_left), plan_key=key)
-
-
-@attention_varlen_bwd.register_fake
-def _attention_varlen_bwd_fake(dout, dlse, q, k, v, out, lse, *rest):
+def _gradients_fake(dout, dlse, q, k, v, *rest):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
-def _setup_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *options = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.options = tuple(options[:-1])  # the lengths, band, scale and softcap: all but check_metadata
+attention_bwd.register_fake(_gradients_fake)
+attention_varlen_bwd.register_fake(_gradients_fake)
 
 
-def _backward_varlen(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+def _autograd(forward_op, backward_op, saved_inputs: int, options: int) -> None:
+    """Link a forward op (its first `saved_inputs` arguments are tensors the backward takes after
+    q, k, v, out, lse; then its `options`, the backward's own, then any it keeps to itself) to its
+    backward op: gradients for q, k, v, None for every other argument."""
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs[:3]
+        ctx.save_for_backward(q, k, v, *output, *inputs[3:saved_inputs])
+        ctx.options = tuple(inputs[saved_inputs:saved_inputs + options])
+        ctx.arguments = len(inputs)
+        ctx.set_materialize_grads(False)  # an unused lse's gradient stays None: no zeros made or read
+
+    def backward(ctx, dout, dlse):
+        saved = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(saved[3])
+        dq, dk, dv = backward_op(dout, dlse, *saved, *ctx.options)
+        return (dq, dk, dv) + (None,) * (ctx.arguments - 3)
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-attention_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
+_autograd(attention_fwd, attention_bwd, 3, len(_DENSE + _SCORE))
+_autograd(attention_varlen_fwd, attention_varlen_bwd, 5, len(_PACKED + _SCORE))
+
+
+def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:
+    """An entry point's dense or packed call (its arguments in `spec`'s order), validated, through its
+    custom op: (out, lse)."""
+    call = _validate.call_of(spec, args)
+    layout = call.layout
+    if layout is None:
+        return attention_fwd(call.q, call.k, call.v, *call.band, *call.score)
+    return attention_varlen_fwd(call.q, call.k, call.v, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                                layout.max_seqlen_q, layout.max_seqlen_k, call.band.left, call.band.right,
+                                layout.top_left, *call.score, layout.check_metadata)

@@ -1,6 +1,5 @@
 """Which kernel and tiles one call gets, and why: `select(problem)`, once per call."""
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.ops.tma import cache_ready, pages_fit, tma_ready
-from vflash.ops.band import Band
+from vflash.call import Band, Cache, Call
 from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, PortableTiles, head_dim_pad)
 
@@ -52,35 +51,28 @@ class Choice:
     why: str
 
 
-def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor], band: Band) -> Problem:
-    """The Problem of an attention call on [B, H, N, D] tensors; out None: the
-    launcher allocates it contiguous (which suits TMA)."""
-    B, Hq, Nq, D = q.shape
-    tma = all(map(tma_ready, (q, k, v) if out is None else (q, k, v, out)))
-    return Problem(q.dtype, D, B, Hq, Nq, k.shape[2], band, q.device, tma)
+def problem_of(call: Call) -> Problem:
+    """The Problem of a validated call (vflash.call.Call). Its TMA fitness: q, k, v (and a given out)
+    suit TMA (ops.tma.tma_ready; an out the launcher allocates is contiguous, which does); against a
+    KV cache, q (and out) do and both caches merge into rows TMA can address (ops.tma.cache_ready)."""
+    q, layout = call.q, call.layout
+    given = (q,) if call.out is None else (q, call.out)
+    if isinstance(layout, Cache):
+        tma = all(map(tma_ready, given)) and cache_ready(call.k) and cache_ready(call.v)
+    else:
+        tma = all(map(tma_ready, given + (call.k, call.v)))
+    return Problem(q.dtype, call.head_dim, call.batch, call.heads_q, call.n_q, call.n_k, call.band, q.device, tma,
+                   varlen=layout is not None)
 
 
-def varlen_problem_of(q: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int, band: Band,
-                      kv: Optional[Tuple[torch.Tensor, ...]] = None) -> Problem:
-    """The Problem of a call on packed queries q [total_q, Hq, D] (varlen, or against a
-    KV cache): batch sequences, the longest of max_seqlen_q queries and max_seqlen_k keys.
-    kv: the packed k and v (and a preallocated out) of an attention_varlen call, for the
-    TMA check; None (a KV cache) counts as unfit for TMA."""
-    tma = kv is not None and all(map(tma_ready, (q, *kv)))
-    return Problem(q.dtype, q.shape[2], batch, q.shape[1], max_seqlen_q, max_seqlen_k, band, q.device, tma,
-                   varlen=True)
-
-
-def kvcache_problem_of(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int,
-                       max_seqlen_q: int, capacity: int, band: Band, out: Optional[torch.Tensor] = None) -> Problem:
-    """The Problem of an attention_with_kvcache call: packed queries q [total_q, Hq, D]
-    against caches of `capacity` keys a sequence; TMA-fit when q (and a given out, rows
-    [total_q, Hq, D]) suits TMA and both caches merge into rows TMA can address
-    (ops.tma.cache_ready)."""
-    p = varlen_problem_of(q, batch, max_seqlen_q, capacity, band)
-    tma = (all(map(tma_ready, (q,) if out is None else (q, out)))
-           and all(map(cache_ready, (k_cache, v_cache))))
-    return dataclasses.replace(p, tma_ok=tma)
+def choose(call: Call, kernel: Optional[str] = None) -> Choice:
+    """The forward's kernel and tiles for `call`: `select` for dense and packed calls, `select_kvcache`
+    against a KV cache."""
+    layout = call.layout
+    if isinstance(layout, Cache):
+        return select_kvcache(problem_of(call), call.heads_kv, layout.num_splits, layout.batch_invariant,
+                              call.page_size)
+    return select(problem_of(call), kernel)
 
 
 def _sm90(device_index: int) -> Tuple[bool, int]:
@@ -192,7 +184,7 @@ def _pow2(n: int) -> int:
 def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, batch_invariant: bool = False,
                    page_size: int = 0) -> Choice:
     """The kernel, tiles and split count of `attention_with_kvcache`: `p` from
-    kvcache_problem_of (its TMA check covers the caches), n_k the cache's
+    problem_of (its TMA check covers the caches), n_k the cache's
     capacity a sequence (the longest a sequence can be without a host sync);
     page_size 0 for a contiguous cache. num_splits forces the split count;
     batch_invariant fixes the tiles and a sequence's split count by its own length

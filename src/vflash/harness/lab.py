@@ -13,6 +13,7 @@ and change with the kernels.
 
 Masks and tiles
   Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
+  Score, Call, Packed, Cache          a call's score options, a validated call and its layouts (vflash.call)
   PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
   MetadataTiles
 Launchers with their tiles forced (nothing validated, no plan recorded), the kernel the tiles name
@@ -49,7 +50,8 @@ from vflash.ops import plans as _plans
 from vflash.ops import attention as _attention
 from vflash.ops import tiles as _tiles
 from vflash.ops.attention_bwd import attention_backward
-from vflash.ops.band import Band, mask_band, sequence_band
+from vflash.call import ATTENTION, ATTENTION_KVCACHE, Band, Cache, Call, Packed, Score
+from vflash._validate import mask_band, sequence_band
 from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
@@ -58,7 +60,7 @@ from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Ho
                               MetadataTiles, PortableTiles)
 
 __all__ = [
-    "Band", "mask_band", "sequence_band",
+    "Band", "mask_band", "sequence_band", "Score", "Call", "Packed", "Cache",
     "PortableTiles", "HopperTiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
     "MetadataTiles",
     "kernel_of", "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
@@ -129,9 +131,11 @@ def triton_launcher_only():
 
 
 clear_plans = _plans.clear  # forget every recorded plan (tiles or tables changed, or a first call to time)
-plan_key = _plans.plan_key  # (q, k, v, causal, scale, window, softcap, return_lse): vflash.attention's key
-kvcache_plan_key = _plans.kvcache_plan_key  # vflash.attention_with_kvcache's key (its arguments, in order)
-lookup_plan = _plans.lookup  # (key, *inputs): the plan recorded for key that may run now, or None
+# vflash.attention's key, of its arguments in vflash.call.ATTENTION's order (q, k, v, causal, window, scale,
+# softcap, return_lse)
+plan_key = _plans.key_function(ATTENTION)
+kvcache_plan_key = _plans.key_function(ATTENTION_KVCACHE)  # attention_with_kvcache's, vflash.call's order
+lookup_plan = _plans.lookup  # (key): the plan recorded for key that may run now, or None
 
 
 def recorded_plans() -> list:
@@ -146,7 +150,7 @@ HAVE_GLUON = _gluon.HAVE_GLUON  # whether this Triton has Gluon (the sm_90 kerne
 CONSUMER_ROWS = _tiles.CONSUMER_ROWS  # query rows a consumer warpgroup of the forward
 CONSUMER_REGS = _tiles.CONSUMER_REGS  # {(consumers, CTAs an SM): registers a consumer thread}: the builds that fit
 hopper_grid = _hopper.grid  # (B, Hq, Nq, block_m, sms, right_edge, ctas_per_sm, dynamic): the forward's grid
-# (q, k, v, out, lse, counter, band, scale, softcap, tiles, sms): the forward's launch with these tiles
+# (q, k, v, out, lse, counter, band, score, tiles, sms): the forward's launch with these tiles
 hopper_launch = _hopper.build
 hopper_dq_launch = _hopper_bwd.dq_launch  # the backward's dQ launch with its tiles (block_m, block_n, stages)
 hopper_dkdv_launch = _hopper_bwd.dkdv_launch  # the backward's dK / dV launch with its tiles

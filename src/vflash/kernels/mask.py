@@ -5,7 +5,7 @@ Query row i sees key j when
     i + off - left <= j <= i + off + right        (left/right < 0: unbounded)
 
 The launcher folds causal mode, window and Nq != Nk into (off, left, right)
-(`vflash.ops.band`); the kernels never see "causal". For a tile of rows the key
+(`vflash.call`); the kernels never see "causal". For a tile of rows the key
 range splits into three stretches:
 
     [lo, full_lo)       masked: tiles crossing the left edge of the band

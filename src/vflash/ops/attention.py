@@ -1,37 +1,101 @@
 """Launcher of the attention forward: outputs, the chosen kernel's arguments,
 the launch, and its plan.
 
-Inputs are validated (vflash._validate), the band is folded (vflash.ops.band)
-and the kernel and tiles chosen (vflash.dispatch) before this runs.
+`forward(call, choice)` runs one validated call (vflash.call.Call: vflash._validate
+made it, vflash.dispatch chose its kernel and tiles) through the launcher of its
+layout: dense, packed (varlen) or against a KV cache. A layout's metadata values
+(cu_seqlens, cache_seqlens, block_table) are checked here, before the launch, and by
+the recorded plan before each repeat (vflash.ops.metadata).
 """
 
-from typing import Callable, Hashable, Optional, Tuple, Union
+from typing import Callable, Hashable, Optional, Sequence, Tuple, Union
 
 import torch
 
 from vflash import _backend
 from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
+from vflash.call import Band, Call, Packed, Score
 from vflash.ops import hopper as hopper_launch
+from vflash.ops import metadata
 from vflash.ops import launch as launches
-from vflash.ops.band import Band
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
-from vflash.ops.tiles import HopperTiles, KVCacheTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import HopperTiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
-KVCACHE_INPUTS = ("q", "k_cache", "v_cache", "cache_seqlens", "cu_seqlens_q", "block_table")
+KVCACHE_INPUTS = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "cu_seqlens_q")
 RETURNS = ("out", "lse")
 SCRATCH_NAMES = ("o_part", "lse_part", "arrivals")
 
 
+def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, plan_key: Optional[Hashable] = None,
+            plan_inputs: Optional[Sequence[str]] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run `call` on dispatch's `choice` (its kernel and tiles): (out, lse or None) in the
+    layout's shapes (see each launcher). A packed or cached call whose layout asks for it has
+    its metadata's values checked first, with `check_tiles`, and so does each repeat of the
+    plan recorded under `plan_key`, a plan called with the tensors and options named
+    `plan_inputs` (an entry point's vflash.call.Spec names; default: the launcher's tensors)."""
+    layout = call.layout
+    common = dict(band=call.band, score=call.score, return_lse=call.return_lse, tiles=choice.tiles,
+                  kernel=choice.kernel, plan_key=plan_key, plan_inputs=plan_inputs)
+    if layout is None:
+        return attention_forward(call.q, call.k, call.v, **common)
+    if isinstance(layout, Packed):
+        admit = None
+        if layout.check_metadata:
+            check = metadata.checker(call, check_tiles)
+            check(layout.cu_seqlens_q, layout.cu_seqlens_k)
+            admit = _admit(check, plan_inputs, ("cu_seqlens_q", "cu_seqlens_k"))
+        return attention_varlen_forward(call.q, call.k, call.v, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                                        layout.max_seqlen_q, top_left=layout.top_left, plan_admit=admit, **common)
+    admit = None
+    if layout.check_metadata:
+        check = metadata.checker(call, check_tiles)
+        check(layout.cache_seqlens, layout.block_table, layout.cu_seqlens_q)
+        admit = _admit(check, plan_inputs, ("cache_seqlens", "block_table", "cu_seqlens_q"))
+    if layout.out_guard is not None:
+        guard, names = layout.out_guard, KVCACHE_INPUTS
+        admit = _guarded(admit, guard, plan_inputs, names)
+    return attention_kvcache_forward(call.q, call.k, call.v, layout.cache_seqlens, layout.block_table,
+                                     layout.cu_seqlens_q, layout.max_seqlen_q, out=call.out,
+                                     plan_out_shape=tuple(layout.q_shape), plan_admit=admit, **common)
+
+
+def _admit(check: Callable, names: Optional[Sequence[str]], wanted: Sequence[str]) -> Optional[Callable]:
+    # a plan's admit: the metadata check of the arguments `wanted`, found by name among a repeat's
+    if names is None:
+        return None  # a plan of the launcher's own tensors only (the custom ops'): unchecked, as they ask
+    at = tuple(names.index(n) for n in wanted)
+
+    def admit(*args) -> bool:
+        check(*(args[i] for i in at))
+        return True
+    return admit
+
+
+def _guarded(admit: Optional[Callable], guard: Callable, names: Optional[Sequence[str]],
+             inputs: Sequence[str]) -> Optional[Callable]:
+    # a plan's admit that also runs only where the caller's out (the last argument) overlaps no input
+    if names is None:
+        return admit
+    at = tuple(names.index(n) for n in inputs)
+    out_at = names.index("out")
+
+    def admit_out(*args) -> bool:
+        if not guard(args[out_at], tuple(args[i] for i in at)):
+            return False
+        return admit is None or admit(*args)
+    return admit_out
+
+
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-    band: Band, scale: float, softcap: Optional[float], return_lse: bool,
+    band: Band, score: Score, return_lse: bool,
     tiles: Union[PortableTiles, HopperTiles], kernel: str,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-    plan_key: Optional[Hashable] = None,
+    plan_key: Optional[Hashable] = None, plan_inputs: Optional[Sequence[str]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 (or None).
 
@@ -39,7 +103,7 @@ def attention_forward(
     the Gluon one) and its `tiles` are dispatch's choice. `out` (any strides) and `lse` (contiguous) may be passed
     preallocated, e.g. poisoned with NaN by tests that check every element is
     written. With a `plan_key` (vflash.ops.plans) the launch is recorded for
-    later calls.
+    later calls, called with the arguments `plan_inputs` names (q, k and v first).
     """
     fresh_out = out is None
     B, Hq, Nq, D = q.shape
@@ -61,25 +125,27 @@ def attention_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    launch = _FORWARD[kernel](q, k, v, out, lse, band, scale, softcap, tiles)
+    launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
-        launches.record(plan_key, launch, compiled, INPUTS, allocs, RETURNS, q.device.index)
+        launches.record(plan_key, launch, compiled, plan_inputs or INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
 
 
 def attention_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int, *, band: Band, top_left: bool, scale: float, softcap: Optional[float], return_lse: bool,
+    max_seqlen_q: int, *, band: Band, top_left: bool, score: Score, return_lse: bool,
     tiles: Union[PortableTiles, HopperTiles], kernel: str, out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
+    plan_inputs: Optional[Sequence[str]] = None, plan_admit: Optional[Callable[..., bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
-    (or None). `band` is `ops.band.sequence_band`'s; each sequence's offset comes
+    (or None). `band` is `_validate.sequence_band`'s; each sequence's offset comes
     from its own lengths (Nk - Nq, or 0 with `top_left`). `kernel` and `tiles` as in
     attention_forward. `out` (any strides; unit last stride for sm90)
     and `lse` (contiguous) may be passed preallocated. With a `plan_key` the launch
-    is recorded as attention_forward's is, its inputs VARLEN_INPUTS."""
+    is recorded as attention_forward's is (plan_inputs default VARLEN_INPUTS), `plan_admit`
+    run before each repeat (plans.LaunchPlan.admit)."""
     fresh_out = out is None
     total_q, Hq, D = q.shape
     if out is None:
@@ -99,19 +165,21 @@ def attention_varlen_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    launch = _FORWARD[kernel](q, k, v, out, lse, band, scale, softcap, tiles, varlen=varlen)
+    launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles, varlen=varlen)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
-        launches.record(plan_key, launch, compiled, VARLEN_INPUTS, allocs, RETURNS, q.device.index)
+        launches.record(plan_key, launch, compiled, plan_inputs or VARLEN_INPUTS, allocs, RETURNS, q.device.index,
+                        admit=plan_admit)
     return out, lse
 
 
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
-    scale: float, softcap: Optional[float], return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles], kernel: str,
+    score: Score, return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles], kernel: str,
     out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
-    plan_out_shape: Optional[Tuple[int, ...]] = None, plan_guard: Optional[Callable[..., bool]] = None,
+    plan_inputs: Optional[Sequence[str]] = None, plan_out_shape: Optional[Tuple[int, ...]] = None,
+    plan_admit: Optional[Callable[..., bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Queries q [total_q, Hq, D] against KV caches: sequence b's keys are the first
     cache_seqlens[b] rows of its cache (paged [pages, page_size, Hkv, D] with
@@ -124,8 +192,8 @@ def attention_kvcache_forward(
     launch is recorded (vflash.ops.plans), its out allocated as `plan_out_shape` (the
     caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given; a given `out`
     (rows [total_q, Hq, D], unit stride in D) is written instead, and its plan takes the
-    caller's out (of the key's metadata) as its last input, run where `plan_guard` passes
-    (plans.LaunchPlan.guard). kernel "sm90" (chunked prefill on sm_90, HopperTiles): the Gluon
+    caller's out (of the key's metadata) as the input named "out" in `plan_inputs` (default
+    KVCACHE_INPUTS and "out"), run where `plan_admit` passes (plans.LaunchPlan.admit). kernel "sm90" (chunked prefill on sm_90, HopperTiles): the Gluon
     kernel's KV_CACHE build, unsplit and unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -140,7 +208,7 @@ def attention_kvcache_forward(
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
             cu_seqlens_q = torch.arange(0, (batch + 1) * max_seqlen_q, max_seqlen_q, dtype=torch.int32,
                                         device=q.device)
-        launch = _hopper_launch(q, k_cache, v_cache, out, lse, band, scale, softcap, tiles,
+        launch = _hopper_launch(q, k_cache, v_cache, out, lse, band, score, tiles,
                                 varlen=(cu_seqlens_q, None, max_seqlen_q, False), cache=(cache_seqlens, block_table))
         launches.run(launch, q.device)
         return out, lse
@@ -161,14 +229,14 @@ def attention_kvcache_forward(
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *split_strides, total_q,
-        band.left, band.right, *score_scales(scale, softcap),
+        band.left, band.right, *score_scales(score),
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
-        HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
+        HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, **_dot_flags(q),
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
@@ -192,17 +260,19 @@ def attention_kvcache_forward(
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
             splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
-        inputs = KVCACHE_INPUTS + (() if fresh_out else ("out",))
-        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch, plan_guard)
+        inputs = tuple(plan_inputs or KVCACHE_INPUTS + ("out",))
+        if fresh_out:  # the plan allocates out: a caller's out argument (None) is not its source
+            inputs = tuple("" if name == "out" else name for name in inputs)
+        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch,
+                        admit=plan_admit)
     return out, lse
 
 
-def _hopper_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float], tiles: HopperTiles,
-                   **kv) -> KernelLaunch:
+def _hopper_launch(q, k, v, out, lse, band: Band, score: Score, tiles: HopperTiles, **kv) -> KernelLaunch:
     """ops.hopper.build for this device's SMs, with a fresh work-tile counter under DYNAMIC;
     kv: build's varlen / cache."""
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-    return hopper_launch.build(q, k, v, out, lse, counter, band, scale, softcap, tiles,
+    return hopper_launch.build(q, k, v, out, lse, counter, band, score, tiles,
                                _backend.device_properties(q.device.index).multi_processor_count, **kv)
 
 
@@ -218,8 +288,8 @@ def packed_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     return 0, s_head, s_row, s_dim
 
 
-def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optional[float],
-                     tiles: PortableTiles, varlen: Optional[tuple] = None) -> KernelLaunch:
+def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: PortableTiles,
+                     varlen: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_kernel: grid (row tiles, Hq, B). `varlen`
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D]
     tensors; None for dense [B, H, N, D] ones."""
@@ -240,12 +310,12 @@ def _portable_launch(q, k, v, out, lse, band: Band, scale: float, softcap: Optio
         *strides,
         Hq, Hq // Hkv, Nq, Nk,
         band.off, band.left, band.right,
-        *score_scales(scale, softcap),
+        *score_scales(score),
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
-        HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
+        HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,
         **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
     )

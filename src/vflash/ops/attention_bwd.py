@@ -12,7 +12,7 @@ from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_b
 from vflash.ops import hopper_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
-from vflash.ops.band import Band
+from vflash.call import Band, Score
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import BackwardTiles, head_dim_pad
@@ -26,7 +26,7 @@ PLAN_INPUTS = ("do", "dlse", "q", "k", "v", "out", "lse")
 
 def attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
-    band: Band, scale: float, softcap: Optional[float], tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
+    band: Band, score: Score, tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
     varlen: Optional[tuple] = None, kernel: str = "portable", plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtype and layout, contiguous, for do (any strides) and the
@@ -65,13 +65,13 @@ def attention_backward(
     lse = lse.float().contiguous()
     dlse = None if dlse is None else dlse.float().contiguous()
     out_strides = [t.stride() if varlen is None else packed_strides(t) for t in (dk, dv, dq)]
-    qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
+    qk_scale, softcap_in, softcap_out = score_scales(score)
     common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
-                  HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=softcap is not None,
+                  HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
                   EMULATE_BF16=_backend.emulates_bf16(q),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
-    scalars = (band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
+    scalars = (band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
     names = ("q", "k", "v", "do", "lse", "delta")
     cu_names = () if varlen is None else ("cu_seqlens_q", "cu_seqlens_k")  # right after the outputs
     delta_launch = KernelLaunch(
@@ -82,10 +82,10 @@ def attention_backward(
     if kernel == "sm90":
         do = do if tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
-        dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, scale, softcap, tiles.dkdv.block_m,
+        dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, score, tiles.dkdv.block_m,
                                        tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed)
                 for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",))]
-        dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, scale, softcap, tiles.dq.block_m,
+        dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, score, tiles.dq.block_m,
                                          tiles.dq.block_n, tiles.dq.num_stages, varlen=packed)
     else:
         dkdv = [KernelLaunch(

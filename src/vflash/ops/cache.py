@@ -10,15 +10,23 @@ from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.tiles import CacheWriteTiles
 
 INPUTS = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping")
+# the slot check on the host up to this many slots, else on the device: on the H200's host a checked call
+# took about 250 us for the device's sort and flags whatever the count, where the host's check costs about
+# 0.1 us a slot
+_HOST_SLOT_CHECK = 1024
 
 
 def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                          slot_mapping: torch.Tensor, tiles: CacheWriteTiles,
+                          slot_mapping: torch.Tensor, tiles: CacheWriteTiles, check_metadata: bool = False,
                           plan_key: Optional[Hashable] = None) -> None:
     """Write k_new / v_new [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, D]
     in place, token t at slot slot_mapping[t] (inputs validated by
-    vflash._validate.check_kvcache_write). With a `plan_key` (vflash.ops.plans) the
-    launch is recorded for later calls of the same metadata."""
+    vflash._validate.check_kvcache_write), the slots' values checked first with
+    check_metadata (check_slots). With a `plan_key` (vflash.ops.plans) the launch is
+    recorded for later calls of the same metadata, which check their slots as this one."""
+    num_blocks, block_size = k_cache.shape[:2]
+    if check_metadata:
+        check_slots(slot_mapping, num_blocks, block_size)
     T, H, D = k_new.shape
     if T == 0:
         return
@@ -31,4 +39,41 @@ def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: t
                           dict(num_warps=tiles.num_warps), slots)
     compiled = launches.run(launch, k_cache.device)
     if plan_key is not None and k_cache.device.index == torch.cuda.current_device():
-        launches.record(plan_key, launch, compiled, INPUTS, (), (), k_cache.device.index)
+        def admit(*args) -> bool:  # a repeat's slots checked as this call's
+            check_slots(args[4], num_blocks, block_size)
+            return True
+        launches.record(plan_key, launch, compiled, INPUTS, (), (), k_cache.device.index,
+                        admit=admit if check_metadata else None)
+
+
+def check_slots(slot_mapping: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    """slot_mapping's values (its structure checked by vflash._validate.check_kvcache_write): every slot -1 or a
+    distinct slot of the cache [num_blocks, block_size, ...]. One host sync for CUDA tensors."""
+    if slot_mapping.numel():
+        capacity = num_blocks * block_size
+        if slot_mapping.numel() <= _HOST_SLOT_CHECK:  # a decode step's few slots: one copy to the host
+            slots = slot_mapping.tolist()
+            pad = slots.count(-1)
+            bad = min(slots) < -1 or max(slots) >= capacity or len(set(slots)) != len(slots) - pad + (pad > 0)
+        else:  # a prefill's many: reduced on the device to two flags, one sync
+            s = slot_mapping.to(torch.int64)
+            srt = torch.sort(s).values
+            bad = any(torch.stack([((s < -1) | (s >= capacity)).any(),
+                                   ((srt[1:] == srt[:-1]) & (srt[1:] >= 0)).any()]).tolist())
+        if bad:  # only a bad call walks the slots, to name the first bad one
+            _name_bad_slot(slot_mapping.tolist(), num_blocks, block_size)
+
+
+def _name_bad_slot(slots, num_blocks: int, block_size: int) -> None:
+    capacity = num_blocks * block_size
+    seen = {}
+    for t, s in enumerate(slots):
+        if s == -1:
+            continue
+        if not 0 <= s < capacity:
+            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache's {capacity} slots "
+                             f"({num_blocks} blocks of {block_size}); -1 skips a token")
+        if s in seen:
+            raise ValueError(f"slot_mapping[{t}] = {s} repeats slot_mapping[{seen[s]}]: a slot takes one "
+                             f"token a call")
+        seen[s] = t

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from vflash.kernels import attention_fwd_hopper as hopper
-from vflash.ops.band import Band
+from vflash.call import Band, Score
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
@@ -63,8 +63,8 @@ def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
     return dict(num_warps=4, maxnreg=65536 // (ctas_per_sm * threads) // 8 * 8)
 
 
-def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, scale: float,
-          softcap: Optional[float], tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None,
+def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, score: Score,
+          tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None,
           cache: Optional[tuple] = None) -> KernelLaunch:
     """The launch of attention_fwd_hopper_kernel. `counter` (tiles.dynamic): the
     work-tile counter, one int32 zero, fresh each launch (a shared one would race
@@ -113,7 +113,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *run_descs,
         B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         band.off, band.left, band.right,
-        *score_scales(scale, softcap),
+        *score_scales(score),
     )
     if varlen is None:
         slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", keys),
@@ -135,7 +135,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     slots += (Slot("LSE", "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot("tile_counter", "tile_counter"),)
-    constexprs = _constexprs(D, tiles, band.has_left, band.has_right, softcap is not None, lse is not None,
+    constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
                              varlen is not None, top_left, cache is not None, page_size)
     return KernelLaunch(hopper.attention_fwd_hopper_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),

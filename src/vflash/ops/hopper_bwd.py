@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from vflash.kernels import attention_bwd_hopper as kernels
-from vflash.ops.band import Band
+from vflash.call import Band, Score
 from vflash.ops.tiles import CONSUMER_REGS as CONSUMER_REGS_FWD
 from vflash.ops.tiles import CONSUMER_ROWS
 from vflash.ops.tma import block_shapes, desc_signature, describers, heads_first
@@ -83,7 +83,7 @@ def _described(name: str, describe: Callable, view: Callable) -> Slot:
     return Slot(f"{name}_desc", name, describe if view is None else (lambda t: describe(view(t))))
 
 
-def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, block_m: int = 128,
+def dq_launch(q, k, v, do, lse, delta, dq, band: Band, score: Score, block_m: int = 128,
               block_n: int = 64, stages: int = STAGES, varlen: Optional[tuple] = None) -> KernelLaunch:
     """attention_bwd_dq_hopper_kernel over TMA-ready tensors (ops.tma.tma_ready): dq from q, k, v, do,
     the forward's lse and delta = rowsum(do * out), fp32. Dense: q, do, dq [B, Hq, Nq, D], k, v [B, Hkv,
@@ -92,23 +92,23 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, scale: float, softcap, bl
     sh = _shape(q, k, lse, delta, block_m, block_n, stages, varlen)
     rows, keys = describers(block_n, sh.head_dim, q.dtype)
     view = None if varlen is None else sh.view
-    qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
+    qk_scale, softcap_in, softcap_out = score_scales(score)
     out_strides = (0, 0) if varlen is None else (dq.stride(0), dq.stride(1))  # the crossing slabs' pointer stores
     args = (rows(sh.view(q)), keys(sh.view(k)), keys(sh.view(v)), rows(sh.view(do)), rows(sh.view(dq)), lse, delta,
             *sh.cu, None if varlen is None else dq,
             sh.batch, sh.heads_q, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
-            band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
+            band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_q * -(-sh.n_q // block_m), 1, 1)
     slots = (_described("q", rows, view), _described("k", keys, view), _described("v", keys, view),
              _described("do", rows, view), _described("dq", rows, view), Slot("LSE", "lse"), Slot("DELTA", "delta"))
     if varlen is not None:
         slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("DQ", "dq"))
-    constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_m, band, softcap is not None, stages,
+    constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_m, band, score.softcap is not None, stages,
                                   varlen is not None, sh.top_left))
     return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
-def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softcap, block_m: int = 64,
+def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, score: Score, block_m: int = 64,
                 block_n: int = 128, stages: int = STAGES, outputs: str = "dk dv",
                 varlen: Optional[tuple] = None) -> KernelLaunch:
     """attention_bwd_dkdv_hopper_kernel over TMA-ready tensors: dk, dv (k's layout; summed over each KV
@@ -120,14 +120,14 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     sh = _shape(q, k, lse, delta, block_n, block_m, stages, varlen)
     rows, streamed = describers(block_m, sh.head_dim, q.dtype)
     view = None if varlen is None else sh.view
-    qk_scale, softcap_in, softcap_out = score_scales(scale, softcap)
+    qk_scale, softcap_in, softcap_out = score_scales(score)
     if varlen is not None and dk.stride() != dv.stride():
         raise ValueError("the sm90 dK / dV kernel stores packed dk and dv with one set of strides")
     out_strides = (0, 0) if varlen is None else (dk.stride(0), dk.stride(1))
     args = (streamed(sh.view(q)), rows(sh.view(k)), rows(sh.view(v)), streamed(sh.view(do)), rows(sh.view(dk)),
             rows(sh.view(dv)), lse, delta, *sh.cu, *((None, None) if varlen is None else (dk, dv)),
             sh.batch, sh.heads_k, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
-            band.off, band.left, band.right, qk_scale, scale, softcap_in, softcap_out)
+            band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
     grid = (sh.batch * sh.heads_k * -(-sh.n_k // block_n), 1, 1)
     slots = (_described("q", streamed, view), _described("k", rows, view), _described("v", rows, view),
              _described("do", streamed, view), _described("dk", rows, view), _described("dv", rows, view),
@@ -135,7 +135,7 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, scale: float, softc
     if varlen is not None:
         slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("DK", "dk"),
                   Slot("DV", "dv"))
-    constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_n, band, softcap is not None, stages,
+    constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_n, band, score.softcap is not None, stages,
                                   varlen is not None, sh.top_left), WANT_DK="dk" in outputs, WANT_DV="dv" in outputs)
     return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 

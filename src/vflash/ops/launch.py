@@ -103,19 +103,19 @@ def bind(launch: KernelLaunch, compiled, order: Sequence[str], device_index: int
 def record(key: Hashable, launch: KernelLaunch, compiled, inputs: Sequence[str], allocs: Sequence[Alloc],
            returns: Sequence[str], device_index: int,
            scratch: Optional[Tuple[Sequence[str], Callable[[], tuple]]] = None,
-           guard: Optional[Callable[..., bool]] = None) -> None:
+           admit: Optional[Callable[..., bool]] = None) -> None:
     """Record `launch` (just run as `compiled`) as the plan for `key`: the plan
     takes the tensors named `inputs`, allocates `allocs`, fetches `scratch` (names, and
     a function returning those tensors for this call: split-KV's pool), launches, and
-    returns the tensors named `returns` (None for a name it does not have); `guard`:
+    returns the tensors named `returns` (None for a name it does not have); `admit`:
     plans.LaunchPlan's."""
-    record_sequence(key, [(launch, compiled)], inputs, allocs, returns, device_index, scratch, guard)
+    record_sequence(key, [(launch, compiled)], inputs, allocs, returns, device_index, scratch, admit)
 
 
 def record_sequence(key: Hashable, launched: Sequence[Tuple[KernelLaunch, Any]], inputs: Sequence[str],
                     allocs: Sequence[Alloc], returns: Sequence[str], device_index: int,
                     scratch: Optional[Tuple[Sequence[str], Callable[[], tuple]]] = None,
-                    guard: Optional[Callable[..., bool]] = None) -> None:
+                    admit: Optional[Callable[..., bool]] = None) -> None:
     """record for several launches run in order on the same tensors (a kernel and the
     next step of its work, say); nothing is recorded if any of them cannot be bound."""
     names, fetch = scratch if scratch is not None else ((), None)
@@ -130,4 +130,4 @@ def record_sequence(key: Hashable, launched: Sequence[Tuple[KernelLaunch, Any]],
             for b in bound:
                 b(*tensors)
     picks = tuple(order.index(name) if name in order else None for name in returns)
-    plans.record(key, plans.LaunchPlan(run_all, device_index, tuple(allocs), picks, fetch, guard))
+    plans.record(key, plans.LaunchPlan(run_all, device_index, tuple(allocs), picks, fetch, admit))

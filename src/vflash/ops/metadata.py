@@ -1,11 +1,15 @@
-"""Launcher of sequence_metadata_kernel (kernels/metadata.py): the values of a batch's
-sequence metadata (a KV cache's lengths and block table, packed offsets) checked on their
-device, with one host sync to read the verdict."""
+"""The values of a batch's sequence metadata (a KV cache's lengths and block table, packed
+offsets), checked on their device by sequence_metadata_kernel (kernels/metadata.py) with one
+host sync to read the verdict, before a launch that would read out of bounds with them:
+`checker(call, tiles)` for a validated call (vflash.call.Call; its structure is
+vflash._validate's), run by the launcher before the launch and by its plan before each
+repeat. A flagged rule's offender is looked for, to be named in the ValueError, only then."""
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
+from vflash.call import Cache, Call, Packed
 from vflash.kernels.metadata import sequence_metadata_kernel
 from vflash.ops import launch as launches
 from vflash.ops import plans
@@ -38,7 +42,7 @@ def sequence_metadata_flags(batch: int, tiles: MetadataTiles, cache_seqlens: Opt
     key = None
     if cache_seqlens is not None:
         key = plans.op_plan_key("sequence_metadata", (anchor,) + given, (batch, *values, *tiles))
-    plan = plans.lookup(key, anchor)
+    plan = plans.lookup(key)
     if plan is not None:
         (flags,) = plan(anchor, *given)
         return flags.tolist()
@@ -57,3 +61,98 @@ def sequence_metadata_flags(batch: int, tiles: MetadataTiles, cache_seqlens: Opt
         launches.record(key, launch, compiled, INPUTS, (Alloc("flags", (len(FLAGS),), torch.int32, zero=True),),
                         ("flags",), anchor.device.index)
     return flags.tolist()
+
+
+def checker(call: Call, tiles: MetadataTiles) -> Callable[..., None]:
+    """The check of a packed or cached call's metadata values, as a function of the tensors whose
+    values change from call to call (the rest, shapes and maxima, fixed as a plan's key fixes them):
+    check(cu_seqlens_q, cu_seqlens_k) for Packed, check(cache_seqlens, block_table, cu_seqlens_q)
+    for Cache. Each raises ValueError naming the first offender."""
+    layout = call.layout
+    if isinstance(layout, Packed):
+        totals = (call.q.shape[0], call.k.shape[0], layout.max_seqlen_q, layout.max_seqlen_k)
+        return lambda cu_seqlens_q, cu_seqlens_k: check_offsets(cu_seqlens_q, cu_seqlens_k, *totals, tiles)
+    assert isinstance(layout, Cache)
+    pages, rows = call.k.shape[0], call.k.shape[1]
+    total_q = call.q.shape[0]
+    max_seqlen_q = layout.max_seqlen_q
+    return lambda cache_seqlens, block_table, cu_seqlens_q: check_cache(
+        cache_seqlens, block_table, cu_seqlens_q, pages, rows, total_q, max_seqlen_q, tiles)
+
+
+def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                  max_seqlen_q: int, max_seqlen_k: int, tiles: MetadataTiles) -> None:
+    """cu_seqlens' values: 0 first, non-decreasing, the packed length last, no sequence longer than its
+    max_seqlen. Under torch.compile the varlen custom op runs it (a traced host read would be a
+    data-dependent graph break)."""
+    batch = cu_seqlens_q.numel() - 1
+    if cu_seqlens_k.numel() != batch + 1:  # vflash._validate's, again for the custom op's own call
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length [batch + 1], got "
+                         f"{batch + 1} and {cu_seqlens_k.numel()}")
+    flags = sequence_metadata_flags(batch, tiles, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                    total_q=total_q, max_seqlen_q=max_seqlen_q, total_k=total_k,
+                                    max_seqlen_k=max_seqlen_k)
+    for flag, name, cu, total, longest in ((flags[2], "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                           (flags[3], "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        if flag:
+            _name_bad_offset(name, cu.tolist(), total, longest)
+            _flagged(_OFFSETS_RULE.format(name=name, longest=longest))
+
+
+def check_cache(cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                cu_seqlens_q: Optional[torch.Tensor], pages: int, rows: int, total_q: int, max_seqlen_q: int,
+                tiles: MetadataTiles) -> None:
+    """A KV-cache call's values: every sequence's length within its capacity, every page it uses a
+    page of the cache (`pages` of `rows` rows; a contiguous cache is one page a sequence), cu_seqlens_q
+    (packed q) 0, non-decreasing to total_q in steps of at most max_seqlen_q. The tables of a large
+    batch hold 10^5-10^6 entries: no loop over them on the host."""
+    capacity = rows * (1 if block_table is None else block_table.shape[1])
+    packed = cu_seqlens_q is not None
+    batch = cache_seqlens.numel()
+    bad_len, bad_page, bad_offsets, _ = sequence_metadata_flags(
+        batch, tiles, cache_seqlens, block_table, cu_seqlens_q, capacity=capacity, page_size=rows,
+        num_pages=pages, total_q=total_q if packed else 0, max_seqlen_q=max_seqlen_q if packed else 0)
+    holds = "block_table row holds" if block_table is not None else "cache row holds"
+    if bad_len:
+        lens = cache_seqlens.long()
+        for b in ((lens < 0) | (lens > capacity)).nonzero()[:1, 0].tolist():
+            raise ValueError(f"cache_seqlens[{b}] = {int(cache_seqlens[b])} is outside 0..{capacity}, the rows "
+                             f"sequence {b}'s {holds}")
+        _flagged(f"cache_seqlens must lie within 0..{capacity}, the rows a sequence's {holds}")
+    if bad_page:
+        lens = cache_seqlens.long()
+        used = torch.arange(block_table.shape[1], device=lens.device)[None, :] < ((lens + rows - 1) // rows)[:, None]
+        for b, j in (used & ((block_table < 0) | (block_table >= pages))).nonzero()[:1].tolist():
+            n, page = int(cache_seqlens[b]), int(block_table[b, j])
+            raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the cache (0..{pages - 1}); "
+                             f"sequence {b} uses it for its keys {j * rows}..{min(n, (j + 1) * rows) - 1}")
+        _flagged(f"the block_table entries of the pages a sequence uses must be pages of the cache "
+                 f"(0..{pages - 1})")
+    if bad_offsets:
+        _name_bad_offset("cu_seqlens_q", cu_seqlens_q.tolist(), total_q, max_seqlen_q)
+        _flagged(_OFFSETS_RULE.format(name="cu_seqlens_q", longest=max_seqlen_q))
+
+
+_OFFSETS_RULE = "{name} must run from 0 to the packed length, non-decreasing, in steps of at most {longest}"
+
+
+def _flagged(rule: str) -> None:
+    # the device check's verdict where the host's search for the offender found none (never, while the two
+    # read the rule alike): the rule, unnamed
+    raise ValueError(f"{rule} (the metadata check flagged it)")
+
+
+def _name_bad_offset(name: str, offsets, total: int, longest: int) -> None:
+    tensor = "q" if name.endswith("_q") else "k and v"
+    if offsets[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {offsets[0]}")
+    for i in range(len(offsets) - 1):
+        length = offsets[i + 1] - offsets[i]
+        if length < 0:
+            raise ValueError(f"{name} must be non-decreasing: sequence {i} runs from {offsets[i]} to "
+                             f"{offsets[i + 1]}")
+        if length > longest:
+            raise ValueError(f"sequence {i} has {length} rows ({name}[{i + 1}] - {name}[{i}]), more than "
+                             f"max_seqlen_{name[-1]} = {longest}")
+    if offsets[-1] != total:
+        raise ValueError(f"{name}[-1] must be the packed length of {tensor} ({total}), got {offsets[-1]}")

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
 import torch
 
 from vflash import _backend
+from vflash.call import Spec
 
 MAX_PLANS = 4096  # distinct (metadata, options) keys kept; the table is cleared when full
 
@@ -36,20 +37,22 @@ class LaunchPlan:
     launch(*inputs, *allocations, *scratch) runs the kernel; `allocs` are the
     outputs allocated per call (vflash.ops.launch.Alloc), zero-filled where asked
     (a work-tile counter); `scratch()`, where given, returns the call's scratch
-    tensors (split-KV's, from vflash.ops.scratch: the current stream's pool). `guard`, where
-    given, is what the caller checks before running the plan on this call's tensors beyond
-    their metadata (attention_with_kvcache: that a caller's out overlaps no input)."""
+    tensors (split-KV's, from vflash.ops.scratch: the current stream's pool). `admit`, where
+    given, is what the caller runs on the call's arguments before the plan, beyond their
+    metadata: the metadata's values checked (a ValueError naming the offender), and False where
+    the full path must take the call instead (attention_with_kvcache: a caller's out that
+    overlaps an input)."""
 
-    __slots__ = ("launch", "device_index", "allocs", "picks", "scratch", "guard", "like_first")
+    __slots__ = ("launch", "device_index", "allocs", "picks", "scratch", "admit", "like_first")
 
     def __init__(self, launch: Callable, device_index: int, allocs: tuple, picks: Tuple[Optional[int], ...],
-                 scratch: Optional[Callable[[], tuple]] = None, guard: Optional[Callable[..., bool]] = None):
+                 scratch: Optional[Callable[[], tuple]] = None, admit: Optional[Callable[..., bool]] = None):
         self.launch = launch
         self.device_index = device_index
         self.allocs = allocs
         self.picks = picks
         self.scratch = scratch
-        self.guard = guard
+        self.admit = admit
         self.like_first: Optional[Tuple[bool, ...]] = None  # set by the first call
 
     def __call__(self, *inputs: torch.Tensor):
@@ -85,56 +88,43 @@ def _planned(q: torch.Tensor) -> bool:
     return q.is_cuda and not _backend.INTERPRET_ALL
 
 
-def plan_key(q, k, v, causal, scale, window, softcap, return_lse) -> Optional[Hashable]:
-    """The call's metadata key, or None where plans do not apply. An option that
-    cannot be hashed leaves the key unhashable; lookup and record skip it (hashing
-    here as well would cost every call a second hash of the key)."""
-    try:
-        if not _planned(q):
-            return None
-        if window is not None:
-            window = (window.__class__, *[(w.__class__, w) for w in window])
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-               q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-               q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15,
-               causal.__class__, causal, scale.__class__, scale, window, softcap.__class__, softcap,
-               return_lse.__class__, return_lse)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
-        return None
-    return key
-
-
-def _meta(t) -> Optional[tuple]:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-
-
-def kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, scale,
-                     window, softcap, num_splits, batch_invariant, return_lse,
-                     check_metadata, out=None) -> Optional[Hashable]:
-    """attention_with_kvcache's key: the tensors' metadata (not cache_seqlens' values:
-    a generation loop's growing lengths keep one plan; a given out's, None without) and
-    the options. A checked call's repeat runs the metadata's value check
-    (vflash._validate.check_kvcache_metadata) before its plan."""
-    try:
-        if check_metadata.__class__ is not bool or not _planned(q):
-            return None
-        if window is not None:
-            window = (window.__class__, *[(w.__class__, w) for w in window])
-        key = ("kvcache", _meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table),
-               _meta(cu_seqlens_q), max_seqlen_q.__class__, max_seqlen_q, causal.__class__, causal,
-               scale.__class__, scale, window, softcap.__class__, softcap, num_splits.__class__, num_splits,
-               batch_invariant.__class__, batch_invariant, return_lse.__class__, return_lse, check_metadata,
-               _meta(out))
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options: the full path decides
-        return None
-    return key
+def key_function(spec: Spec) -> Callable[..., Optional[Hashable]]:
+    """The plan key of `spec`'s entry point as a function of its arguments in order (vflash.call.Spec):
+    the entry's name, each tensor's metadata (None where absent), each option's type and value, or None
+    where plans do not apply (the first tensor not a compiled CUDA launch's, a "flag" not a bool, an
+    argument not what its kind says: the full path decides). An option that cannot be hashed leaves
+    the key unhashable; lookup and record skip it (hashing here as well would cost every call a second
+    hash of the key). Generated once per spec, as plain code: a repeat call's key costs what a
+    hand-written one does."""
+    params = spec.names
+    first = params[0]
+    lines = [f"def key({', '.join(params)}):", "    try:",
+             f"        if not _planned({first}):", "            return None"]
+    parts = [repr(spec.name)]
+    for i, (name, kind) in enumerate(spec.params):
+        if kind == "tensor":
+            meta = (f"{name}.shape, {name}.stride(), {name}.dtype, {name}.device, {name}.data_ptr() & 15")
+            parts.append(meta if i == 0 else f"None if {name} is None else ({meta})")
+        elif kind == "option":
+            parts.append(f"{name}.__class__, {name}")
+        elif kind == "pair":
+            parts.append(f"None if {name} is None else ({name}.__class__, *[(w.__class__, w) for w in {name}])")
+        elif kind == "flag":
+            lines += [f"        if {name}.__class__ is not bool:", "            return None"]
+            parts.append(name)
+        else:
+            raise ValueError(f"{spec.name}: unknown argument kind {kind!r} of {name}")
+    lines += [f"        return ({', '.join(parts)})",
+              "    except (AttributeError, TypeError, RuntimeError):  # not tensors, odd options",
+              "        return None"]
+    made = {}
+    exec("\n".join(lines), globals(), made)  # noqa: S102 (code made from the spec's names above)
+    return made["key"]
 
 
 def op_plan_key(op: str, tensors: Sequence[Optional[torch.Tensor]], options: tuple) -> Optional[Hashable]:
-    """The key of a call of one of vflash.library's custom ops (already validated upstream): `op`'s
-    name, its tensors' metadata (None where an optional tensor is absent) and its options, each
-    with its type. The ops' plans serve the calls autograd records (training), which the API's
-    plans leave to the full path."""
+    """The key of an internal launch's plan (the metadata check's): `op`'s name, its tensors' metadata
+    (None where an optional tensor is absent) and its options, each with its type."""
     try:
         if not _planned(tensors[0]):
             return None
@@ -144,8 +134,13 @@ def op_plan_key(op: str, tensors: Sequence[Optional[torch.Tensor]], options: tup
     return key
 
 
-def lookup(key: Optional[Hashable], *inputs: torch.Tensor) -> Optional[LaunchPlan]:
-    """The plan recorded for key, if it may run now."""
+def _meta(t) -> Optional[tuple]:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def lookup(key: Optional[Hashable]) -> Optional[LaunchPlan]:
+    """The plan recorded for key, if it may run now (a caller whose full path refuses inputs that
+    require grad checks that before running it)."""
     if key is None:
         return None
     try:
@@ -154,10 +149,6 @@ def lookup(key: Optional[Hashable], *inputs: torch.Tensor) -> Optional[LaunchPla
         return None
     if plan is None:
         return None
-    if torch.is_grad_enabled():
-        for t in inputs:
-            if t.requires_grad:
-                return None  # the full path refuses this call
     if _current_device() != plan.device_index:
         return None  # the full path switches devices around its launch
     return plan

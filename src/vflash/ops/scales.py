@@ -1,14 +1,17 @@
 """The score scales both forward kernels take."""
 
-from typing import Optional, Tuple
+from typing import Tuple
+
+from vflash.call import Score
 
 LOG2E = 1.4426950408889634
 
 
-def score_scales(scale: float, softcap: Optional[float]) -> Tuple[float, float, float]:
+def score_scales(score: Score) -> Tuple[float, float, float]:
     """(qk_scale, softcap_in, softcap_out): the scale with log2(e) folded in (the
     kernels use exp2), and for softcap the tanh's input scale, scale / cap, and its
     output scale, cap * log2(e) (1.0 and 1.0 without softcap)."""
+    scale, softcap = score.scale, score.softcap
     if softcap is None:
         return scale * LOG2E, 1.0, 1.0
     return scale * LOG2E, scale / softcap, softcap * LOG2E
