@@ -6,7 +6,7 @@
 # (the device gets a copy of the tree without .git: VFLASH_COMMIT names the commit in env records)
 # A cold machine (empty Triton cache) needs ~380 s for `tests`; keep the call's limit above the sum, and run
 # tests_kernels and tests_rest (the whole GPU suite) each alone in its call.
-# HOPPER_TIMEOUT (seconds, default 300) bounds the hopper_variants step; HOPPER_ARTICLE=1 times the article's shapes,
+# HOPPER_TIMEOUT (seconds, default 300) bounds the sm90_variants step; HOPPER_ARTICLE=1 times the article's shapes,
 # HOPPER_GRAPHS=1 times each candidate's CUDA graph (short calls: the kernel, not Python's launch path),
 # HOPPER_ROUNDS=R times every candidate R times in alternating order (one pass is not evidence for a few per cent).
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
@@ -15,8 +15,8 @@
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_hopper host_hopper_old hopper_launcher hopper_variants profile_hopper profile_decode
-  profile_decode_full bwd_hopper bwd_host decode_host decode_trees ab_trees"
+  launch_overhead host_sm90 host_sm90_old sm90_launcher sm90_variants profile_sm90 profile_decode
+  profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -64,7 +64,7 @@ for step in "$@"; do
     check) # the full GPU matrix (244 cases): 437 s on a cold H200
            timeout ${CHECK_TIMEOUT:-560} python3 -m vflash check --log "$R/check_gpu.log" | tail -3 ;;
     tests) VFLASH_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider \
-             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_hopper.py \
+             tests/test_gpu.py tests/test_attention.py tests/test_plans.py tests/test_sm90.py \
              > "$R/pytest_gpu.txt" 2>&1
            tail -2 "$R/pytest_gpu.txt" ;;
     memory) timeout 90 python3 -m vflash memory --out "$R/memory.csv" ;;
@@ -84,7 +84,7 @@ for step in "$@"; do
             --dtype fp16 --methods vflash,sdpa_flash,sdpa_cudnn --out "$R/d256_fp16.csv" | tail -3 ;;
     # The whole GPU suite in two calls (16 workers on the H200: 524 s and 197 s, a warm Triton cache).
     tests_kernels) gpu_tests pytest_gpu_kernels.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
-                     tests/test_hopper.py tests/test_dispatch.py tests/test_backward.py ;;
+                     tests/test_sm90.py tests/test_dispatch.py tests/test_backward.py ;;
     tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
                   tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py \
                   tests/test_distributed.py tests/test_validation.py tests/test_layers.py ;;
@@ -157,29 +157,29 @@ for step in "$@"; do
     tests_some) # a part of the GPU suite: TESTS (pytest arguments, split on spaces), TESTS_K (a -k expression,
                 # spaces kept), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ${TESTS_K:+-k "$TESTS_K"} ;;
-    hopper_launcher) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the
+    sm90_launcher) # the launcher's own Hopper tiles on the feature cases (oracle), then timed against the
             # portable kernel and SDPA
-            timeout 300 python3 -m benchmarks.experiments.hopper_variants --variants launcher \
+            timeout 300 python3 -m benchmarks.experiments.sm90_variants --variants launcher \
               --dims ${HOPPER_DIMS:-64,128,256} --n ${HOPPER_N:-1024,4096,16384} \
-              > "$R/hopper_launcher.txt" 2>&1; tail -20 "$R/hopper_launcher.txt" ;;
-    hopper_variants) timeout ${HOPPER_TIMEOUT:-300} python3 -m benchmarks.experiments.hopper_variants \
+              > "$R/sm90_launcher.txt" 2>&1; tail -20 "$R/sm90_launcher.txt" ;;
+    sm90_variants) timeout ${HOPPER_TIMEOUT:-300} python3 -m benchmarks.experiments.sm90_variants \
               --dims ${HOPPER_DIMS:-64,128,256} --n ${HOPPER_N:-1024,4096,16384} --causal ${HOPPER_CAUSAL:-0,1} \
               --variants "${HOPPER_VARIANTS:-}" \
               ${HOPPER_TIME_ONLY:+--time-only} ${HOPPER_ARTICLE:+--article} ${HOPPER_GRAPHS:+--graphs} \
               --rounds ${HOPPER_ROUNDS:-1} \
-              >> "$R/hopper_variants.txt" 2>&1
-               tail -40 "$R/hopper_variants.txt" ;;
-    profile_hopper) # Nsight Compute on one launch of the Hopper kernel per shape
+              >> "$R/sm90_variants.txt" 2>&1
+               tail -40 "$R/sm90_variants.txt" ;;
+    profile_sm90) # Nsight Compute on one launch of the sm90 kernel per shape
              # ("D:N[:causal[:Q buffers[:tiles]]]", PROFILE_SHAPES; e.g. 128:512:causal:2, or
              # 128:1024:causal::short for one consumer a CTA).
              # PROFILE_BACKWARD=1: forward and backward calls, the kernel PROFILE_KERNEL (default
-             # dkdv_hopper; dq_hopper the other) profiled.
+             # dkdv_sm90; dq_sm90 the other) profiled.
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
                IFS=: read -r d n c qb tl <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}${tl:+_$tl}
-               kernel=hopper
-               if [ -n "${PROFILE_BACKWARD:-}" ]; then kernel=${PROFILE_KERNEL:-dkdv_hopper}; name=${name}_$kernel; fi
+               kernel=sm90
+               if [ -n "${PROFILE_BACKWARD:-}" ]; then kernel=${PROFILE_KERNEL:-dkdv_sm90}; name=${name}_$kernel; fi
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:$kernel --launch-skip 3 \
-                 --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_hopper --d "$d" \
+                 --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_sm90 --d "$d" \
                  --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} \
                  ${PROFILE_BACKWARD:+--backward} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
@@ -189,16 +189,16 @@ for step in "$@"; do
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
-    bwd_hopper) # the sm_90 backward kernels against the portable ones (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES /
+    bwd_sm90) # the sm_90 backward kernels against the portable ones (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES /
                 # HOPPER_DKDV_TILES "m:n ...", BWD_APART=1: dK and dV apart, D 256; BWD_GRAPHS=1: CUDA graph replays,
                 # BWD_ROUNDS=R: the dK / dV tiles and the whole backward R times, in turn; BWD_PAIRED=1: the whole
                 # backward for each dQ / dK-dV tile pair)
-             timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_hopper ${BWD_ROWS:+--rows $BWD_ROWS} \
+             timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.bwd_sm90 ${BWD_ROWS:+--rows $BWD_ROWS} \
                ${HOPPER_DQ_TILES:+--tiles $HOPPER_DQ_TILES} ${HOPPER_DKDV_TILES:+--dkdv-tiles $HOPPER_DKDV_TILES} \
                ${BWD_APART:+--apart} ${BWD_GRAPHS:+--graphs} ${BWD_PAIRED:+--paired} \
-               ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_hopper${BWD_APART:+_apart}.csv" \
-               >> "$R/bwd_hopper${BWD_APART:+_apart}.txt" 2>&1
-             tail -30 "$R/bwd_hopper${BWD_APART:+_apart}.txt" ;;
+               ${BWD_ROUNDS:+--rounds $BWD_ROUNDS} --out "$R/bwd_sm90${BWD_APART:+_apart}.csv" \
+               >> "$R/bwd_sm90${BWD_APART:+_apart}.txt" 2>&1
+             tail -30 "$R/bwd_sm90${BWD_APART:+_apart}.txt" ;;
     decode_host) # a planned decode call's host time in pieces (key, lookup, allocations, launches;
                  # DECODE_ROWS "B:KV")
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.decode_host \
@@ -247,14 +247,16 @@ for step in "$@"; do
             SAMPLE_MS=100 sampled shape timeout 120 python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
               --shape ${CLOCKS_SHAPE:-2,16,16,8192,8192,128} --dtype fp16,bf16 --methods vflash,sdpa_cudnn \
               --out "$R/clocks_bench.csv" | tail -4 ;;
-    host_hopper) timeout 90 python3 -m benchmarks.experiments.host_hopper > "$R/host_hopper.txt" 2>&1
-                 cat "$R/host_hopper.txt" ;;
-    host_hopper_old) # the same host measurement by the tree in HOST_OLD, its script and its library (a copy of an
+    host_sm90) timeout 90 python3 -m benchmarks.experiments.host_sm90 > "$R/host_sm90.txt" 2>&1
+                 cat "$R/host_sm90.txt" ;;
+    host_sm90_old) # the same host measurement by the tree in HOST_OLD, its script and its library (a copy of an
               # older checkout, e.g. .ab/old made by `git archive <commit> src benchmarks | tar -x -C .ab/old`;
               # carry it), for a same-run before/after
-              (cd "${HOST_OLD:-.ab/old}" && \
-                PYTHONPATH=$PWD/src:$PWD timeout 90 python3 -m benchmarks.experiments.host_hopper) \
-                > "$R/host_hopper_old.txt" 2>&1; cat "$R/host_hopper_old.txt" ;;
+              # (a tree from before the sm90 rename has the script as host_hopper)
+              (cd "${HOST_OLD:-.ab/old}" && script=host_sm90 && \
+                { [ -f benchmarks/experiments/host_sm90.py ] || script=host_hopper; } && \
+                PYTHONPATH=$PWD/src:$PWD timeout 90 python3 -m "benchmarks.experiments.$script") \
+                > "$R/host_sm90_old.txt" 2>&1; cat "$R/host_sm90_old.txt" ;;
     tune_split) timeout 200 python3 benchmarks/tune.py --split > "$R/tune_split.txt" 2>&1; cat "$R/tune_split.txt" ;;
     tune_article_d256) timeout 200 python3 benchmarks/tune.py --article > "$R/tune_article.txt" 2>&1
                 timeout 200 python3 benchmarks/tune.py --d256 > "$R/tune_d256.txt" 2>&1

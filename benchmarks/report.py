@@ -13,7 +13,7 @@ Usage (from the repository root; `--help` lists them):
 Each folder may hold `vflash bench` CSVs (with <name>.env.json beside them), a
 `vflash memory` CSV (memory.csv), a `vflash check` log (check_gpu.log), the GPU
 suite's log (pytest_gpu.txt), nvidia-smi clock traces (clocks*.csv), host-cost
-records (launch_overhead.txt, host_hopper.txt) and a NOTE.md. Plots are not
+records (launch_overhead.txt, host_sm90.txt) and a NOTE.md. Plots are not
 committed: `vflash plot <csv> --out plots/` draws them from the CSV.
 """
 
@@ -164,9 +164,10 @@ GAP_WHY = {
 
 
 def _host_rows(folder):
-    """{row name: [us, ...]} from a folder's launch_overhead.txt and host_hopper.txt."""
+    """{row name: [us, ...]} from a folder's launch_overhead.txt and host_sm90.txt (host_hopper.txt before
+    the rename)."""
     us = defaultdict(list)
-    for name in ("launch_overhead.txt", "host_hopper.txt"):
+    for name in ("launch_overhead.txt", "host_sm90.txt", "host_hopper.txt"):
         path = os.path.join(folder, name)
         if os.path.exists(path):
             for line in open(path):
@@ -176,8 +177,10 @@ def _host_rows(folder):
     return us
 
 
+# the rows' names, as the runs before the kernels' rename (Hopper) and after (sm90) print them
 _PLANNED = {"portable": ("vflash.attention, planned repeat (fast path)", "planned repeat, portable kernel (D 64)"),
-            "hopper": ("... D = 128 (Hopper kernel)", "planned repeat, Hopper kernel (D 128)")}
+            "sm90": ("... D = 128 (Hopper kernel)", "planned repeat, Hopper kernel (D 128)",
+                     "... D = 128 (sm90 kernel)", "planned repeat, sm90 kernel (D 128)")}
 
 
 def host_gap(folders):
@@ -199,11 +202,11 @@ def host_gap(folders):
             return "?"
         lo, hi = f"{min(xs):.1f}", f"{max(xs):.1f}"
         return lo if lo == hi else f"{lo}-{hi}"
-    plain, hopper = ([x for name in _PLANNED[k] for x in us[name]] for k in ("portable", "hopper"))
-    every = plain + hopper
+    plain, sm90 = ([x for name in _PLANNED[k] for x in us[name]] for k in ("portable", "sm90"))
+    every = plain + sm90
     met = "met" if max(every) <= 15.0 else "met on some runs, not on all" if min(every) <= 15.0 else "not met"
     return (f"- Host cost (goal: 15 us a call): a planned repeat takes {span(plain)} us on the portable kernel "
-            f"and {span(hopper)} us on the Hopper kernel, SDPA flash {span(us['SDPA flash'])} us "
+            f"and {span(sm90)} us on the sm90 kernel, SDPA flash {span(us['SDPA flash'])} us "
             f"({', '.join(runs)}): {met}. What remains is Triton's C launcher "
             f"({span(us['plan.launch alone (output preallocated)'])} us), torch's output allocation "
             f"({span(us['q.new_empty(out shape)'])} us), the plan key ({span(us['plan_key'])} us) and its lookup "
@@ -546,7 +549,7 @@ def run_report(folder):
     if table:
         out.append("## vflash against the other engines\n")
         out.append(table + "\n")
-    for host in ("launch_overhead.txt", "host_hopper.txt"):
+    for host in ("launch_overhead.txt", "host_sm90.txt", "host_hopper.txt"):
         path = os.path.join(folder, host)
         if os.path.exists(path):
             out.append(f"## Host cost per call (`{host}`: CPU timer around many calls of a tiny shape)\n")

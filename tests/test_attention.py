@@ -186,7 +186,7 @@ def _masked_logits_kernel(Out, start, n_k, off, left, right, ROWS: tl.constexpr,
     cols = tl.arange(0, BLOCK_N)
     ptrs = Out + offs_m[:, None] * BLOCK_N + cols[None, :]
     qk = tl.load(ptrs)  # zeros
-    if RELATIVE:  # as the Hopper kernel calls it: columns from the tile's first key, bounds shifted
+    if RELATIVE:  # as the sm90 kernel calls it: columns from the tile's first key, bounds shifted
         s = masked_logits(qk, offs_m, cols, n_k - start, off - start, left, right, 1.0, 1.0, True, HAS_LEFT,
                           HAS_RIGHT, False)
     else:
@@ -199,7 +199,7 @@ def _masked_logits_kernel(Out, start, n_k, off, left, right, ROWS: tl.constexpr,
 def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative, device):
     # Row i sees key j iff i + off - left <= j <= i + off + right and j < n_k (a
     # negative side unbounded); with key indices taken relative to the tile's first
-    # key (the Hopper kernel's form) the tile must hide the same keys.
+    # key (the sm90 kernel's form) the tile must hide the same keys.
     rows, block_n = 16, 32
     for start, n_k, off, left, right in [(0, 20, 0, -1, 0), (32, 50, 10, -1, 0), (64, 70, 40, 5, 2),
                                          (32, 64, -20, 3, -1), (96, 100, 90, -1, -1), (0, 32, 7, 0, 0)]:
@@ -221,7 +221,7 @@ def test_masked_logits_hides_exactly_the_keys_outside_the_band(relative, device)
 @triton.jit
 def _row_tiles_kernel(Out, n_q, n_k, off, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       ROWS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    # Program (row block, slice): the work tile's key range as the Hopper kernel's
+    # Program (row block, slice): the work tile's key range as the sm90 kernel's
     # _work_tile takes it, and the ROWS-row slice's own tiles within it.
     pid_m = tl.program_id(0)
     c = tl.program_id(1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vflash
-from _hopper import needs_hopper
+from _sm90 import needs_sm90
 from vflash.library import attention_bwd, attention_fwd, attention_varlen_bwd, attention_varlen_fwd
 from vflash.harness.oracle import compare
 from vflash.reference import attention_explicit
@@ -306,10 +306,10 @@ def test_a_training_step_captures_in_a_cuda_graph():
         torch.testing.assert_close(p.grad, w)
 
 
-# The sm_90 backward kernels (kernels/attention_bwd_hopper.py): compiled on the CPU; on an sm_90 GPU run
+# The sm_90 backward kernels (kernels/attention_bwd_sm90.py): compiled on the CPU; on an sm_90 GPU run
 # directly on the forward's LSE and delta at the dispatch's tiles and others, and through autograd where
 # the dispatch takes them, each against fp64 autograd of the explicit reference.
-HOPPER_BWD_CASES = {
+SM90_BWD_CASES = {
     "plain": (1, 4, 2, 300, 300, 128, dict()),
     "causal": (1, 4, 2, 300, 300, 128, dict(causal=True)),
     "causal_gqa_nq_lt_nk": (2, 4, 1, 200, 333, 64, dict(causal=True)),
@@ -322,7 +322,7 @@ HOPPER_BWD_CASES = {
 }
 # (dQ block_m x block_n, dK / dV block_m x block_n): the defaults, then one consumer a CTA, then 128-wide tiles,
 # then three consumers a CTA
-HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128)), ((192, 64), (64, 192))]
+SM90_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (128, 128)), ((192, 64), (64, 192))]
 
 
 @pytest.mark.slow
@@ -330,27 +330,27 @@ HOPPER_BWD_TILES = [((128, 64), (64, 128)), ((64, 64), (64, 64)), ((128, 128), (
 @pytest.mark.parametrize("d,causal,softcap,consumers", [(128, True, False, 2), (64, False, True, 2),
                                                          (64, True, False, 3)])
 def test_hopper_backward_kernels_compile_for_sm90(kernel, d, causal, softcap, consumers):
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     band = Band(0, -1, 0 if causal else -1)
     if kernel == "dq":
-        compiled = hopper_bwd.compile_dq_sm90(d, torch.bfloat16, 64 * consumers, 64, band=band, softcap=softcap)
+        compiled = sm90_bwd.compile_dq_sm90(d, torch.bfloat16, 64 * consumers, 64, band=band, softcap=softcap)
     else:
-        compiled = hopper_bwd.compile_dkdv_sm90(d, torch.bfloat16, 64, 64 * consumers, band=band, softcap=softcap)
+        compiled = sm90_bwd.compile_dkdv_sm90(d, torch.bfloat16, 64, 64 * consumers, band=band, softcap=softcap)
     assert "wgmma" in compiled.asm["ptx"] and "cp.async.bulk.tensor" in compiled.asm["ptx"]
 
 
-@needs_hopper
-@pytest.mark.parametrize("tiles", HOPPER_BWD_TILES, ids=lambda t: f"dq{t[0][0]}x{t[0][1]}-dkdv{t[1][0]}x{t[1][1]}")
-@pytest.mark.parametrize("case", sorted(HOPPER_BWD_CASES))
+@needs_sm90
+@pytest.mark.parametrize("tiles", SM90_BWD_TILES, ids=lambda t: f"dq{t[0][0]}x{t[0][1]}-dkdv{t[1][0]}x{t[1][1]}")
+@pytest.mark.parametrize("case", sorted(SM90_BWD_CASES))
 def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     # dQ and dK / dV from the sm_90 kernels, each against fp64 autograd of the explicit reference (3x rule)
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash._validate import mask_band
     from vflash.ops import launch as launches
-    B, Hq, Hkv, Nq, Nk, D, opts, *dtype = HOPPER_BWD_CASES[case]
+    B, Hq, Hkv, Nq, Nk, D, opts, *dtype = SM90_BWD_CASES[case]
     dtype = dtype[0] if dtype else torch.bfloat16
     (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, dtype, torch.device("cuda"), seed=3)
     out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
@@ -359,9 +359,10 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
     got = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # every row must be written
     (dq_m, dq_n), (kv_m, kv_n) = tiles
-    launches.run(hopper_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, Score(D ** -0.5, opts.get("softcap")), dq_m,
+    launches.run(sm90_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, Score(D ** -0.5, opts.get("softcap")), dq_m,
                                       dq_n), q.device)
-    launches.run(hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, Score(D ** -0.5, opts.get("softcap")), kv_m, kv_n), q.device)
+    launches.run(sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band,
+                                      Score(D ** -0.5, opts.get("softcap")), kv_m, kv_n), q.device)
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)
@@ -370,7 +371,7 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
         assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
 
 
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,layout,opts", [
     (2, 8, 2, 1100, 1100, 128, "bnhd", dict(causal=True)),
     (1, 4, 4, 2100, 2500, 64, "bhnd", dict(window=(100, 50), softcap=15.0)),
@@ -404,13 +405,13 @@ def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
     import os
     import subprocess
     import tempfile
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     from triton.backends.nvidia.compiler import get_ptxas
     ptxas = get_ptxas(90).path  # the ptxas this Triton assembles sm_90 with
-    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
+    compile_sm90 = sm90_bwd.compile_dq_sm90 if kernel == "dq" else sm90_bwd.compile_dkdv_sm90
     ptx = compile_sm90(band=Band(0, -1, 0), **kw).asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "k.ptx"), "w") as f:
@@ -424,21 +425,21 @@ def test_hopper_backward_wgmma_is_not_serialized(kernel, kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("outputs,causal", [("dk", True), ("dv", False)])
 def test_hopper_dkdv_kernel_compiles_for_one_gradient_at_d256(outputs, causal):
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = hopper_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1),
+    compiled = sm90_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1),
                                             outputs=outputs)
     ptx = compiled.asm["ptx"]
-    both = hopper_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1)).asm["ptx"]
+    both = sm90_bwd.compile_dkdv_sm90(256, torch.bfloat16, 32, 128, band=Band(0, -1, 0 if causal else -1)).asm["ptx"]
     # fewer products a tile pair (no dV, or no dP^T and dK) and half the gradient stores of both gradients' kernel
     assert 0 < ptx.count("wgmma.mma_async") < both.count("wgmma.mma_async")
     store = "cp.async.bulk.tensor.4d.global.shared"
     assert 2 * ptx.count(store) == both.count(store) > 0
 
 
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("case", ["plain", "causal_gqa", "window_softcap", "rows_without_keys"])
 def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     # D 256 through ops.attention_backward with the dispatch table's sm90 tiles: dQ 128 x 32, dK and
@@ -455,7 +456,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
     causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
     band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
-    tiles = tables.HOPPER_BACKWARD[256]
+    tiles = tables.SM90_BACKWARD[256]
     assert tiles.dkdv_apart
     got = attention_backward(do, q, k, v, out, lse, band=band, score=Score(256 ** -0.5, opts.get("softcap")),
                              tiles=tiles, kernel="sm90")
@@ -471,7 +472,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
 # Packed sequences through the sm_90 kernels (ops.attention_backward with kernel="sm90"):
 # (query lengths, key lengths, Hq, Hkv, D, options); empty sequences, lengths around 64-row slabs and
 # 64 / 128-key tiles, Nq != Nk both ways
-HOPPER_VARLEN_BWD_CASES = {
+SM90_VARLEN_BWD_CASES = {
     "causal_d128": ([130, 0, 1, 64, 65, 300], [130, 5, 1, 64, 65, 300], 4, 2, 128, dict(causal=True)),
     "top_left_d64": ([70, 200, 3], [140, 90, 3], 4, 1, 64, dict(causal="top_left")),
     "full_d128": ([100, 257], [33, 129], 2, 2, 128, dict()),
@@ -485,7 +486,7 @@ def _varlen_tile_sets(d):
     # dK / dV consumers)
     from vflash.dispatch import tables
     from vflash.ops.tiles import BackwardLaunch as L
-    table = tables.HOPPER_BACKWARD[d]
+    table = tables.SM90_BACKWARD[d]
     if d == 256:
         return [table]
     sets = [table, table._replace(dkdv=table.dkdv._replace(block_n=64), dq=table.dq._replace(block_m=64))]
@@ -534,10 +535,10 @@ def _per_sequence_reference(q, k, v, do, cq, ck, opts, first_only=False):
     return ref, same, (int(cq[-1]), int(ck[-1]))
 
 
-@needs_hopper
-@pytest.mark.parametrize("case", sorted(HOPPER_VARLEN_BWD_CASES))
+@needs_sm90
+@pytest.mark.parametrize("case", sorted(SM90_VARLEN_BWD_CASES))
 def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
-    lens_q, lens_k, hq, hkv, d, opts = HOPPER_VARLEN_BWD_CASES[case]
+    lens_q, lens_k, hq, hkv, d, opts = SM90_VARLEN_BWD_CASES[case]
     dev = torch.device("cuda")
     for tiles in _varlen_tile_sets(d):
         got, (q, k, v, do, cq, ck) = _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles)
@@ -548,7 +549,7 @@ def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
                                     f"{verdict.note}")
 
 
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
     # TMA loads rows past a sequence's end from the next sequence: the kernels zero them in the
@@ -556,7 +557,7 @@ def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
     # producer's LSE / delta rows past the end masked as the dQ consumers' are)
     from vflash.dispatch import tables
     lens = [100, 70]
-    tiles = tables.HOPPER_BACKWARD[d]
+    tiles = tables.SM90_BACKWARD[d]
     got, (q, k, v, do, cq, ck) = _packed_backward(lens, lens, 4, 2, d, dict(causal=True), torch.device("cuda"),
                                                   tiles, poison=True)
     ref, same, (nq, nk) = _per_sequence_reference(q, k, v, do, cq, ck, dict(causal=True), first_only=True)
@@ -568,11 +569,11 @@ def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
 
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
 def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compile_sm90 = hopper_bwd.compile_dq_sm90 if kernel == "dq" else hopper_bwd.compile_dkdv_sm90
+    compile_sm90 = sm90_bwd.compile_dq_sm90 if kernel == "dq" else sm90_bwd.compile_dkdv_sm90
     ptx = compile_sm90(128, torch.bfloat16, band=Band(0, -1, 0), varlen=True).asm["ptx"]
     dense = compile_sm90(128, torch.bfloat16, band=Band(0, -1, 0)).asm["ptx"]
     # the crossing slab's pointer stores and the tail zeroing's shared-memory stores exist only in the varlen build
@@ -581,39 +582,42 @@ def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
 
 
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     q, do = torch.randn(2, 4, 300, 64, dtype=torch.bfloat16), torch.randn(2, 4, 300, 64, dtype=torch.bfloat16)
     k, v = torch.randn(2, 2, 200, 64, dtype=torch.bfloat16), torch.randn(2, 2, 200, 64, dtype=torch.bfloat16)
     lse, delta = torch.randn(2, 4, 300), torch.randn(2, 4, 300)
     band = Band(-100, -1, 0)
-    dq = hopper_bwd.dq_launch(q, k, v, do, lse, delta, torch.empty_like(q), band, Score(0.125, None))
-    dkdv = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.125, None))
-    for launch, kernel in ((dq, "attention_bwd_dq_hopper_kernel"), (dkdv, "attention_bwd_dkdv_hopper_kernel")):
-        names = getattr(hopper_bwd.kernels, kernel).arg_names
+    dq = sm90_bwd.dq_launch(q, k, v, do, lse, delta, torch.empty_like(q), band, Score(0.125, None))
+    dkdv = sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band,
+                                Score(0.125, None))
+    for launch, kernel in ((dq, "attention_bwd_dq_sm90_kernel"), (dkdv, "attention_bwd_dkdv_sm90_kernel")):
+        names = getattr(sm90_bwd.kernels, kernel).arg_names
         assert len(launch.params()) == len(names)
         by_name = dict(zip(names, launch.params()))
         assert by_name["kv_group"] == 2 and by_name["n_q"] == 300 and by_name["n_k"] == 200
     assert dq.grid == (2 * 4 * 3, 1, 1) and dkdv.grid == (2 * 2 * 2, 1, 1)
     with pytest.raises(ValueError, match="lse must be contiguous fp32"):
-        hopper_bwd.dq_launch(q, k, v, do, lse.transpose(1, 2).contiguous(), delta, torch.empty_like(q), band, Score(0.1, None))
+        sm90_bwd.dq_launch(q, k, v, do, lse.transpose(1, 2).contiguous(), delta, torch.empty_like(q), band,
+                           Score(0.1, None))
     with pytest.raises(ValueError, match="shared memory"):
-        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
+        sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
                                64, 256)  # four consumers
     with pytest.raises(ValueError, match="outputs must be"):
-        hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
+        sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None),
                                outputs="dq")
-    assert hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band, Score(0.1, None), outputs="dv").constexprs["WANT_DK"] is False
+    assert sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), band,
+                                Score(0.1, None), outputs="dv").constexprs["WANT_DK"] is False
 
 
 def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
     # packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse / delta [Hq, total_q]: the grid covers the
     # longest sequence, the pointer parameters are the packed outputs and cu_seqlens, the strides theirs
-    from vflash.ops import hopper_bwd
+    from vflash.ops import sm90_bwd
     from vflash.call import Band
-    if not hopper_bwd.HAVE_GLUON:
+    if not sm90_bwd.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     q, do = torch.randn(300, 4, 64, dtype=torch.bfloat16), torch.randn(300, 4, 64, dtype=torch.bfloat16)
     k, v = torch.randn(250, 2, 64, dtype=torch.bfloat16), torch.randn(250, 2, 64, dtype=torch.bfloat16)
@@ -622,10 +626,10 @@ def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
     varlen = (cu_q, cu_k, 200, 200, False)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     band = Band(0, -1, 0)
-    dq_l = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, Score(0.125, None), varlen=varlen)
-    dkdv_l = hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(0.125, None), varlen=varlen)
-    for launch, kernel in ((dq_l, "attention_bwd_dq_hopper_kernel"), (dkdv_l, "attention_bwd_dkdv_hopper_kernel")):
-        names = getattr(hopper_bwd.kernels, kernel).arg_names
+    dq_l = sm90_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, Score(0.125, None), varlen=varlen)
+    dkdv_l = sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(0.125, None), varlen=varlen)
+    for launch, kernel in ((dq_l, "attention_bwd_dq_sm90_kernel"), (dkdv_l, "attention_bwd_dkdv_sm90_kernel")):
+        names = getattr(sm90_bwd.kernels, kernel).arg_names
         assert len(launch.params()) == len(names)
         by_name = dict(zip(names, launch.params()))
         assert by_name["cu_seqlens_q"] is cu_q and by_name["cu_seqlens_k"] is cu_k and by_name["IS_VARLEN"]
@@ -634,10 +638,10 @@ def test_hopper_backward_varlen_launches_bind_the_packed_tensors():
         assert by_name["out_stride_head"] == 64 and by_name["batch"] == 2
         slots = {s.name: s.position for s in launch.slots}
         assert names[slots["cu_seqlens_q"]] == "cu_seqlens_q" and names[slots["lse"]] == "LSE"
-    assert dict(zip(hopper_bwd.kernels.attention_bwd_dq_hopper_kernel.arg_names, dq_l.params()))["DQ"] is dq
-    by_name = dict(zip(hopper_bwd.kernels.attention_bwd_dkdv_hopper_kernel.arg_names, dkdv_l.params()))
+    assert dict(zip(sm90_bwd.kernels.attention_bwd_dq_sm90_kernel.arg_names, dq_l.params()))["DQ"] is dq
+    by_name = dict(zip(sm90_bwd.kernels.attention_bwd_dkdv_sm90_kernel.arg_names, dkdv_l.params()))
     assert by_name["DK"] is dk and by_name["DV"] is dv
     assert [s.position for s in dkdv_l.slots if s.name in ("dk", "dv")] == [4, 5, 10, 11]
     assert dq_l.grid == (2 * 4 * 2, 1, 1) and dkdv_l.grid == (2 * 2 * 2, 1, 1)  # cdiv(200, 128), cdiv(200, 128)
     with pytest.raises(ValueError, match=r"lse must be contiguous fp32 \[4, 300\]"):
-        hopper_bwd.dq_launch(q, k, v, do, lse.t().contiguous(), delta, dq, band, Score(0.125, None), varlen=varlen)
+        sm90_bwd.dq_launch(q, k, v, do, lse.t().contiguous(), delta, dq, band, Score(0.125, None), varlen=varlen)

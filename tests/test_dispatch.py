@@ -12,9 +12,9 @@ import torch
 from vflash import dispatch
 from vflash.dispatch import Problem, select, tables
 from vflash.dispatch import rules as select_module
-from vflash.ops import hopper
+from vflash.ops import sm90
 from vflash.call import Band, Call, Score
-from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles, KVCacheTiles, PortableTiles
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles, KVCacheTiles, PortableTiles
 
 CUDA = torch.device("cuda", 0)
 H = torch.float16
@@ -32,27 +32,27 @@ def problem(d, causal, n, bh, dtype=H, device=CUDA, tma=True, window_left=-1):
 
 
 @pytest.mark.parametrize("d,causal,n,bh,kernel,tiles", [
-    # D = 128: the Hopper kernel at every length
-    (128, False, 4096, 32, "sm90", HopperTiles(128, 128, 2, q_buffers=2, lazy_rescale=True)),
-    (128, True, 16384, 32, "sm90", HopperTiles(128, 128, 2, q_buffers=1, dynamic=True)),
-    (128, True, 512, 512, "sm90", HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),  # short causal band
-    (128, True, 1024, 512, "sm90", HopperTiles(128, 128, 2, q_buffers=2, dynamic=True)),  # second band
-    (128, True, 1024, 16, "sm90", HopperTiles(128, 128, 2, q_buffers=2)),  # 128 work tiles <= 132: static grid
-    (128, True, 2049, 512, "sm90", HopperTiles(128, 128, 2, q_buffers=1, dynamic=True)),  # past the bands
+    # D = 128: the sm90 kernel at every length
+    (128, False, 4096, 32, "sm90", Sm90Tiles(128, 128, 2, q_buffers=2, lazy_rescale=True)),
+    (128, True, 16384, 32, "sm90", Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True)),
+    (128, True, 512, 512, "sm90", Sm90Tiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),  # short causal band
+    (128, True, 1024, 512, "sm90", Sm90Tiles(128, 128, 2, q_buffers=2, dynamic=True)),  # second band
+    (128, True, 1024, 16, "sm90", Sm90Tiles(128, 128, 2, q_buffers=2)),  # 128 work tiles <= 132: static grid
+    (128, True, 2049, 512, "sm90", Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True)),  # past the bands
     # D = 64: from N 512 (causal 1024), with enough waves of 192-row tiles, else the few-tile tiles
-    (64, False, 4096, 32, "sm90", HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True)),
-    (64, False, 2048, 16, "sm90", HopperTiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2)),
-    (64, True, 2048, 16, "sm90", HopperTiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
+    (64, False, 4096, 32, "sm90", Sm90Tiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True)),
+    (64, False, 2048, 16, "sm90", Sm90Tiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2)),
+    (64, True, 2048, 16, "sm90", Sm90Tiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
                                              ctas_per_sm=2)),
-    (64, True, 1024, 512, "sm90", HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
+    (64, True, 1024, 512, "sm90", Sm90Tiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True,
                                               ctas_per_sm=3, dynamic=True)),
-    (64, True, 16384, 32, "sm90", HopperTiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True,
+    (64, True, 16384, 32, "sm90", Sm90Tiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True,
                                               lazy_rescale=True, dynamic=True)),
     (64, False, 256, 512, "portable", PortableTiles(128, 64, 8, 3)),  # under 512 rows: portable
     (64, True, 512, 512, "portable", PortableTiles(64, 64, 4, 3)),  # short causal, portable's short tiles
     # D = 256
-    (256, True, 4096, 16, "sm90", HopperTiles(128, 64, 2, q_buffers=1, dynamic=True)),
-    (256, False, 4096, 16, "sm90", HopperTiles(128, 64, 2, q_buffers=1)),
+    (256, True, 4096, 16, "sm90", Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True)),
+    (256, False, 4096, 16, "sm90", Sm90Tiles(128, 64, 2, q_buffers=1)),
     # head dims without Hopper tiles: the portable kernel's, by padded head dim
     (96, False, 4096, 32, "portable", PortableTiles(256, 64, 8, 3, split=True)),  # 512 programs >= 132
     (96, False, 2048, 8, "portable", PortableTiles(128, 128, 8, 3)),  # 64 split programs < 132 SMs
@@ -102,7 +102,7 @@ def test_forced_kernels(h200, monkeypatch):
                                               (256, True, (128, 32), (32, 128))])
 def test_select_backward_takes_the_sm90_kernels_on_dense_16bit_calls(h200, d, causal, dq, dkdv):
     choice = dispatch.select_backward(problem(d, causal, 4096, 32))
-    assert choice.kernel == "sm90" and "HOPPER_BACKWARD" in choice.why, choice.why
+    assert choice.kernel == "sm90" and "SM90_BACKWARD" in choice.why, choice.why
     assert (choice.tiles.dq.block_m, choice.tiles.dq.block_n) == dq
     assert (choice.tiles.dkdv.block_m, choice.tiles.dkdv.block_n) == dkdv
     assert choice.tiles.dkdv_apart == (d == 256)  # two accumulators a consumer do not fit at D 256
@@ -155,15 +155,15 @@ def test_problem_of_reads_tma_fitness():
 def test_every_table_entry_has_a_register_share():
     # every (consumers, CTAs an SM) of the Hopper tables has a consumer register share, which
     # with the producer's 24 fits the CTA's cap
-    entries = [*tables.HOPPER.values(), *tables.HOPPER_FEW_TILES.values(),
-               *(b.tiles for bands in tables.HOPPER_SHORT_CAUSAL.values() for b in bands)]
+    entries = [*tables.SM90.values(), *tables.SM90_FEW_TILES.values(),
+               *(b.tiles for bands in tables.SM90_SHORT_CAUSAL.values() for b in bands)]
     for t in entries:
         consumers = t.block_m // CONSUMER_ROWS
-        cap = hopper.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
+        cap = sm90.launch_options(t.block_m, t.ctas_per_sm).get("maxnreg", 65536 // ((consumers + 1) * 128))
         assert CONSUMER_REGS[(consumers, t.ctas_per_sm)] * consumers + 24 <= cap * (consumers + 1)
-    for d, bands in tables.HOPPER_SHORT_CAUSAL.items():
+    for d, bands in tables.SM90_SHORT_CAUSAL.items():
         assert [b.longest_n_q for b in bands] == sorted({b.longest_n_q for b in bands})
-        assert (d, True) in tables.HOPPER and tables.HOPPER_USE[d].min_n_q_right <= bands[0].longest_n_q
+        assert (d, True) in tables.SM90 and tables.SM90_USE[d].min_n_q_right <= bands[0].longest_n_q
 
 
 def test_env_override_is_read_and_checked(device):

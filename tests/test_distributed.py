@@ -168,7 +168,7 @@ def test_ring_attention_on_one_rank_in_this_process(device):
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
-        # on a GPU, bf16 at D 128 (the Hopper kernel's shapes); the partials are rounded once
+        # on a GPU, bf16 at D 128 (the sm90 kernel's shapes); the partials are rounded once
         cuda = device.type == "cuda"
         dt, n, d, tol = (torch.bfloat16, 1024, 128, 2e-2) if cuda else (torch.float32, 64, 32, 1e-5)
         g = torch.Generator(device=device).manual_seed(0)
@@ -211,7 +211,7 @@ def test_ring_attention_rejects_bad_input_before_any_transfer(device):
 
 # Several GPUs of one host, one process a GPU over NCCL (issue 26), against single-GPU
 # vflash.attention / attention_varlen on the full sequence on the rank's own GPU: bf16 at the
-# Hopper kernel's D 128, the forward shard and the gradients, twice for the same bits. NVLink
+# sm90 kernel's D 128, the forward shard and the gradients, twice for the same bits. NVLink
 # multicast stays off in every rank (the machine's rule).
 NCCL_CASES = {**CASES, "varlen_causal": dict(causal=True, layout="zigzag"),
               "varlen_full": dict(causal=False, layout="contiguous")}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vflash
-from _hopper import needs_hopper, tile_variants
+from _sm90 import needs_sm90, tile_variants
 from vflash.harness.oracle import compare
 from vflash.reference import attention_with_kvcache_reference
 from vflash.call import Cache, Call, Score
@@ -557,7 +557,7 @@ def _poisoned_cache(lens, page, hkv, d, dtype, seed=0, device="cuda", runs=False
 
 
 # Chunked prefill on the sm_90 kernel's KV_CACHE build: (page size (0: contiguous), options)
-HOPPER_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
+SM90_CACHE = [(0, dict()), (16, dict()), (32, dict()), (64, dict()), (256, dict()), (16, dict(causal=False)),
                 (16, dict(window=(100, 0))), (64, dict(softcap=20.0)), (16, dict(empty=True)), (0, dict(empty=True)),
                 # pages in runs (one copy a tile where a tile's pages are consecutive)
                 (16, dict(runs=True)), (32, dict(runs=True, causal=False)), (16, dict(runs=True, window=(100, 0)))]
@@ -568,11 +568,11 @@ def _cu_of(lens):
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("page,opts", HOPPER_CACHE,
+@pytest.mark.parametrize("page,opts", SM90_CACHE,
                          ids=[f"page{p}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "causal")
-                              for p, o in HOPPER_CACHE])
+                              for p, o in SM90_CACHE])
 def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
     # The table's tiles (with DYNAMIC flipped and each Q-buffer count) straight through the
     # launcher; cache rows past every sequence's length hold NaN, which must not reach the
@@ -608,7 +608,7 @@ def test_gpu_hopper_chunked_prefill_matches_the_reference(d, page, opts):
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("page", [0, 16, 17])
 def test_gpu_chunked_prefill_dispatch_takes_sm90_where_the_pages_fit(page):
     # the public call with [B, Nq] queries: the sm90 kernel for a contiguous cache and
@@ -801,7 +801,7 @@ def test_a_planned_repeat_checks_its_out_against_the_inputs(interpreted_plans):
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 def test_gpu_chunked_prefill_into_an_out_tma_cannot_address():
     # out= 8 bytes past a 16-byte boundary (its rows' heads apart): the dispatch's TMA check covers it, so the
     # call leaves the sm_90 kernel for the portable one instead of handing TMA a misaligned base

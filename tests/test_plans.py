@@ -8,13 +8,13 @@ import vflash
 from vflash import library
 from vflash.call import ATTENTION
 from vflash.kernels.attention_fwd import attention_fwd_kernel
-from vflash.kernels import attention_fwd_hopper as hopper_kernels
+from vflash.kernels import attention_fwd_sm90 as sm90_kernels
 from vflash.ops import attention as ops
 from vflash.ops import launch as launches
 from vflash.ops import plans
 from vflash.call import Band
 from vflash.ops.launch import Alloc, Slot
-from vflash.ops.tiles import HopperTiles, PortableTiles
+from vflash.ops.tiles import Sm90Tiles, PortableTiles
 from vflash.reference import attention_explicit
 from vflash.call import Score
 
@@ -149,7 +149,7 @@ def test_gpu_planned_calls_match_the_full_path(n, opts):
     assert len(plans._plans) == 1
     if triton.__version__.startswith("3.6."):  # the launcher layout direct_launch knows
         assert next(iter(plans._plans.values())).launch.__name__ == "launch_direct"
-    if n == 1100 and torch.cuda.get_device_capability() == (9, 0) and hopper_kernels.HAVE_GLUON:
+    if n == 1100 and torch.cuda.get_device_capability() == (9, 0) and sm90_kernels.HAVE_GLUON:
         # 144 causal work tiles, more than the H200's 132 SMs: drawn from a counter
         assert [a.name for a in next(iter(plans._plans.values())).allocs] == ["out", "tile_counter"]
     q.mul_(0.5)  # same buffers, new data: cached TMA descriptors must still read it
@@ -164,7 +164,7 @@ def test_gpu_planned_calls_match_the_full_path(n, opts):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="plans record compiled GPU launches")
-@pytest.mark.parametrize("d", [64, 128])  # 128: the Hopper kernel on sm_90, which needs 16-byte alignment
+@pytest.mark.parametrize("d", [64, 128])  # 128: the sm90 kernel on sm_90, which needs 16-byte alignment
 def test_gpu_misaligned_view_gets_its_own_plan(d):
     plans.clear()
     n = 2 * 4 * 64 * d
@@ -329,8 +329,8 @@ def test_direct_launch_passes_a_counter_after_lse(triton36, monkeypatch):
 def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
     # A kernel that draws work tiles from a counter gets a new int32 zero per launch, after
     # LSE. A static one takes None there (a constexpr).
-    from vflash.ops import hopper
-    if not hopper_kernels.HAVE_GLUON:
+    from vflash.ops import sm90
+    if not sm90_kernels.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     launched = []
 
@@ -340,12 +340,12 @@ def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
 
     recorded = {}
     monkeypatch.setattr(plans, "record", lambda key, plan: recorded.setdefault(key, plan))
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    names = sm90_kernels.attention_fwd_sm90_kernel.arg_names
     q = torch.randn(1, 2, 300, 128, dtype=torch.float16)
     for dynamic in (False, True):
         counter = torch.zeros(1, dtype=torch.int32) if dynamic else None
-        launch = hopper.build(q, q, q, torch.empty_like(q), None, counter, Band(0, -1, 0), Score(0.1, None),
-                              HopperTiles(128, 128, 2, dynamic=dynamic), 132)
+        launch = sm90.build(q, q, q, torch.empty_like(q), None, counter, Band(0, -1, 0), Score(0.1, None),
+                              Sm90Tiles(128, 128, 2, dynamic=dynamic), 132)
         allocs = [Alloc("out", tuple(q.shape), q.dtype)] + ([Alloc("tile_counter", (1,), torch.int32, True)]
                                                             if dynamic else [])
         launches.record(dynamic, launch, FakeCompiled(), ops.INPUTS, allocs, ops.RETURNS, 0)
@@ -367,7 +367,7 @@ def test_hopper_plan_gives_each_dynamic_launch_a_fresh_counter(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 @pytest.mark.parametrize("n", [300, 1100])
 def test_gpu_cuda_graph_replays_match_the_oracle(n):
-    # A captured call replays with whatever its input buffers hold; on the Hopper kernel
+    # A captured call replays with whatever its input buffers hold; on the sm90 kernel
     # (n = 1100, causal) each replay draws its work tiles from a counter zeroed in the graph.
     plans.clear()
     q, k, v = (torch.randn(2, 8, n, 128, device="cuda", dtype=torch.float16) for _ in range(3))

@@ -188,7 +188,7 @@ def test_host_gap_spans_every_run_and_says_whether_the_goal_holds(tmp_path):
         "                            q.new_empty(out shape):     3.5 us per call (host)\n"
         "                                        SDPA flash:    26.0 us per call (host)\n")
     line = report.host_gap([str(first)])
-    assert "12.5 us on the portable kernel and 14.0 us on the Hopper kernel" in line
+    assert "12.5 us on the portable kernel and 14.0 us on the sm90 kernel" in line
     assert ": met." in line
     line = report.host_gap([str(first), str(second)])
     assert "12.5-16.0 us on the portable kernel" in line and "SDPA flash 24.0-26.0 us" in line

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vflash
-from _hopper import needs_hopper, tile_variants
+from _sm90 import needs_sm90, tile_variants
 from vflash import dispatch
 from vflash.harness.oracle import compare
 from vflash.ops import attention_varlen_forward
@@ -190,30 +190,30 @@ def test_dispatch_refuses_a_forced_sm90_where_it_cannot_run(device):
 # sequences, lengths on and around the 64-row slabs and 128-key tiles (a slab that
 # crosses a sequence's end is stored by pointer, others by TMA), Nq != Nk both ways,
 # and the last sequence running to the end of the packed tensors.
-HOPPER_SELF = [1, 0, 200, 64, 129, 1000, 63, 128]
-HOPPER_CROSS = ([100, 0, 300, 7, 513], [900, 50, 300, 200, 513])
-HOPPER_CASES = {
-    "full": (HOPPER_SELF, HOPPER_SELF, dict()),
-    "causal": (HOPPER_SELF, HOPPER_SELF, dict(causal=True)),
-    "cross_causal": (*HOPPER_CROSS, dict(causal=True)),
-    "cross_top_left": (*HOPPER_CROSS, dict(causal="top_left")),
-    "cross_full_gqa": (*HOPPER_CROSS, dict(hkv=1)),
-    "window_causal": (HOPPER_SELF, HOPPER_SELF, dict(window=(128, 0), causal=True)),
-    "window_both": (*HOPPER_CROSS, dict(window=(64, 64))),
-    "softcap_causal": (HOPPER_SELF, HOPPER_SELF, dict(softcap=20.0, causal=True)),
+SM90_SELF = [1, 0, 200, 64, 129, 1000, 63, 128]
+SM90_CROSS = ([100, 0, 300, 7, 513], [900, 50, 300, 200, 513])
+SM90_CASES = {
+    "full": (SM90_SELF, SM90_SELF, dict()),
+    "causal": (SM90_SELF, SM90_SELF, dict(causal=True)),
+    "cross_causal": (*SM90_CROSS, dict(causal=True)),
+    "cross_top_left": (*SM90_CROSS, dict(causal="top_left")),
+    "cross_full_gqa": (*SM90_CROSS, dict(hkv=1)),
+    "window_causal": (SM90_SELF, SM90_SELF, dict(window=(128, 0), causal=True)),
+    "window_both": (*SM90_CROSS, dict(window=(64, 64))),
+    "softcap_causal": (SM90_SELF, SM90_SELF, dict(softcap=20.0, causal=True)),
     # sequences with no keys (zeros, -inf) beside ones whose keys start at row 0 of k
     "no_keys_causal": ([64, 130, 5, 200], [0, 0, 300, 200], dict(causal=True)),
 }
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("case", list(HOPPER_CASES))
+@pytest.mark.parametrize("case", list(SM90_CASES))
 def test_gpu_hopper_varlen_matches_the_oracle(case, d):
     # The table's tiles for the head dim and mask, with DYNAMIC flipped and each Q-buffer
     # count; the output poisoned with NaN, so every row must be written by its own tile.
-    lens_q, lens_k, opts = HOPPER_CASES[case]
+    lens_q, lens_k, opts = SM90_CASES[case]
     opts = dict(opts)
     hkv = opts.pop("hkv", 2)
     dev = torch.device("cuda")
@@ -237,7 +237,7 @@ def test_gpu_hopper_varlen_matches_the_oracle(case, d):
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_attention_varlen_takes_the_sm90_kernel_for_long_sequences(causal):
     # the public call, dispatched: mixed lengths up to 2k at D 128, and autograd through it (the
@@ -290,7 +290,7 @@ def test_a_sequence_never_sees_the_next_ones_values(device):
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
     # the sm_90 kernel loads keys past a sequence's end from the next sequence (TMA): its
@@ -301,8 +301,9 @@ def test_gpu_hopper_varlen_never_sees_the_next_sequences_values(d):
     q, k, v, cu, ref, same = _neighbour_inf_case(lens, d, torch.bfloat16, dev)
     band = sequence_band("bottom_right", (-1, -1))
     for causal_tiles in (False, True):
-        tiles = tables.HOPPER[(d, causal_tiles)]
-        out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, score=Score(d ** -0.5, None), return_lse=True, tiles=tiles, kernel="sm90")
+        tiles = tables.SM90[(d, causal_tiles)]
+        out, _ = attention_varlen_forward(q, k, v, cu, cu, 100, band=band, top_left=False, score=Score(d ** -0.5, None),
+                                          return_lse=True, tiles=tiles, kernel="sm90")
         assert out[:100].isfinite().all(), tiles
         verdict = compare("out", out[:100].cpu(), ref.cpu(), same.cpu(), torch.bfloat16)
         assert verdict.passed, f"{tiles}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e}"

@@ -1,7 +1,7 @@
 """Issue 4 tool: same-run A/B of two source trees through the public API.
 
 A kernel change that touches every variant (a shared helper, say) cannot be a
-hopper_variants.py variant; this times `vflash.attention` from whichever tree is
+sm90_variants.py variant; this times `vflash.attention` from whichever tree is
 on PYTHONPATH, with SDPA cuDNN in the same process as the yardstick, on the fa and d256
 sweeps' shapes (16k tokens). Run it alternately from the two trees in
 one device call, e.g. a copy of the old sources made with

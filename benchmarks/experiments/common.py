@@ -1,4 +1,4 @@
-"""What several experiment scripts share: the Hopper kernel's feature cases, input
+"""What several experiment scripts share: the sm90 kernel's feature cases, input
 makers (attention's, a backward's, a decode step's), the sweeps' shapes, the SDPA yardsticks and TFLOP/s.
 Timers are vflash.harness.timing's; the library's internals are reached through vflash.harness.lab.
 
@@ -23,7 +23,7 @@ from vflash.harness.lab import Call, Score
 if TYPE_CHECKING:
     from vflash.harness.lab import Band
 
-# Feature cases of the Hopper kernel (oracle checks in hopper_variants.py):
+# Feature cases of the sm90 kernel (oracle checks in sm90_variants.py):
 # (B, Hq, Hkv, Nq, Nk, D, causal, window, softcap, lse, dtype, layout)
 CASES = [
     (2, 4, 4, 256, 256, 128, None, None, None, True, torch.float16, "bhsd"),
@@ -106,7 +106,8 @@ def backward_row(row: str, device: torch.device, dtype: torch.dtype = torch.bflo
 def backward_launches(do, q, k, v, out, lse, band, scale, softcap, tiles) -> list:
     """The portable backward's launches (delta, dK / dV, dQ) as it would run them, captured, not run."""
     from vflash.harness import lab
-    return lab.captured_launches(lambda: lab.attention_backward(do, q, k, v, out, lse, band=band, score=Score(scale, softcap), tiles=tiles))
+    return lab.captured_launches(lambda: lab.attention_backward(do, q, k, v, out, lse, band=band,
+                                                                score=Score(scale, softcap), tiles=tiles))
 
 
 def make(B, Hq, Hkv, Nq, Nk, D, dtype, layout, amp=1.0, device="cuda"):

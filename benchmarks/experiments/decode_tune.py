@@ -81,7 +81,8 @@ def main() -> int:
         q = torch.randn(B, Hq, D, device=dev, dtype=dt)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
         cached = Cache(seqlens, table, cu, 1, None, False, False, tuple(q.shape))
-        chosen = dispatch.choose(Call(q, *caches[0], cached, band, Score(scale), False)).tiles
+        call = Call(q, *caches[0], cached, band, Score(scale), False)
+        chosen = dispatch.choose(call).tiles
 
         def time_tiles(t: KVCacheTiles) -> float:
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
@@ -109,7 +110,8 @@ def main() -> int:
                 best, best_gbps = t, g
         for s in splits:
             if s != best.num_splits:
-                t = best._replace(**_split_fields(dispatch.select_kvcache(problem, Hkv, num_splits=s).tiles))
+                split = dispatch.choose(call._replace(layout=cached._replace(num_splits=s))).tiles
+                t = best._replace(**_split_fields(split))
                 record("splits", t, time_tiles(t))
         caches = None
     write_rows(args.out, out_rows)
@@ -161,15 +163,16 @@ def grid(out_path: str, smoke: bool = False, grid_rows=None, grid_tiles=None, gr
 
         caches, table = layout(16)
         cached = Cache(seqlens, table, cu, 1, None, False, False, tuple(q.shape))
-        chosen = dispatch.choose(Call(q, *caches[0], cached, band, Score(scale), False)).tiles
+        call = Call(q, *caches[0], cached, band, Score(scale), False)
+        chosen = dispatch.choose(call).tiles
         record("dispatch", 16, chosen, time_tiles(caches, table, chosen))
         best, best_us = chosen, float("inf")
         for tl_ in tile_list:
             for s in split_list:
                 if KV // s < 128 or B * Hkv * s > 16384 or (smoke and s > 2):
                     continue
-                t = KVCacheTiles(*tl_)._replace(**_split_fields(dispatch.select_kvcache(problem, Hkv,
-                                                                                         num_splits=s).tiles))
+                t = KVCacheTiles(*tl_)._replace(**_split_fields(dispatch.choose(
+                    call._replace(layout=cached._replace(num_splits=s))).tiles))
                 try:
                     us = record("grid", 16, t, time_tiles(caches, table, t))
                 except Exception as exc:  # out of shared memory, say

@@ -70,10 +70,10 @@ def main() -> int:
     rows.append(("vflash.attention, planned repeat (fast path)", per_call_us(lambda: vflash.attention(q, q, q))))
     rows.append(("  ... causal + lse",
                  per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True))))
-    # D = 128 runs the Gluon Hopper kernel on sm_90: four TMA descriptors per call.
+    # D = 128 runs the Gluon sm90 kernel on sm_90: four TMA descriptors per call.
     q128 = torch.randn(1, 2, 16, 128, device="cuda", dtype=torch.float16)
     vflash.attention(q128, q128, q128)
-    rows.append(("  ... D = 128 (Hopper kernel)", per_call_us(lambda: vflash.attention(q128, q128, q128))))
+    rows.append(("  ... D = 128 (sm90 kernel)", per_call_us(lambda: vflash.attention(q128, q128, q128))))
 
     x = torch.zeros(1, device="cuda", dtype=torch.int32)
     rows.append(("trivial kernel, 5 args", per_call_us(lambda: _touch5[(1,)](x, 1, 2, 3, 4))))

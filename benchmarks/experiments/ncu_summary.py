@@ -1,5 +1,5 @@
 """Issue 4 tool: a short text summary of one Nsight Compute profile of the Hopper
-kernel, from the pages `gpu_session.sh profile_hopper` exports (ncu's details page and
+kernel, from the pages `gpu_session.sh profile_sm90` exports (ncu's details page and
 its per-SASS-instruction source page as CSV): the pipe and scheduler metrics,
 the executed-instruction mix, the warp-stall samples of each warp-specialized
 partition (producer, each consumer), and the instructions with the most

@@ -3,7 +3,7 @@ change that only moves code (host code, shared jit helpers, a kernel's name) can
 the same instructions: same instructions, same speed. Run it on two source trees and compare.
 
 Each variant is a launch a launcher builds, captured from small CPU tensors on the compiled path
-(vflash.harness.lab: compiled_path, captured_launches, hopper_launch) and compiled for sm_90 from its own
+(vflash.harness.lab: compiled_path, captured_launches, sm90_launch) and compiled for sm_90 from its own
 arguments (lab.compile_launch_sm90, the specializations Triton's JIT makes), so a variant follows its
 launcher: what a GPU would compile for that call. The set covers
   the Gluon forward: dense tiles and masks over its switches (one, two and three consumers, two and three
@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from vflash.harness import lab
-from vflash.harness.lab import (Band, BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles,
+from vflash.harness.lab import (Band, BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles,
                                 MergeTiles, MetadataTiles, PortableTiles, sequence_band)
 from vflash.harness.lab import Score
 
@@ -74,7 +74,7 @@ def _offsets(*lengths: int) -> torch.Tensor:
 
 # --- the Gluon forward ---
 
-def gluon_dense(head_dim: int, tiles: HopperTiles, dtype=F16, right_edge=False, left_edge=False, softcap=False,
+def gluon_dense(head_dim: int, tiles: Sm90Tiles, dtype=F16, right_edge=False, left_edge=False, softcap=False,
                 lse=True, heads=(8, 2)) -> Group:
     """The dense build: [B, H, N, D] tensors, B 2, N 1024, GQA unless heads are equal (kv_group 1, a constant
     to the JIT)."""
@@ -83,26 +83,26 @@ def gluon_dense(head_dim: int, tiles: HopperTiles, dtype=F16, right_edge=False, 
         q, k = _empty(2, hq, n, head_dim, dtype=dtype), _empty(2, hkv, n, head_dim, dtype=dtype)
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
         band = Band(0, 256 if left_edge else -1, 0 if right_edge else -1)
-        return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(2, hq, n, dtype=torch.float32)
+        return [lab.sm90_launch(q, k, k.clone(), torch.empty_like(q), _empty(2, hq, n, dtype=torch.float32)
                                   if lse else None, counter, band, Score(head_dim ** -0.5, 20.0 if softcap else None),
                                   tiles, SMS)]
     return Group(launches, ("",), gluon=True)
 
 
-def gluon_varlen(head_dim: int, tiles: HopperTiles, causal: Optional[str] = "bottom_right", heads=(8, 2)) -> Group:
+def gluon_varlen(head_dim: int, tiles: Sm90Tiles, causal: Optional[str] = "bottom_right", heads=(8, 2)) -> Group:
     """The packed build (IS_VARLEN): [total, H, D] tensors of three sequences."""
     def launches():
         hq, hkv = heads
         cu_q, cu_k = _offsets(300, 700, 1000), _offsets(500, 700, 1200)
         q, k = _empty(2000, hq, head_dim), _empty(2400, hkv, head_dim)
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
-        return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, 2000, dtype=torch.float32),
+        return [lab.sm90_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, 2000, dtype=torch.float32),
                                   counter, sequence_band(causal, (-1, -1)), Score(head_dim ** -0.5, None), tiles, SMS,
                                   varlen=(cu_q, cu_k, 1000, causal == "top_left"))]
     return Group(launches, ("",), gluon=True)
 
 
-def gluon_kvcache(head_dim: int, tiles: HopperTiles, page_size: int = 0, lse=True, heads=(8, 2)) -> Group:
+def gluon_kvcache(head_dim: int, tiles: Sm90Tiles, page_size: int = 0, lse=True, heads=(8, 2)) -> Group:
     """The KV-cache build (chunked prefill): three sequences of 512 new queries against caches of 4096 rows a
     sequence, contiguous (page_size 0) or paged; pages shorter than a tile take page runs (a run of
     consecutive pages in one copy of the tile's rows)."""
@@ -117,7 +117,7 @@ def gluon_kvcache(head_dim: int, tiles: HopperTiles, page_size: int = 0, lse=Tru
         # the launcher's queries of a dense q: max_q rows a sequence (lab.attention_kvcache_forward's cu_seqlens_q)
         cu_q = torch.arange(0, (batch + 1) * max_q, max_q, dtype=I32)
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
-        return [lab.hopper_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, q.shape[0], dtype=torch.float32)
+        return [lab.sm90_launch(q, k, k.clone(), torch.empty_like(q), _empty(hq, q.shape[0], dtype=torch.float32)
                                   if lse else None, counter, sequence_band("bottom_right", (-1, -1)),
                                   Score(head_dim ** -0.5, None), tiles, SMS, varlen=(cu_q, None, max_q, False),
                                   cache=(_empty(batch, dtype=I32), table))]
@@ -142,7 +142,8 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
             lse, band = _empty(2, hq, 1024, dtype=torch.float32), lab.mask_band(1024, 1024, causal, window)
             packed = None
         return _captured(lambda: lab.attention_backward(
-            torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band, score=Score(head_dim ** -0.5, softcap), tiles=tiles, varlen=packed, kernel=kernel))
+            torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band,
+            score=Score(head_dim ** -0.5, softcap), tiles=tiles, varlen=packed, kernel=kernel))
     mains = ("dk", "dv") if tiles.dkdv_apart else ("dkdv",)
     return Group(launches, (None if kernel == "sm90" else "delta", *mains, "dq"), gluon=kernel == "sm90")
 
@@ -155,7 +156,8 @@ def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_righ
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
         band = Band(0, 32 if has_left else -1, 0 if has_right else -1)
-        return _captured(lambda: lab.attention_forward(q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None), return_lse=store_lse,
+        return _captured(lambda: lab.attention_forward(
+            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None), return_lse=store_lse,
                                                        tiles=tiles))
     return Group(launches, ("",))
 
@@ -233,22 +235,22 @@ def metadata(kvcache: bool) -> Group:
 _B = BackwardLaunch
 GROUPS: Dict[str, Group] = {
     # the Gluon forward, dense: tiles and masks over its switches
-    "d64_causal_pp": gluon_dense(64, HopperTiles(192, 128, 2, pingpong=True, p_fp32=True, lazy_rescale=True,
+    "d64_causal_pp": gluon_dense(64, Sm90Tiles(192, 128, 2, pingpong=True, p_fp32=True, lazy_rescale=True,
                                                  dynamic=True), right_edge=True),
-    "d64_nc": gluon_dense(64, HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True)),
-    "d128_bf16_all": gluon_dense(128, HopperTiles(128, 128, 2, q_buffers=2, late_pv_wait=True, lazy_rescale=True),
+    "d64_nc": gluon_dense(64, Sm90Tiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True)),
+    "d128_bf16_all": gluon_dense(128, Sm90Tiles(128, 128, 2, q_buffers=2, late_pv_wait=True, lazy_rescale=True),
                                  BF16, left_edge=True, softcap=True, lse=False),
-    "d128_causal": gluon_dense(128, HopperTiles(128, 128, 2, dynamic=True), right_edge=True, heads=(4, 4)),
-    "d256": gluon_dense(256, HopperTiles(128, 64, 2)),
-    "d128_short": gluon_dense(128, HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2), right_edge=True),
-    "d64_three": gluon_dense(64, HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
+    "d128_causal": gluon_dense(128, Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, heads=(4, 4)),
+    "d256": gluon_dense(256, Sm90Tiles(128, 64, 2)),
+    "d128_short": gluon_dense(128, Sm90Tiles(64, 64, 2, q_buffers=2, ctas_per_sm=2), right_edge=True),
+    "d64_three": gluon_dense(64, Sm90Tiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
                                              dynamic=True), right_edge=True, heads=(4, 4)),
     # the Gluon forward's varlen and KV-cache builds (the dispatch's D 128 causal tiles)
-    "varlen_d128_causal": gluon_varlen(128, HopperTiles(128, 128, 2, dynamic=True)),
-    "kvcache_d128": gluon_kvcache(128, HopperTiles(128, 128, 2, dynamic=True)),
-    "paged16_d128": gluon_kvcache(128, HopperTiles(128, 128, 2, dynamic=True), page_size=16, lse=False),
-    "paged64_d128": gluon_kvcache(128, HopperTiles(128, 128, 2, dynamic=True), page_size=64),
-    # the Gluon backward (the dispatch's HOPPER_BACKWARD tiles)
+    "varlen_d128_causal": gluon_varlen(128, Sm90Tiles(128, 128, 2, dynamic=True)),
+    "kvcache_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True)),
+    "paged16_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=16, lse=False),
+    "paged64_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=64),
+    # the Gluon backward (the dispatch's SM90_BACKWARD tiles)
     "bwd_d128_causal": backward(128, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90"),
     "bwd_varlen_d64_window": backward(64, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90", F16,
                                       causal=None, window=(200, 100), softcap=30.0, varlen=True),

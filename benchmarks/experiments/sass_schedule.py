@@ -1,6 +1,6 @@
-"""Issue 4 tool: what ptxas made of the Hopper kernel's key-tile loop, without a GPU.
+"""Issue 4 tool: what ptxas made of the sm90 kernel's key-tile loop, without a GPU.
 
-Compiles attention_fwd_hopper_kernel for sm_90 (vflash.harness.lab.compile_hopper_sm90,
+Compiles attention_fwd_sm90_kernel for sm_90 (vflash.harness.lab.compile_sm90_forward,
 the interpreter off), disassembles the cubin with the cuobjdump that Triton ships, and
 prints for each innermost loop of the consumers (one per consumer and masking
 kind): its instruction count, spill instructions (local memory), PRMTs, the span
@@ -12,10 +12,10 @@ shuffles ptxas put before each PV product while P was carried as 16-bit values:
 32 a key tile, 7 % of the loop).
 
 A variant is a dict: head_dim, and optionally dtype, causal (a right mask edge),
-window_left (a left one), softcap, lse, and any HopperTiles field (block_m,
+window_left (a left one), softcap, lse, and any Sm90Tiles field (block_m,
 block_n, stages, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale,
-ctas_per_sm, dynamic) over HopperTiles(128, 128, 2) -- or, with table=True, over
-the launcher's table entry for the head dim and mask (tables.HOPPER).
+ctas_per_sm, dynamic) over Sm90Tiles(128, 128, 2) -- or, with table=True, over
+the launcher's table entry for the head dim and mask (tables.SM90).
 
 CPU:  PYTHONPATH=src:. python3 -m benchmarks.experiments.sass_schedule [--check] [--variants "[dict(...)]"]
       (TRITON_INTERPRET unset or 0: Gluon compiles only with the interpreter off)
@@ -32,9 +32,9 @@ import torch
 
 from vflash.dispatch import tables
 from vflash.harness import lab
-from vflash.harness.lab import HopperTiles
+from vflash.harness.lab import Sm90Tiles
 
-BUILD_OPTIONS = ("dtype", "softcap", "lse")  # compile_hopper_sm90's own keywords, passed through
+BUILD_OPTIONS = ("dtype", "softcap", "lse")  # compile_sm90_forward's own keywords, passed through
 
 DEFAULT_VARIANTS = [
     dict(head_dim=64, block_m=192, q_buffers=2, pingpong=True, lse=False),
@@ -47,16 +47,16 @@ DEFAULT_VARIANTS = [
 
 
 def compile_variant(variant: dict):
-    """lab.compile_hopper_sm90 of one variant dict (see the module's docstring)."""
+    """lab.compile_sm90_forward of one variant dict (see the module's docstring)."""
     kw = dict(variant)
     head_dim = kw.pop("head_dim")
     right_edge, left_edge = bool(kw.pop("causal", False)), bool(kw.pop("window_left", False))
-    base = tables.HOPPER[(head_dim, right_edge)] if kw.pop("table", False) else HopperTiles(128, 128, 2)
+    base = tables.SM90[(head_dim, right_edge)] if kw.pop("table", False) else Sm90Tiles(128, 128, 2)
     build = {name: kw.pop(name) for name in BUILD_OPTIONS if name in kw}
-    unknown = set(kw) - set(HopperTiles._fields)
+    unknown = set(kw) - set(Sm90Tiles._fields)
     if unknown:
         raise ValueError(f"unknown variant keys {sorted(unknown)}")
-    return lab.compile_hopper_sm90(head_dim, tiles=base._replace(**kw), right_edge=right_edge, left_edge=left_edge,
+    return lab.compile_sm90_forward(head_dim, tiles=base._replace(**kw), right_edge=right_edge, left_edge=left_edge,
                                    **build)
 
 

@@ -125,7 +125,7 @@ def attention_varlen(
         out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see
         no key (a sequence with no keys, say) get 0 and lse = -inf.
 
-    On sm_90 the Hopper kernel takes it where the longest sequence is long enough
+    On sm_90 the sm90 kernel takes it where the longest sequence is long enough
     (vflash.dispatch), else the portable Triton kernel; CPU tensors run that one
     through Triton's interpreter. Autocast and autograd as `vflash.attention`'s (custom ops,
     deterministic backward).

@@ -54,12 +54,12 @@ def test_variants_are_read_without_eval():
 
 def test_variant_dicts_map_onto_compile_hopper_sm90(monkeypatch):
     calls = []
-    monkeypatch.setattr(lab, "compile_hopper_sm90", lambda head_dim, **kw: calls.append((head_dim, kw)))
+    monkeypatch.setattr(lab, "compile_sm90_forward", lambda head_dim, **kw: calls.append((head_dim, kw)))
     sass_schedule.compile_variant(dict(head_dim=256, block_n=64, causal=True, late_pv_wait=True, lse=False))
     sass_schedule.compile_variant(dict(head_dim=64, table=True, causal=True, q_buffers=2))
     (d0, kw0), (d1, kw1) = calls
-    assert d0 == 256 and kw0["tiles"] == lab.HopperTiles(128, 64, 2, late_pv_wait=True)
+    assert d0 == 256 and kw0["tiles"] == lab.Sm90Tiles(128, 64, 2, late_pv_wait=True)
     assert kw0["right_edge"] and not kw0["left_edge"] and kw0["lse"] is False
-    assert d1 == 64 and kw1["tiles"] == tables.HOPPER[(64, True)]._replace(q_buffers=2)
+    assert d1 == 64 and kw1["tiles"] == tables.SM90[(64, True)]._replace(q_buffers=2)
     with pytest.raises(ValueError):
         sass_schedule.compile_variant(dict(head_dim=64, blockm=64))

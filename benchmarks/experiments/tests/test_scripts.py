@@ -13,17 +13,17 @@ import types
 import pytest
 import torch
 
-from benchmarks.experiments import common, hopper_variants, profile_hopper
+from benchmarks.experiments import common, sm90_variants, profile_sm90
 from vflash.dispatch import tables
 from vflash.harness import lab
-from vflash.harness.lab import HopperTiles, mask_band
+from vflash.harness.lab import Sm90Tiles, mask_band
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-WITH_OPTIONS = ["ab_trees", "clock_ramp", "hopper_variants", "profile_hopper", "ncu_summary", "sass_schedule",
+WITH_OPTIONS = ["ab_trees", "clock_ramp", "sm90_variants", "profile_sm90", "ncu_summary", "sass_schedule",
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
-                "ring_scaling", "check_cost", "bwd_host", "bwd_hopper", "bwd_tune", "decode_host", "decode_residency",
+                "ring_scaling", "check_cost", "bwd_host", "bwd_sm90", "bwd_tune", "decode_host", "decode_residency",
                 "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile"]
-WITHOUT_OPTIONS = ["host_hopper", "launch_overhead"]
+WITHOUT_OPTIONS = ["host_sm90", "launch_overhead"]
 # The library's modules a lab script may import: the public API and what vflash.harness.lab collects.
 PUBLIC = re.compile(r"vflash(\.(harness|dispatch|reference|integrations)(\.\w+)*|\.distributed|\.cli)?")
 needs_gluon = pytest.mark.skipif(not lab.HAVE_GLUON, reason="this Triton has no Gluon")
@@ -150,17 +150,17 @@ def test_sweep_shapes_and_inputs():
         common.parse_sweep_shapes("12:34")
     q, k, v = common.make(2, 4, 2, 8, 16, 32, torch.float16, "bshd", device="cpu")
     assert q.shape == (2, 4, 8, 32) and k.shape == v.shape == (2, 2, 16, 32) and q.stride(1) == 32
-    assert all(case[5] in {d for d, _ in tables.HOPPER} for case in common.CASES)
+    assert all(case[5] in {d for d, _ in tables.SM90} for case in common.CASES)
 
 
-@pytest.mark.parametrize("d", sorted(hopper_variants.VARIANTS))
+@pytest.mark.parametrize("d", sorted(sm90_variants.VARIANTS))
 def test_every_hopper_variant_has_valid_tiles(d):
-    names = [var.name for var in hopper_variants.VARIANTS[d]]
+    names = [var.name for var in sm90_variants.VARIANTS[d]]
     assert len(names) == len(set(names)) and "launcher" not in names
-    for var in hopper_variants.VARIANTS[d]:
+    for var in sm90_variants.VARIANTS[d]:
         for right_edge in (False, True):
-            t = hopper_variants.variant_tiles(var, d, right_edge)
-            base = tables.HOPPER[(d, right_edge)]
+            t = sm90_variants.variant_tiles(var, d, right_edge)
+            base = tables.SM90[(d, right_edge)]
             assert (t.block_m // lab.CONSUMER_ROWS, t.ctas_per_sm) in lab.CONSUMER_REGS, var
             assert t.q_buffers == (var.q_buffers or base.q_buffers) and t.dynamic == var.dynamic, var
             assert t.pingpong == (base.pingpong if var.pingpong is None else var.pingpong), var
@@ -171,8 +171,8 @@ def test_hopper_variant_launches_fill_the_kernel_signature():
     q = torch.randn(2, 4, 300, 128, dtype=torch.float16)
     out = torch.empty_like(q)
     band = mask_band(300, 300, "bottom_right", (-1, -1))
-    for var in hopper_variants.VARIANTS[128]:
-        launch = hopper_variants.variant_launch(var, q, q, q, out, None, band, 0.1, None, 132)
+    for var in sm90_variants.VARIANTS[128]:
+        launch = sm90_variants.variant_launch(var, q, q, q, out, None, band, 0.1, None, 132)
         names = launch.kernel.arg_names
         params = dict(zip(names, launch.params()))
         assert len(launch.params()) == len(names) and params["q_desc"].base is q, var
@@ -180,22 +180,22 @@ def test_hopper_variant_launches_fill_the_kernel_signature():
         assert (params["tile_counter"] is not None) == var.dynamic, var
         work = 2 * 4 * -(-300 // var.block_m)
         if var.persist is None:
-            tiles = hopper_variants.variant_tiles(var, 128, True)
-            assert launch.grid == lab.hopper_grid(2, 4, 300, var.block_m, 132, True, tiles.ctas_per_sm, var.dynamic)
+            tiles = sm90_variants.variant_tiles(var, 128, True)
+            assert launch.grid == lab.sm90_grid(2, 4, 300, var.block_m, 132, True, tiles.ctas_per_sm, var.dynamic)
         else:
             assert launch.grid == ((min(work, var.ctas or 132) if var.persist else work), 1, 1), var
 
 
 def test_profile_hopper_forces_table_tiles():
-    assert profile_hopper.table_tiles("main", 128, True) == tables.HOPPER[(128, True)]
-    assert profile_hopper.table_tiles("short", 128, False) == tables.HOPPER_SHORT_CAUSAL[128][0].tiles
-    assert profile_hopper.table_tiles("few", 64, False) == tables.HOPPER_FEW_TILES[(64, False)]
+    assert profile_sm90.table_tiles("main", 128, True) == tables.SM90[(128, True)]
+    assert profile_sm90.table_tiles("short", 128, False) == tables.SM90_SHORT_CAUSAL[128][0].tiles
+    assert profile_sm90.table_tiles("few", 64, False) == tables.SM90_FEW_TILES[(64, False)]
     with pytest.raises(ValueError):
-        profile_hopper.table_tiles("few", 128, False)
-    launcher = HopperTiles(128, 128, 2)
-    assert profile_hopper.forced_tiles(None, 2, 128, False, launcher) == launcher._replace(q_buffers=2)
-    assert profile_hopper.forced_tiles("main", None, 64, True, launcher) == tables.HOPPER[(64, True)]
-    r = _run("benchmarks.experiments.profile_hopper", "--d", "128", "--n", "1024", "--tiles", "few")
+        profile_sm90.table_tiles("few", 128, False)
+    launcher = Sm90Tiles(128, 128, 2)
+    assert profile_sm90.forced_tiles(None, 2, 128, False, launcher) == launcher._replace(q_buffers=2)
+    assert profile_sm90.forced_tiles("main", None, 64, True, launcher) == tables.SM90[(64, True)]
+    r = _run("benchmarks.experiments.profile_sm90", "--d", "128", "--n", "1024", "--tiles", "few")
     assert r.returncode == 2 and "no such tiles for D = 128" in r.stderr, r.stderr
 
 

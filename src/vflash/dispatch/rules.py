@@ -12,7 +12,7 @@ from vflash.dispatch import tables
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.ops.tma import cache_ready, pages_fit, tma_ready
 from vflash.call import Band, Cache, Call
-from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
+from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, PortableTiles, head_dim_pad)
 
 
@@ -47,7 +47,7 @@ class Problem:
 @dataclass(frozen=True)
 class Choice:
     kernel: str  # "portable" or "sm90"
-    tiles: Union[PortableTiles, HopperTiles, KVCacheTiles, BackwardTiles]
+    tiles: Union[PortableTiles, Sm90Tiles, KVCacheTiles, BackwardTiles]
     why: str
 
 
@@ -105,8 +105,8 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
-    if (p.head_dim, p.band.has_right) not in tables.HOPPER:
-        return f"it has tiles for head dims {sorted({d for d, _ in tables.HOPPER})}, not {p.head_dim}"
+    if (p.head_dim, p.band.has_right) not in tables.SM90:
+        return f"it has tiles for head dims {sorted({d for d, _ in tables.SM90})}, not {p.head_dim}"
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None
@@ -128,29 +128,29 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
     if kernel == "sm90":
         if refusal is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refusal}")
-        return _hopper(p, forced=True)
+        return _sm90_choice(p, forced=True)
     if refusal is None:
-        use = tables.HOPPER_USE[p.head_dim]
+        use = tables.SM90_USE[p.head_dim]
         shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
-        few = p.row_tiles(tables.HOPPER[(p.head_dim, p.band.has_right)].block_m) < use.min_waves * _sm_count(p)
-        if p.n_q >= shortest and (not few or (p.head_dim, p.band.has_right) in tables.HOPPER_FEW_TILES):
-            return _hopper(p, forced=False)
+        few = p.row_tiles(tables.SM90[(p.head_dim, p.band.has_right)].block_m) < use.min_waves * _sm_count(p)
+        if p.n_q >= shortest and (not few or (p.head_dim, p.band.has_right) in tables.SM90_FEW_TILES):
+            return _sm90_choice(p, forced=False)
         refusal = (f"n_q {p.n_q} < {shortest}, where the sm90 kernel is not ahead" if p.n_q < shortest else
                    f"under {use.min_waves} waves of work tiles and no few-tile tiles")
     return _portable(p, f"portable kernel ({refusal})" if kernel is None else "portable kernel (forced)")
 
 
-def _hopper(p: Problem, forced: bool) -> Choice:
+def _sm90_choice(p: Problem, forced: bool) -> Choice:
     key = (p.head_dim, p.band.has_right)
-    use = tables.HOPPER_USE[p.head_dim]
+    use = tables.SM90_USE[p.head_dim]
     sms = _sm_count(p)
-    tiles, why = tables.HOPPER[key], "HOPPER"
-    if key in tables.HOPPER_FEW_TILES and p.row_tiles(tiles.block_m) < use.min_waves * sms:
-        tiles, why = tables.HOPPER_FEW_TILES[key], "HOPPER_FEW_TILES (too few work tiles for HOPPER's)"
+    tiles, why = tables.SM90[key], "SM90"
+    if key in tables.SM90_FEW_TILES and p.row_tiles(tiles.block_m) < use.min_waves * sms:
+        tiles, why = tables.SM90_FEW_TILES[key], "SM90_FEW_TILES (too few work tiles for SM90's)"
     elif p.band.has_right:
-        for band in tables.HOPPER_SHORT_CAUSAL.get(p.head_dim, ()):
+        for band in tables.SM90_SHORT_CAUSAL.get(p.head_dim, ()):
             if p.n_q <= band.longest_n_q:
-                tiles, why = band.tiles, f"HOPPER_SHORT_CAUSAL (right edge, n_q <= {band.longest_n_q})"
+                tiles, why = band.tiles, f"SM90_SHORT_CAUSAL (right edge, n_q <= {band.longest_n_q})"
                 break
     if tiles.dynamic and p.row_tiles(tiles.block_m) <= tiles.ctas_per_sm * sms:
         # a CTA for each work tile either way: the static grid, without the counter's allocation
@@ -291,8 +291,8 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
-    if p.head_dim not in tables.HOPPER_BACKWARD:
-        return f"it has tiles for head dims {sorted(tables.HOPPER_BACKWARD)}, not {p.head_dim}"
+    if p.head_dim not in tables.SM90_BACKWARD:
+        return f"it has tiles for head dims {sorted(tables.SM90_BACKWARD)}, not {p.head_dim}"
     return None
 
 
@@ -318,16 +318,16 @@ KERNELS = tuple(REGISTRY)
 
 def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
     """The backward's kernels and tiles for `p` (the forward's Problem), with `select`'s rules:
-    the sm_90 kernels wherever they can take the call and are ahead (HOPPER_BACKWARD_MIN_N),
+    the sm_90 kernels wherever they can take the call and are ahead (SM90_BACKWARD_MIN_N),
     `kernel` or VFLASH_KERNEL forcing one."""
     kernel = _forced(kernel)
     refusal = REGISTRY["sm90"].backward_refusal(p) if kernel != "portable" else "forced portable"
-    shortest = tables.HOPPER_BACKWARD_MIN_N.get(p.head_dim, 0)
+    shortest = tables.SM90_BACKWARD_MIN_N.get(p.head_dim, 0)
     if refusal is None and kernel is None and min(p.n_q, p.n_k) < shortest:
         refusal = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"
     if refusal is None:
-        return Choice("sm90", tables.HOPPER_BACKWARD[p.head_dim],
-                      f"sm90 backward{' (forced)' if kernel else ''}: HOPPER_BACKWARD")
+        return Choice("sm90", tables.SM90_BACKWARD[p.head_dim],
+                      f"sm90 backward{' (forced)' if kernel else ''}: SM90_BACKWARD")
     if kernel == "sm90":
         raise ValueError(f"the sm90 backward cannot take this call: {refusal}")
     return Choice("portable", backward_tiles(p), f"portable backward ({refusal})")

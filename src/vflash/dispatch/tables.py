@@ -8,7 +8,7 @@ does.
 
 from typing import Dict, NamedTuple, Tuple
 
-from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles,
+from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles,
                               KVCacheTiles, MergeTiles, MetadataTiles, PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
@@ -47,68 +47,68 @@ PORTABLE_FP32: Dict[int, PortableTiles] = {
 # Under the interpreter a tile's size only changes how many numpy operations run.
 INTERPRETER = PortableTiles(32, 32, 4, 1)
 
-# --- Gluon sm_90 kernel (kernels/attention_fwd_hopper.py), by (head dim, right edge) ----------
+# --- Gluon sm_90 kernel (kernels/attention_fwd_sm90.py), by (head dim, right edge) ----------
 # Shared memory: Q q_buffers * block_m * D, K and V stages * block_n * D each, 2 bytes an element.
 
-HOPPER: Dict[Tuple[int, bool], HopperTiles] = {
+SM90: Dict[Tuple[int, bool], Sm90Tiles] = {
     # D = 64: three consumers (half of D = 128's MMA work a score: a third softmax keeps the tensor
     # cores busy, +6-11 % over two); pingpong +2-3.5 %; lazy rescale +1-4 %; two Q buffers hide the
     # next tile's Q load and this tile's store.
-    (64, False): HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
+    (64, False): Sm90Tiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
     # causal: P carried in fp32 +5.3 % (N 16k), one Q buffer, DYNAMIC +1-3 % at N 4k-16k
-    (64, True): HopperTiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True, lazy_rescale=True,
+    (64, True): Sm90Tiles(192, 128, 2, q_buffers=1, pingpong=True, p_fp32=True, lazy_rescale=True,
                             dynamic=True),
     # D = 128: two consumers; two Q buffers +13.5 / +6 / +4 % at N 512 / 1k / 4k; lazy rescale 569 ->
     # 584 / 617 -> 640 at N 1k / 16k; pingpong lost 0-2 %.
-    (128, False): HopperTiles(128, 128, 2, q_buffers=2, lazy_rescale=True),
+    (128, False): Sm90Tiles(128, 128, 2, q_buffers=2, lazy_rescale=True),
     # causal: packed 16-bit P +1-2 % over fp32; lazy rescale -1-2 %; DYNAMIC 528 -> 570 at N 8k
-    (128, True): HopperTiles(128, 128, 2, q_buffers=1, dynamic=True),
+    (128, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),
     # D = 256: no room for a second Q buffer; 64-key tiles; lazy rescale even to -2.7 %.
-    (256, False): HopperTiles(128, 64, 2, q_buffers=1),
+    (256, False): Sm90Tiles(128, 64, 2, q_buffers=1),
     # causal: DYNAMIC 447 -> 459 at N 1k, even at 16k
-    (256, True): HopperTiles(128, 64, 2, q_buffers=1, dynamic=True),
+    (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),
 }
 
 
 class ShortBand(NamedTuple):
     longest_n_q: int  # the band holds calls with n_q up to this
-    tiles: HopperTiles
+    tiles: Sm90Tiles
 
 
 # A right edge (causal) and short rows: work tiles of 1-8 key tiles expose each tile's serial chain
 # (first QK^T and softmax, last PV, output store); CTAs of one consumer warpgroup, several an SM,
-# walk theirs apart. The first band that holds n_q serves; longer calls take HOPPER's tiles.
-HOPPER_SHORT_CAUSAL: Dict[int, Tuple[ShortBand, ...]] = {
+# walk theirs apart. The first band that holds n_q serves; longer calls take SM90's tiles.
+SM90_SHORT_CAUSAL: Dict[int, Tuple[ShortBand, ...]] = {
     # three CTAs of 64 x 64, two Q buffers: 337 / 370 against two CTAs' 321 / 342 at N 1k / 2k
-    64: (ShortBand(2048, HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
+    64: (ShortBand(2048, Sm90Tiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
                                      dynamic=True)),),
     128: (
         # two CTAs of 64 x 64, two Q buffers: 329 against 303 with one at N 512
-        ShortBand(512, HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),
-        # HOPPER's tiles with two Q buffers under DYNAMIC: 509 against 491 at N 2k
-        ShortBand(2048, HopperTiles(128, 128, 2, q_buffers=2, dynamic=True)),
+        ShortBand(512, Sm90Tiles(64, 64, 2, q_buffers=2, ctas_per_sm=2)),
+        # SM90's tiles with two Q buffers under DYNAMIC: 509 against 491 at N 2k
+        ShortBand(2048, Sm90Tiles(128, 128, 2, q_buffers=2, dynamic=True)),
     ),
 }
 
-# Too few work tiles of HOPPER's height for HOPPER_USE's waves: two CTAs of 64-row tiles an SM
+# Too few work tiles of SM90's height for SM90_USE's waves: two CTAs of 64-row tiles an SM
 # (B = 1, H = 16, N 2k: 387 against 378 for cuDNN, where 192-row tiles left the last wave idle).
-HOPPER_FEW_TILES: Dict[Tuple[int, bool], HopperTiles] = {
-    (64, False): HopperTiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2),
-    (64, True): HopperTiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=2),
+SM90_FEW_TILES: Dict[Tuple[int, bool], Sm90Tiles] = {
+    (64, False): Sm90Tiles(64, 128, 2, q_buffers=2, lazy_rescale=True, ctas_per_sm=2),
+    (64, True): Sm90Tiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=2),
 }
 
 
-class HopperUse(NamedTuple):
-    min_n_q: int  # shortest n_q without a right edge for which the Hopper kernel is ahead
+class Sm90Use(NamedTuple):
+    min_n_q: int  # shortest n_q without a right edge for which the sm90 kernel is ahead
     min_n_q_right: int  # with one (causal)
-    min_waves: int  # fewest work tiles of HOPPER's height per SM; below, HOPPER_FEW_TILES or portable
+    min_waves: int  # fewest work tiles of SM90's height per SM; below, SM90_FEW_TILES or portable
 
 
-# Where the Hopper kernel is ahead of the portable one (same runs).
-HOPPER_USE: Dict[int, HopperUse] = {
-    64: HopperUse(512, 1024, 4),  # 368 against 345 at N 512; causal 337 against 300 at N 1k
-    128: HopperUse(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
-    256: HopperUse(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
+# Where the sm90 kernel is ahead of the portable one (same runs).
+SM90_USE: Dict[int, Sm90Use] = {
+    64: Sm90Use(512, 1024, 4),  # 368 against 345 at N 512; causal 337 against 300 at N 1k
+    128: Sm90Use(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
+    256: Sm90Use(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
 }
 
 
@@ -224,24 +224,24 @@ BACKWARD_FP32: Dict[int, BackwardTiles] = {d: BackwardTiles(_B(32, 32, 4, 1), _B
                                            for d in (16, 32, 64, 128, 256)}
 BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # small tiles: CPU tests cross tile edges
 
-# --- sm_90 backward (kernels/attention_bwd_hopper.py), by head dim ------------------------------
+# --- sm_90 backward (kernels/attention_bwd_sm90.py), by head dim ------------------------------
 # dkdv: block_n keys a CTA (64 a consumer warpgroup), block_m-row Q / dO tiles through a ring of
 # num_stages; dq: block_m rows a CTA (64 a consumer), block_n-key K / V tiles. num_warps is the
-# producer's warpgroup. Picked by benchmarks/experiments/bwd_hopper.py on the H200 (bf16, N 1k-16k,
+# producer's warpgroup. Picked by benchmarks/experiments/bwd_sm90.py on the H200 (bf16, N 1k-16k,
 # causal and not; docs/performance.md, "The sm_90 backward"). dQ: three consumers of 64 rows (192);
 # dK / dV: 64-row query tiles (a third faster than 64 x 64). D 256: dK and dV from two launches, one
 # fp32 accumulator a consumer (both spill 2-8 KB), 32-row query tiles and 32-key dQ tiles for the
 # registers. D 16 / 32 are untimed: the portable backward serves them.
-HOPPER_BACKWARD: Dict[int, BackwardTiles] = {
+SM90_BACKWARD: Dict[int, BackwardTiles] = {
     64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     256: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
 }
 # Shorter sequences (the smaller of n_q and n_k) take the portable kernels. Timed in one run as CUDA graphs
-# (bwd_hopper.py, bf16), the sm_90 kernels take 0.94-0.95x the portable time at D 64 N 1024 and N 512
+# (bwd_sm90.py, bf16), the sm_90 kernels take 0.94-0.95x the portable time at D 64 N 1024 and N 512
 # non-causal (1.01x at N 512 causal), 0.77-0.86x at D 128 from N 512, 0.71-0.77x at D 256 from N 512;
 # shorter rows are untimed.
-HOPPER_BACKWARD_MIN_N: Dict[int, int] = {64: 512, 128: 512, 256: 512}
+SM90_BACKWARD_MIN_N: Dict[int, int] = {64: 512, 128: 512, 256: 512}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 16 rows of up to 64 columns a program: picked by benchmarks/experiments/kvops_tune.py on the H200 (bf16,

@@ -43,7 +43,7 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
 
     import vflash
     from vflash._backend import interpreted
-    from vflash.kernels.attention_fwd_hopper import HAVE_GLUON
+    from vflash.kernels.attention_fwd_sm90 import HAVE_GLUON
 
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

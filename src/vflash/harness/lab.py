@@ -14,7 +14,7 @@ and change with the kernels.
 Masks and tiles
   Band, mask_band, sequence_band      the folded mask (diagonal offset, left and right edges) of a call
   Score, Call, Packed, Cache          a call's score options, a validated call and its layouts (vflash.call)
-  PortableTiles, HopperTiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
+  PortableTiles, Sm90Tiles, BackwardLaunch, BackwardTiles, KVCacheTiles, MergeTiles, CacheWriteTiles,
   MetadataTiles
 Launchers with their tiles forced (nothing validated, no plan recorded), the kernel the tiles name
   kernel_of                           the kernel family a tile type belongs to ("portable" or "sm90")
@@ -26,10 +26,10 @@ Launches
 Launch plans (the host fast path of repeated calls)
   plans_off, clear_plans, recorded_plans, plan_key, kvcache_plan_key, lookup_plan, triton_launcher_only
 The sm_90 kernels
-  HAVE_GLUON, CONSUMER_ROWS, CONSUMER_REGS, hopper_launch, hopper_grid             the Gluon forward
-  hopper_dq_launch, hopper_dkdv_launch, HOPPER_BWD_STAGES                           the Gluon backward
+  HAVE_GLUON, CONSUMER_ROWS, CONSUMER_REGS, sm90_launch, sm90_grid             the Gluon forward
+  sm90_dq_launch, sm90_dkdv_launch, SM90_BWD_STAGES                           the Gluon backward
 Builds without a GPU
-  compiled_path, compile_launch_sm90, sm90_builds, compile_hopper_sm90
+  compiled_path, compile_launch_sm90, sm90_builds, compile_sm90_forward
 Device functions for prototype kernels
   fold_splits                         split-KV's merge of fp32 partials (@triton.jit)
 """
@@ -43,8 +43,8 @@ import torch
 from vflash import _backend
 from vflash.kernels import gluon_sm90 as _gluon
 from vflash.kernels.combine import fold_splits
-from vflash.ops import hopper as _hopper
-from vflash.ops import hopper_bwd as _hopper_bwd
+from vflash.ops import sm90 as _sm90
+from vflash.ops import sm90_bwd as _sm90_bwd
 from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
 from vflash.ops import attention as _attention
@@ -56,30 +56,30 @@ from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
 from vflash.ops.metadata import sequence_metadata_flags
-from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, HopperTiles, KVCacheTiles, MergeTiles,
+from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, PortableTiles)
 
 __all__ = [
     "Band", "mask_band", "sequence_band", "Score", "Call", "Packed", "Cache",
-    "PortableTiles", "HopperTiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
+    "PortableTiles", "Sm90Tiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
     "MetadataTiles",
     "kernel_of", "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
     "merge_states_forward", "write_kvcache_forward", "sequence_metadata_flags",
     "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",
     "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
     "triton_launcher_only",
-    "HAVE_GLUON", "CONSUMER_ROWS", "CONSUMER_REGS", "hopper_launch", "hopper_grid",
-    "hopper_dq_launch", "hopper_dkdv_launch", "HOPPER_BWD_STAGES",
-    "compiled_path", "compile_launch_sm90", "sm90_builds", "compile_hopper_sm90",
+    "HAVE_GLUON", "CONSUMER_ROWS", "CONSUMER_REGS", "sm90_launch", "sm90_grid",
+    "sm90_dq_launch", "sm90_dkdv_launch", "SM90_BWD_STAGES",
+    "compiled_path", "compile_launch_sm90", "sm90_builds", "compile_sm90_forward",
     "fold_splits",
 ]
 
 
 def kernel_of(tiles) -> str:
-    """The kernel family a tile type belongs to (vflash.dispatch's Choice.kernel): HopperTiles the sm90
+    """The kernel family a tile type belongs to (vflash.dispatch's Choice.kernel): Sm90Tiles the sm90
     kernels, every other type the portable ones. The library takes the kernel from dispatch's choice; a
     lab script that forces tiles names the kernel through them."""
-    return "sm90" if isinstance(tiles, HopperTiles) else "portable"
+    return "sm90" if isinstance(tiles, Sm90Tiles) else "portable"
 
 
 def _kernel_from_tiles(launcher: Callable) -> Callable:
@@ -149,12 +149,12 @@ def recorded_plans() -> list:
 HAVE_GLUON = _gluon.HAVE_GLUON  # whether this Triton has Gluon (the sm_90 kernels need it)
 CONSUMER_ROWS = _tiles.CONSUMER_ROWS  # query rows a consumer warpgroup of the forward
 CONSUMER_REGS = _tiles.CONSUMER_REGS  # {(consumers, CTAs an SM): registers a consumer thread}: the builds that fit
-hopper_grid = _hopper.grid  # (B, Hq, Nq, block_m, sms, right_edge, ctas_per_sm, dynamic): the forward's grid
+sm90_grid = _sm90.grid  # (B, Hq, Nq, block_m, sms, right_edge, ctas_per_sm, dynamic): the forward's grid
 # (q, k, v, out, lse, counter, band, score, tiles, sms): the forward's launch with these tiles
-hopper_launch = _hopper.build
-hopper_dq_launch = _hopper_bwd.dq_launch  # the backward's dQ launch with its tiles (block_m, block_n, stages)
-hopper_dkdv_launch = _hopper_bwd.dkdv_launch  # the backward's dK / dV launch with its tiles
-HOPPER_BWD_STAGES = _hopper_bwd.STAGES  # the backward's ring depth unless a launch says otherwise
+sm90_launch = _sm90.build
+sm90_dq_launch = _sm90_bwd.dq_launch  # the backward's dQ launch with its tiles (block_m, block_n, stages)
+sm90_dkdv_launch = _sm90_bwd.dkdv_launch  # the backward's dK / dV launch with its tiles
+SM90_BWD_STAGES = _sm90_bwd.STAGES  # the backward's ring depth unless a launch says otherwise
 
 # --- builds without a GPU ---
 
@@ -236,4 +236,4 @@ def sm90_builds(call: Callable[[], object]) -> list:
 
 # (head_dim, dtype, tiles, *, right_edge, left_edge, softcap, lse, varlen, top_left, kv_cache, page_size):
 # the Gluon forward compiled for sm_90 without a GPU (Triton's CompiledKernel)
-compile_hopper_sm90 = _hopper.compile_sm90
+compile_sm90_forward = _sm90.compile_sm90

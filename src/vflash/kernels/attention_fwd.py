@@ -59,7 +59,7 @@ def _attend_tiles(
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        # Key indices relative to the tile (the shift goes into the row bounds): see the Hopper kernel.
+        # Key indices relative to the tile (the shift goes into the row bounds): see the sm90 kernel.
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
                                        SOFTCAP, EMULATE_BF16, DOT_PRECISION)

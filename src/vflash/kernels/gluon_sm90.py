@@ -1,4 +1,4 @@
-"""The Gluon names the sm_90 kernels (attention_fwd_hopper.py, attention_bwd_hopper.py) use,
+"""The Gluon names the sm_90 kernels (attention_fwd_sm90.py, attention_bwd_sm90.py) use,
 the same across the Triton releases vflash runs on, and the shared-memory helpers both kernels' varlen
 paths share. HAVE_GLUON is False on a Triton without
 Gluon, where the portable kernels serve everything and nothing else here exists."""

@@ -42,7 +42,7 @@ def masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap
         # off shifted by it: the kernels pass loop-invariant columns that way, and
         # the shift goes into the row bounds instead of into every score's index.
         # Bounds are not clamped to the tile's columns: that changes the schedule
-        # of the Hopper kernel's unmasked loops for the worse (docs/perf).
+        # of the sm90 kernel's unmasked loops for the worse (docs/perf).
         if HAS_RIGHT:
             visible = offs_n[None, :] <= tl.minimum(offs_m + off + right, n_k - 1)[:, None]
         else:
@@ -92,7 +92,7 @@ def row_tiles(row0, lo, n_tiles, n_q, n_k, off, left, right, ROWS: tl.constexpr,
     # those that rows [row0, row0 + ROWS) see, split as key_tiles splits a tile's:
     # [0, c_left) masked, [c_left, c_mid) every pair visible, [c_mid, c_end) masked;
     # c_end = 0 for rows all past n_q. A left edge can put these rows' first key
-    # past the tile's last: clamped. The Hopper kernel's consumers (64-row slices
+    # past the tile's last: clamped. The sm90 kernel's consumers (64-row slices
     # of a work tile) stop at their own c_end.
     c_lo, c_full_lo, c_full_hi, c_hi = key_range(row0, n_k, off, left, right, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     c_left, c_mid, c_end = key_tiles(lo, c_full_lo, c_full_hi, c_hi, BLOCK_N)

@@ -18,7 +18,7 @@ def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl
     # applied to the max and fused into exp2's operand.
     # LAZY (FlashAttention-4's lazy reference max): a row's m moves only when the
     # tile's max exceeds it by more than LAZY_SLACK, so alpha is exactly 1 on most
-    # tiles and the Hopper kernel can skip O's rescale there. Exact either way (O,
+    # tiles and the sm90 kernel can skip O's rescale there. Exact either way (O,
     # l and the LSE share m); only the rounding differs.
     if SOFTCAP:
         m_tile = s_max

@@ -15,13 +15,13 @@ import torch
 from vflash import _backend
 from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
 from vflash.call import Band, Call, Packed, Score
-from vflash.ops import hopper as hopper_launch
+from vflash.ops import sm90 as sm90_launch
 from vflash.ops import metadata
 from vflash.ops import launch as launches
 from vflash.ops.launch import Alloc, KernelLaunch, Slot
 from vflash.ops.scales import score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
-from vflash.ops.tiles import HopperTiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
@@ -93,7 +93,7 @@ def _guarded(admit: Optional[Callable], guard: Callable, names: Optional[Sequenc
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     band: Band, score: Score, return_lse: bool,
-    tiles: Union[PortableTiles, HopperTiles], kernel: str,
+    tiles: Union[PortableTiles, Sm90Tiles], kernel: str,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
     plan_key: Optional[Hashable] = None, plan_inputs: Optional[Sequence[str]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -135,7 +135,7 @@ def attention_forward(
 def attention_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, *, band: Band, top_left: bool, score: Score, return_lse: bool,
-    tiles: Union[PortableTiles, HopperTiles], kernel: str, out: Optional[torch.Tensor] = None,
+    tiles: Union[PortableTiles, Sm90Tiles], kernel: str, out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
     plan_inputs: Optional[Sequence[str]] = None, plan_admit: Optional[Callable[..., bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -176,7 +176,7 @@ def attention_varlen_forward(
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
-    score: Score, return_lse: bool, tiles: Union[KVCacheTiles, HopperTiles], kernel: str,
+    score: Score, return_lse: bool, tiles: Union[KVCacheTiles, Sm90Tiles], kernel: str,
     out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
     plan_inputs: Optional[Sequence[str]] = None, plan_out_shape: Optional[Tuple[int, ...]] = None,
     plan_admit: Optional[Callable[..., bool]] = None,
@@ -193,7 +193,8 @@ def attention_kvcache_forward(
     caller's layout of the same rows: dense q's [B, Nq, Hq, D]) where given; a given `out`
     (rows [total_q, Hq, D], unit stride in D) is written instead, and its plan takes the
     caller's out (of the key's metadata) as the input named "out" in `plan_inputs` (default
-    KVCACHE_INPUTS and "out"), run where `plan_admit` passes (plans.LaunchPlan.admit). kernel "sm90" (chunked prefill on sm_90, HopperTiles): the Gluon
+    KVCACHE_INPUTS and "out"), run where `plan_admit` passes (plans.LaunchPlan.admit). kernel "sm90"
+    (chunked prefill on sm_90, Sm90Tiles): the Gluon
     kernel's KV_CACHE build, unsplit and unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -208,7 +209,7 @@ def attention_kvcache_forward(
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
             cu_seqlens_q = torch.arange(0, (batch + 1) * max_seqlen_q, max_seqlen_q, dtype=torch.int32,
                                         device=q.device)
-        launch = _hopper_launch(q, k_cache, v_cache, out, lse, band, score, tiles,
+        launch = _sm90_launch(q, k_cache, v_cache, out, lse, band, score, tiles,
                                 varlen=(cu_seqlens_q, None, max_seqlen_q, False), cache=(cache_seqlens, block_table))
         launches.run(launch, q.device)
         return out, lse
@@ -268,11 +269,11 @@ def attention_kvcache_forward(
     return out, lse
 
 
-def _hopper_launch(q, k, v, out, lse, band: Band, score: Score, tiles: HopperTiles, **kv) -> KernelLaunch:
-    """ops.hopper.build for this device's SMs, with a fresh work-tile counter under DYNAMIC;
+def _sm90_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Sm90Tiles, **kv) -> KernelLaunch:
+    """ops.sm90.build for this device's SMs, with a fresh work-tile counter under DYNAMIC;
     kv: build's varlen / cache."""
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-    return hopper_launch.build(q, k, v, out, lse, counter, band, score, tiles,
+    return sm90_launch.build(q, k, v, out, lse, counter, band, score, tiles,
                                _backend.device_properties(q.device.index).multi_processor_count, **kv)
 
 
@@ -329,4 +330,4 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
 
 
 # The forward's launch builders by vflash.dispatch's Choice.kernel (the names of its REGISTRY).
-_FORWARD = {"portable": _portable_launch, "sm90": _hopper_launch}
+_FORWARD = {"portable": _portable_launch, "sm90": _sm90_launch}

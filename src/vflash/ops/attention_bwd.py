@@ -1,5 +1,5 @@
 """Launcher of the attention backward: delta (kernels/attention_bwd.py), then the dK/dV
-and dQ kernels, portable (kernels/attention_bwd.py) or sm_90 (ops/hopper_bwd.py), as
+and dQ kernels, portable (kernels/attention_bwd.py) or sm_90 (ops/sm90_bwd.py), as
 vflash.dispatch.select_backward chose. Inputs come from vflash.library, whose forward
 saved q, k, v, out and lse."""
 
@@ -9,7 +9,7 @@ import torch
 
 from vflash import _backend
 from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
-from vflash.ops import hopper_bwd
+from vflash.ops import sm90_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
 from vflash.call import Band, Score
@@ -82,10 +82,10 @@ def attention_backward(
     if kernel == "sm90":
         do = do if tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
-        dkdv = [hopper_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, score, tiles.dkdv.block_m,
+        dkdv = [sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, score, tiles.dkdv.block_m,
                                        tiles.dkdv.block_n, tiles.dkdv.num_stages, outputs, varlen=packed)
                 for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",))]
-        dq_launch = hopper_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, score, tiles.dq.block_m,
+        dq_launch = sm90_bwd.dq_launch(q, k, v, do, lse, delta, dq, band, score, tiles.dq.block_m,
                                          tiles.dq.block_n, tiles.dq.num_stages, varlen=packed)
     else:
         dkdv = [KernelLaunch(

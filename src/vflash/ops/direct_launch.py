@@ -4,7 +4,7 @@
 launcher: driver and knobs lookups, the scratch-allocator closure, and for every
 TMA descriptor argument one cuTensorMapEncodeTiled per call. Measured on the H200
 host (`benchmarks/results/2026-11-29-h200-s5-host`, Triton 3.6): a planned repeat of the
-Hopper kernel 45 us, its C launcher with the descriptors already encoded 7.6 us.
+sm90 kernel 45 us, its C launcher with the descriptors already encoded 7.6 us.
 
 A launch plan fixes everything but its slots (vflash.ops.launch.Slot), so it
 can call the C launcher itself:

@@ -26,8 +26,8 @@ class PortableTiles(NamedTuple):
     split: bool = False  # the program's rows carried as two independent halves (SPLIT)
 
 
-class HopperTiles(NamedTuple):
-    """`kernels/attention_fwd_hopper.py:attention_fwd_hopper_kernel`'s launch:
+class Sm90Tiles(NamedTuple):
+    """`kernels/attention_fwd_sm90.py:attention_fwd_sm90_kernel`'s launch:
     block_m is one (64), two (128) or three (192) consumer warpgroups of 64 rows.
     The switches are the kernel's constexprs of the same names."""
     block_m: int
@@ -44,7 +44,7 @@ class HopperTiles(NamedTuple):
 
 class BackwardLaunch(NamedTuple):
     """One of the backward's two main launches (portable `kernels/attention_bwd.py`, or sm_90
-    `kernels/attention_bwd_hopper.py`, whose num_warps is its producer warpgroup's and num_stages
+    `kernels/attention_bwd_sm90.py`, whose num_warps is its producer warpgroup's and num_stages
     its ring's depth)."""
     block_m: int  # query rows: a step of the dK/dV kernel, a program of the dQ kernel
     block_n: int  # keys: a program of the dK/dV kernel, a step of the dQ kernel

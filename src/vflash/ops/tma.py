@@ -3,7 +3,7 @@ and caches a descriptor can address, the descriptors themselves (encoded per cal
 shape and strides, in blocks of a consumer warpgroup's rows or of a key tile), the views the descriptors
 cover (packed [total, H, D] tensors and KV caches as [1, H, rows, D]), the copies a paged cache's tiles
 take, and a descriptor's type in an ahead-of-time compile's signature. Dispatch reads the fit checks;
-the launchers (ops/hopper.py, ops/hopper_bwd.py) build the descriptors."""
+the launchers (ops/sm90.py, ops/sm90_bwd.py) build the descriptors."""
 
 from functools import lru_cache
 from typing import Tuple

@@ -1,4 +1,4 @@
-"""The sm_90 backward kernels (kernels/attention_bwd_hopper.py) against the portable backward's, on the GPU.
+"""The sm_90 backward kernels (kernels/attention_bwd_sm90.py) against the portable backward's, on the GPU.
 
 For rows of the fa / d256 sweeps (bf16), on the same q, k, v, dO, the forward's LSE and delta: the dQ
 kernels (TFLOP/s counting their three products, 1.5x the forward's FLOPs), the dK / dV kernels (four
@@ -10,7 +10,7 @@ The whole sm_90 backward takes the first --tiles and --dkdv-tiles (--paired: eac
 pass is not evidence for a few per cent).
 Prints one line a measurement and writes a CSV.
 
-  PYTHONPATH=src python3 -m benchmarks.experiments.bwd_hopper [--out bwd_hopper.csv] [--rows D:N:causal ...]
+  PYTHONPATH=src python3 -m benchmarks.experiments.bwd_sm90 [--out bwd_sm90.csv] [--rows D:N:causal ...]
   D 256: --rows 256:4096:0 256:4096:1 --tiles 128:32 --dkdv-tiles 32:128 --apart
 """
 
@@ -31,7 +31,7 @@ ROWS = ["128:1024:0", "128:4096:0", "128:16384:0", "128:1024:1", "128:4096:1", "
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bwd_hopper.csv")
+    ap.add_argument("--out", default="bwd_sm90.csv")
     ap.add_argument("--rows", nargs="*", default=ROWS, help="D:N:causal (0/1), shapes of the fa / d256 sweeps")
     ap.add_argument("--tiles", nargs="*", default=["128:64", "128:128", "192:64"],
                     help="the sm_90 dQ kernel's block_m:block_n[:stages]")
@@ -85,13 +85,13 @@ def main() -> int:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
         def dq_launches(t):
-            m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
-            return [lab.hopper_dq_launch(q, k, v, do, lse, delta, dq, band, Score(scale, None), m, n, stages)]
+            m, n, stages = ([int(x) for x in t.split(":")] + [lab.SM90_BWD_STAGES])[:3]
+            return [lab.sm90_dq_launch(q, k, v, do, lse, delta, dq, band, Score(scale, None), m, n, stages)]
         outputs = ("dk", "dv") if args.apart else ("dk dv",)
 
         def dkdv_launches(t):
-            m, n, stages = ([int(x) for x in t.split(":")] + [lab.HOPPER_BWD_STAGES])[:3]
-            return [lab.hopper_dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(scale, None), m, n, stages,
+            m, n, stages = ([int(x) for x in t.split(":")] + [lab.SM90_BWD_STAGES])[:3]
+            return [lab.sm90_dkdv_launch(q, k, v, do, lse, delta, dk, dv, band, Score(scale, None), m, n, stages,
                                            outputs=o) for o in outputs]
 
         def record_sm90(what, kernel, tiles, built, flops, got, want, rnd):

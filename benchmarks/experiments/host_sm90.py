@@ -1,7 +1,7 @@
 """Issue 4 experiment: where the host time of a planned call goes. GPU only (sm_90 for the Hopper rows).
 
 Per-call host microseconds (CPU timer around many calls) for tiny shapes:
-  1. vflash.attention, planned repeat: portable kernel (D = 64), Hopper kernel (D = 128), each
+  1. vflash.attention, planned repeat: portable kernel (D = 64), sm90 kernel (D = 128), each
      with the plan's direct C launch (vflash.ops.direct_launch) and with Triton's own runner;
   2. the pieces of a planned repeat: the key, the lookup, the output allocation, the launch alone;
      and a causal Hopper call that draws its work tiles from a counter (one more allocation and fill);
@@ -9,7 +9,7 @@ Per-call host microseconds (CPU timer around many calls) for tiny shapes:
 Both head dims run twice, in alternating order, to show the host's drift. Timing:
 vflash.harness.timing.per_call_us (kernels queued behind a sleep kernel, so only host work is timed).
 
-GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.host_hopper
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.host_sm90
 """
 
 import sys
@@ -27,7 +27,7 @@ def row(name, us):
 
 
 def main() -> int:
-    if not require_cuda("host_hopper"):
+    if not require_cuda("host_sm90"):
         return 1
     import triton
     print(f"triton {triton.__version__}, torch {torch.__version__}")
@@ -36,7 +36,7 @@ def main() -> int:
         lab.clear_plans()
         vflash.attention(q, q, q)
         plan = lab.recorded_plans()[0]
-        kind = "Hopper kernel" if d == 128 else "portable kernel"
+        kind = "sm90 kernel" if d == 128 else "portable kernel"
         row(f"planned repeat, {kind} (D {d}) [{plan.launch.__qualname__.split('.')[-1]}]",
             per_call_us(lambda: vflash.attention(q, q, q)))
         row("  ... causal + lse", per_call_us(lambda: vflash.attention(q, q, q, causal=True, return_lse=True)))
@@ -56,7 +56,7 @@ def main() -> int:
             for heads, what in ((16, "DYNAMIC: 144 work tiles"), (2, "static: 18 work tiles")):
                 long_q = torch.randn(1, heads, 1100, d, device="cuda", dtype=torch.float16)
                 vflash.attention(long_q, long_q, long_q, causal=True)
-                row(f"planned repeat, Hopper kernel, causal N 1100 ({what})",
+                row(f"planned repeat, sm90 kernel, causal N 1100 ({what})",
                     per_call_us(lambda: vflash.attention(long_q, long_q, long_q, causal=True)))
             row("  q.new_zeros(1, int32) (its counter)", per_call_us(lambda: q.new_zeros(1, dtype=torch.int32)))
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):

@@ -1,4 +1,4 @@
-"""Issue 4 experiment: schedule variants of the Gluon Hopper kernel, each checked
+"""Issue 4 experiment: schedule variants of the Gluon sm90 kernel, each checked
 against the fp64 oracle on common.CASES of its head dim (with the launcher's own
 Hopper tiles, "launcher"), then timed against the launcher's choice, the portable
 kernel and SDPA cuDNN / flash in the same run.
@@ -9,12 +9,12 @@ grid rather than one CTA per work tile) and ctas, the persistent grid's size
 (default: the SM count; with causal work, a size that shares no factor with the
 row blocks per head cycles each CTA through all of them instead of fixing its row
 block). A switch a variant leaves open (None) takes the launcher's table entry
-for the head dim and mask (vflash.dispatch.tables.HOPPER).
+for the head dim and mask (vflash.dispatch.tables.SM90).
 
 `--variants launcher` checks and times the launcher's choice alone (with the
 portable kernel and SDPA): the Hopper path as users get it.
 
-GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.hopper_variants [--dims 64,128] [--n 1024,4096]
+GPU only:  PYTHONPATH=src:. python3 -m benchmarks.experiments.sm90_variants [--dims 64,128] [--n 1024,4096]
 """
 
 import argparse
@@ -30,7 +30,7 @@ from vflash import dispatch
 from vflash.dispatch import tables
 from vflash.harness import lab
 from vflash.harness.bench import Shape, attention_flops
-from vflash.harness.lab import Band, HopperTiles, attention_forward, mask_band
+from vflash.harness.lab import Band, Sm90Tiles, attention_forward, mask_band
 from vflash.harness.oracle import compare
 from vflash.harness.timing import gemm_warmup
 from vflash.reference import attention_explicit
@@ -42,9 +42,9 @@ class Variant(NamedTuple):
     block_m: int
     block_n: int
     stages: int
-    persist: Optional[bool] = None  # None: the launcher's rule (lab.hopper_grid)
+    persist: Optional[bool] = None  # None: the launcher's rule (lab.sm90_grid)
     ctas: Optional[int] = None  # persistent grid size; None: the SM count
-    q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (tables.HOPPER)
+    q_buffers: Optional[int] = None  # Q buffers per consumer; None: the launcher's (tables.SM90)
     pingpong: Optional[bool] = None  # consumers take turns to issue their products (PINGPONG); None: the launcher's
     p_fp32: Optional[bool] = None  # P carried in fp32 between iterations (P_FP32); None: the launcher's
     late: Optional[bool] = None  # the PV wait kept after the softmax (LATE_PV_WAIT); None: the launcher's
@@ -107,14 +107,14 @@ VARIANTS = {
 }
 
 
-def variant_tiles(var: Variant, head_dim: int, right_edge: bool) -> HopperTiles:
-    """The variant's HopperTiles: its own fields over the launcher's table entry
-    for the head dim and mask (tables.HOPPER)."""
-    base = tables.HOPPER[(head_dim, right_edge)]
+def variant_tiles(var: Variant, head_dim: int, right_edge: bool) -> Sm90Tiles:
+    """The variant's Sm90Tiles: its own fields over the launcher's table entry
+    for the head dim and mask (tables.SM90)."""
+    base = tables.SM90[(head_dim, right_edge)]
 
     def pick(value, default):
         return default if value is None else value
-    return HopperTiles(var.block_m, var.block_n, var.stages, q_buffers=pick(var.q_buffers, base.q_buffers),
+    return Sm90Tiles(var.block_m, var.block_n, var.stages, q_buffers=pick(var.q_buffers, base.q_buffers),
                        pingpong=pick(var.pingpong, base.pingpong), p_fp32=pick(var.p_fp32, base.p_fp32),
                        late_pv_wait=pick(var.late, base.late_pv_wait), lazy_rescale=pick(var.lazy, base.lazy_rescale),
                        ctas_per_sm=var.per_sm or (2 if var.block_m == lab.CONSUMER_ROWS else 1),
@@ -127,7 +127,7 @@ def variant_launch(var: Variant, q, k, v, out, lse, band: Band, scale, softcap, 
     B, Hq, Nq, D = q.shape
     tiles = variant_tiles(var, D, band.has_right)
     counter = q.new_zeros(1, dtype=torch.int32) if tiles.dynamic else None
-    launch = lab.hopper_launch(q, k, v, out, lse, counter, band, Score(scale, softcap), tiles, sms)
+    launch = lab.sm90_launch(q, k, v, out, lse, counter, band, Score(scale, softcap), tiles, sms)
     if var.persist is not None:
         work = B * Hq * -(-Nq // var.block_m)
         grid = (min(work, var.ctas or sms * tiles.ctas_per_sm) if var.persist else work, 1, 1)
@@ -142,7 +142,7 @@ def launch(var: Variant, q, k, v, out, lse, causal, scale, window, softcap):
 
 
 def launcher_tiles(q, k, v, causal, window):
-    """The launcher's choice of the Hopper kernel's tiles for this call (raises
+    """The launcher's choice of the sm90 kernel's tiles for this call (raises
     where the sm90 kernel cannot take it)."""
     band = mask_band(q.shape[2], k.shape[2], causal, window)
     return band, dispatch.select(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)), kernel="sm90").tiles
@@ -237,7 +237,7 @@ def main() -> int:
     ap.add_argument("--graphs", action="store_true",
                     help="time each candidate's CUDA graph: short calls then time the kernel, not Python's launch")
     a = ap.parse_args()
-    if not require_cuda("hopper_variants"):
+    if not require_cuda("sm90_variants"):
         return 1
     dims = [int(x) for x in a.dims.split(",")]
     names = set(a.variants.split(",")) - {""}

@@ -1,4 +1,4 @@
-"""Launchers of the Gluon Hopper backward kernels (kernels/attention_bwd_hopper.py):
+"""Launchers of the Gluon sm90 backward kernels (kernels/attention_bwd_sm90.py):
 dQ and dK / dV, their descriptors, grids and arguments, and ahead-of-time compiles for
 sm_90 that need no GPU. ops/attention_bwd.py launches them where vflash.dispatch.select_backward
 picks the sm90 kernels."""
@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from vflash.kernels import attention_bwd_hopper as kernels
+from vflash.kernels import attention_bwd_sm90 as kernels
 from vflash.call import Band, Score
 from vflash.ops.tiles import CONSUMER_REGS as CONSUMER_REGS_FWD
 from vflash.ops.tiles import CONSUMER_ROWS
@@ -85,7 +85,7 @@ def _described(name: str, describe: Callable, view: Callable) -> Slot:
 
 def dq_launch(q, k, v, do, lse, delta, dq, band: Band, score: Score, block_m: int = 128,
               block_n: int = 64, stages: int = STAGES, varlen: Optional[tuple] = None) -> KernelLaunch:
-    """attention_bwd_dq_hopper_kernel over TMA-ready tensors (ops.tma.tma_ready): dq from q, k, v, do,
+    """attention_bwd_dq_sm90_kernel over TMA-ready tensors (ops.tma.tma_ready): dq from q, k, v, do,
     the forward's lse and delta = rowsum(do * out), fp32. Dense: q, do, dq [B, Hq, Nq, D], k, v [B, Hkv,
     Nk, D], lse / delta [B, Hq, Nq]. varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     top_left): packed q, do, dq [total_q, Hq, D], k, v [total_k, Hkv, D], lse / delta [Hq, total_q]."""
@@ -105,13 +105,13 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, score: Score, block_m: in
         slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("DQ", "dq"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_m, band, score.softcap is not None, stages,
                                   varlen is not None, sh.top_left))
-    return KernelLaunch(kernels.attention_bwd_dq_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
+    return KernelLaunch(kernels.attention_bwd_dq_sm90_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
 def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, score: Score, block_m: int = 64,
                 block_n: int = 128, stages: int = STAGES, outputs: str = "dk dv",
                 varlen: Optional[tuple] = None) -> KernelLaunch:
-    """attention_bwd_dkdv_hopper_kernel over TMA-ready tensors: dk, dv (k's layout; summed over each KV
+    """attention_bwd_dkdv_sm90_kernel over TMA-ready tensors: dk, dv (k's layout; summed over each KV
     head's query heads in order) from q, k, v, do, lse and delta, dense or varlen as dq_launch's.
     block_n keys a CTA (64 a consumer), block_m query rows a streamed tile. outputs: "dk dv", or "dk" or
     "dv" alone (one accumulator a consumer, where two do not fit in registers; the other is not written)."""
@@ -137,7 +137,7 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, score: Score, block
                   Slot("DV", "dv"))
     constexprs = dict(_constexprs(sh.head_dim, block_m, block_n, block_n, band, score.softcap is not None, stages,
                                   varlen is not None, sh.top_left), WANT_DK="dk" in outputs, WANT_DV="dv" in outputs)
-    return KernelLaunch(kernels.attention_bwd_dkdv_hopper_kernel, grid, args, constexprs, dict(num_warps=4), slots)
+    return KernelLaunch(kernels.attention_bwd_dkdv_sm90_kernel, grid, args, constexprs, dict(num_warps=4), slots)
 
 
 def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 64, block_n: int = 128, *,
@@ -148,7 +148,7 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
     rows, streamed = block_shapes(block_m, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
     blocks = (streamed, rows, rows, streamed, rows, rows)
-    return _compile(kernels.attention_bwd_dkdv_hopper_kernel, dict(zip(names, blocks)), ("DK", "DV"), "n_heads_kv",
+    return _compile(kernels.attention_bwd_dkdv_sm90_kernel, dict(zip(names, blocks)), ("DK", "DV"), "n_heads_kv",
                     head_dim, dtype, block_m, block_n, block_n, band, softcap, varlen, top_left,
                     dict(WANT_DK="dk" in outputs, WANT_DV="dv" in outputs))
 
@@ -160,7 +160,7 @@ def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m:
     Triton's CompiledKernel."""
     rows, keys = block_shapes(block_n, head_dim)
     names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
-    return _compile(kernels.attention_bwd_dq_hopper_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), ("DQ",),
+    return _compile(kernels.attention_bwd_dq_sm90_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), ("DQ",),
                     "n_heads_q", head_dim, dtype, block_m, block_n, block_m, band, softcap, varlen, top_left,
                     {})
 

@@ -1,22 +1,22 @@
-"""The Gluon Hopper kernel: it builds for sm_90 with the installed Triton (no GPU
+"""The Gluon sm90 kernel: it builds for sm_90 with the installed Triton (no GPU
 needed), the launcher only hands it tensors TMA can address, and on an H200 it
 matches the fp64 oracle on every head dim and feature it serves."""
 
 import pytest
 import torch
-from _hopper import needs_hopper
+from _sm90 import needs_sm90
 
 from vflash.harness.cases import Case
 from vflash.dispatch import tables
-from vflash.kernels import attention_fwd_hopper as hopper_kernels
+from vflash.kernels import attention_fwd_sm90 as sm90_kernels
 from vflash.ops import attention as ops
-from vflash.ops import hopper, tma
+from vflash.ops import sm90, tma
 from vflash._validate import mask_band
 from vflash.call import Band
-from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
 from vflash.call import Score
 
-needs_gluon = pytest.mark.skipif(not hopper_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
+needs_gluon = pytest.mark.skipif(not sm90_kernels.HAVE_GLUON, reason="this Triton has no Gluon")
 
 
 @pytest.mark.slow
@@ -29,31 +29,31 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     variants = [
         # three consumers taking turns, P carried in fp32
-        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, pingpong=True, p_fp32=True), right_edge=True),
+        dict(head_dim=64, tiles=Sm90Tiles(192, 128, 2, pingpong=True, p_fp32=True), right_edge=True),
         dict(head_dim=128, dtype=torch.bfloat16, left_edge=True, softcap=True, lse=False,
-             tiles=HopperTiles(128, 128, 2, q_buffers=2, late_pv_wait=True, lazy_rescale=True)),
-        dict(head_dim=256, tiles=HopperTiles(128, 64, 2)),
-        # one consumer, two or three CTAs an SM (HOPPER_SHORT_CAUSAL, HOPPER_FEW_TILES): a
+             tiles=Sm90Tiles(128, 128, 2, q_buffers=2, late_pv_wait=True, lazy_rescale=True)),
+        dict(head_dim=256, tiles=Sm90Tiles(128, 64, 2)),
+        # one consumer, two or three CTAs an SM (SM90_SHORT_CAUSAL, SM90_FEW_TILES): a
         # half or a third of the register file each
-        dict(head_dim=128, tiles=HopperTiles(64, 64, 2, q_buffers=2, ctas_per_sm=2), right_edge=True),
-        dict(head_dim=64, tiles=HopperTiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=2),
+        dict(head_dim=128, tiles=Sm90Tiles(64, 64, 2, q_buffers=2, ctas_per_sm=2), right_edge=True),
+        dict(head_dim=64, tiles=Sm90Tiles(64, 128, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=2),
              right_edge=True),
-        dict(head_dim=64, tiles=HopperTiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3),
+        dict(head_dim=64, tiles=Sm90Tiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3),
              right_edge=True),
         # work tiles drawn from a counter: one atomic add a tile, in the producer only
-        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True),
+        dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True),
         # packed sequences (IS_VARLEN): cu_seqlens loads, and the masked store of a slab that
         # crosses a sequence's end beside the TMA store
-        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True),
-        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
+        dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True),
+        dict(head_dim=64, tiles=Sm90Tiles(192, 128, 2, q_buffers=2, pingpong=True, lazy_rescale=True),
              varlen=True, top_left=True, left_edge=True, softcap=True),
         # keys from a KV cache: paged (16-row copies, the table read per copy) and contiguous
-        dict(head_dim=128, tiles=HopperTiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
+        dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
              kv_cache=True, page_size=16),
-        dict(head_dim=64, tiles=HopperTiles(192, 128, 2, q_buffers=2), varlen=True, kv_cache=True),
+        dict(head_dim=64, tiles=Sm90Tiles(192, 128, 2, q_buffers=2), varlen=True, kv_cache=True),
     ]
     for kw in variants:
-        k = hopper.compile_sm90(**kw)
+        k = sm90.compile_sm90(**kw)
         t = kw["tiles"]
         ptx = k.asm["ptx"]
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.4d" in ptx, kw
@@ -62,14 +62,14 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         regs = CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)]
         assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs};", ptx), kw
         if t.ctas_per_sm > 1:
-            assert re.search(rf"\.maxnreg {hopper.launch_options(64, t.ctas_per_sm)['maxnreg']}\b", ptx), kw
+            assert re.search(rf"\.maxnreg {sm90.launch_options(64, t.ctas_per_sm)['maxnreg']}\b", ptx), kw
         assert ("atom.global" in ptx) == t.dynamic, kw
         # the output goes out by TMA; varlen adds the masked pointer store beside it
         assert "cp.async.bulk.tensor.4d.global.shared" in ptx, kw
         if kw.get("page_size"):  # 128-key tiles in eight 16-row copies each, or one for a run of pages, K and V
             assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 18, kw
         if kw.get("varlen"):
-            dense = hopper.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
+            dense = sm90.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
                                                page_size=0)).asm["ptx"]
             assert ptx.count("st.global") > dense.count("st.global"), kw
         assert len(k.asm["cubin"]) > 0, kw
@@ -77,28 +77,28 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
 
 def test_grid_persistence_and_stride():
     # Three entries always: launch plans index grid[0..2] (an H200 run failed on (x,)).
-    assert hopper.grid(2, 8, 1000, 128, 132, right_edge=False) == (128, 1, 1)  # 2 * 8 * 8 work tiles
-    assert hopper.grid(4, 16, 4096, 128, 132, right_edge=False) == (132, 1, 1)
-    assert hopper.grid(4, 16, 4096, 128, 132, right_edge=True) == (4 * 16 * 32, 1, 1)  # 64 heads < 131
-    assert hopper.grid(1, 2, 1000, 192, 132, right_edge=True) == (2 * 6, 1, 1)  # three consumers: 192 rows
+    assert sm90.grid(2, 8, 1000, 128, 132, right_edge=False) == (128, 1, 1)  # 2 * 8 * 8 work tiles
+    assert sm90.grid(4, 16, 4096, 128, 132, right_edge=False) == (132, 1, 1)
+    assert sm90.grid(4, 16, 4096, 128, 132, right_edge=True) == (4 * 16 * 32, 1, 1)  # 64 heads < 131
+    assert sm90.grid(1, 2, 1000, 192, 132, right_edge=True) == (2 * 6, 1, 1)  # three consumers: 192 rows
     # Causal with enough heads: persistent, a stride coprime with the row blocks per head.
-    assert hopper.grid(32, 16, 512, 128, 132, right_edge=True) == (131, 1, 1)  # 4 row blocks
-    assert hopper.grid(32, 16, 512, 128, 133, right_edge=True) == (133, 1, 1)  # 133 = 7 * 19 shares nothing with 4
-    assert hopper.grid(64, 4, 640, 128, 130, right_edge=True) == (129, 1, 1)  # 5 row blocks: 130 shares 5
-    assert hopper.grid(3, 64, 66 * 128, 128, 132, right_edge=True) == (131, 1, 1)  # 66 row blocks
-    assert hopper.grid(1, 129, 640, 128, 130, right_edge=True) == (129, 1, 1)  # heads == stride: each CTA sees 5 tiles
-    assert hopper.grid(1, 128, 640, 128, 130, right_edge=True) == (128 * 5, 1, 1)  # fewer heads: one CTA per tile
+    assert sm90.grid(32, 16, 512, 128, 132, right_edge=True) == (131, 1, 1)  # 4 row blocks
+    assert sm90.grid(32, 16, 512, 128, 133, right_edge=True) == (133, 1, 1)  # 133 = 7 * 19 shares nothing with 4
+    assert sm90.grid(64, 4, 640, 128, 130, right_edge=True) == (129, 1, 1)  # 5 row blocks: 130 shares 5
+    assert sm90.grid(3, 64, 66 * 128, 128, 132, right_edge=True) == (131, 1, 1)  # 66 row blocks
+    assert sm90.grid(1, 129, 640, 128, 130, right_edge=True) == (129, 1, 1)  # heads == stride: each CTA sees 5 tiles
+    assert sm90.grid(1, 128, 640, 128, 130, right_edge=True) == (128 * 5, 1, 1)  # fewer heads: one CTA per tile
     # One consumer a CTA (64 rows): two or three CTAs an SM.
-    assert hopper.grid(2, 4, 4096, 64, 132, right_edge=False, ctas_per_sm=2) == (264, 1, 1)  # 512 work tiles
-    assert hopper.grid(32, 16, 512, 64, 132, right_edge=True, ctas_per_sm=2) == (263, 1, 1)  # 8 row blocks: <= 264
-    assert hopper.grid(2, 4, 4096, 64, 132, right_edge=False, ctas_per_sm=3) == (396, 1, 1)
-    assert hopper.grid(32, 16, 512, 64, 132, right_edge=True, ctas_per_sm=3) == (395, 1, 1)  # 396 shares 2 with 8
+    assert sm90.grid(2, 4, 4096, 64, 132, right_edge=False, ctas_per_sm=2) == (264, 1, 1)  # 512 work tiles
+    assert sm90.grid(32, 16, 512, 64, 132, right_edge=True, ctas_per_sm=2) == (263, 1, 1)  # 8 row blocks: <= 264
+    assert sm90.grid(2, 4, 4096, 64, 132, right_edge=False, ctas_per_sm=3) == (396, 1, 1)
+    assert sm90.grid(32, 16, 512, 64, 132, right_edge=True, ctas_per_sm=3) == (395, 1, 1)  # 396 shares 2 with 8
     # Work tiles drawn from a counter: one CTA an SM slot, whatever the mask.
-    assert hopper.grid(4, 16, 4096, 128, 132, right_edge=True, dynamic=True) == (132, 1, 1)
-    assert hopper.grid(1, 1, 256, 128, 132, right_edge=True, dynamic=True) == (2, 1, 1)
-    assert hopper.launch_options(64, 2) == dict(num_warps=4, maxnreg=128)
-    assert hopper.launch_options(128) == dict(num_warps=4)
-    assert hopper.launch_options(64, 3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
+    assert sm90.grid(4, 16, 4096, 128, 132, right_edge=True, dynamic=True) == (132, 1, 1)
+    assert sm90.grid(1, 1, 256, 128, 132, right_edge=True, dynamic=True) == (2, 1, 1)
+    assert sm90.launch_options(64, 2) == dict(num_warps=4, maxnreg=128)
+    assert sm90.launch_options(128) == dict(num_warps=4)
+    assert sm90.launch_options(64, 3) == dict(num_warps=4, maxnreg=80)  # 85 a thread, down to 8s
 
 
 def test_tma_ready_needs_aligned_strides_and_unit_last_stride():
@@ -131,13 +131,13 @@ def test_descriptors_equal_the_checked_constructor():
 @needs_gluon
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_build_follows_the_signature_and_declares_its_slots(dynamic):
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    names = sm90_kernels.attention_fwd_sm90_kernel.arg_names
     q = torch.randn(3, 8, 100, 128, dtype=torch.float16)
     k = torch.randn(3, 2, 200, 128, dtype=torch.float16)
     out = torch.empty_like(q)
     counter = torch.zeros(1, dtype=torch.int32) if dynamic else None
-    tiles = HopperTiles(128, 128, 2, q_buffers=2, dynamic=dynamic)
-    launch = hopper.build(q, k, k, out, None, counter, Band(100, -1, 0), Score(0.125, None), tiles, 132)
+    tiles = Sm90Tiles(128, 128, 2, q_buffers=2, dynamic=dynamic)
+    launch = sm90.build(q, k, k, out, None, counter, Band(100, -1, 0), Score(0.125, None), tiles, 132)
     by_name = dict(zip(names, launch.params()))
     assert len(launch.params()) == len(names)
     assert by_name["LSE"] is out and by_name["kv_group"] == 4 and by_name["off"] == 100
@@ -150,7 +150,7 @@ def test_build_follows_the_signature_and_declares_its_slots(dynamic):
     slots = [(s.position, s.name, s.describe is not None) for s in launch.slots]
     assert slots == [(0, "q", True), (1, "k", True), (2, "v", True), (3, "out", True), (4, "out", False)] + \
         ([(5, "tile_counter", False)] if dynamic else [])
-    assert launch.grid == hopper.grid(3, 8, 100, 128, 132, True, 1, dynamic)
+    assert launch.grid == sm90.grid(3, 8, 100, 128, 132, True, 1, dynamic)
 
 
 @needs_gluon
@@ -162,10 +162,10 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
     out, lse = torch.empty_like(q), torch.empty(8, 700)
     cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
     cu_k = torch.tensor([0, 500, 600, 900], dtype=torch.int32)
-    tiles = HopperTiles(128, 128, 2)
-    launch = hopper.build(q, k, k, out, lse, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
+    tiles = Sm90Tiles(128, 128, 2)
+    launch = sm90.build(q, k, k, out, lse, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                           varlen=(cu_q, cu_k, 400, True))
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    names = sm90_kernels.attention_fwd_sm90_kernel.arg_names
     by_name = dict(zip(names, launch.params()))
     assert len(launch.params()) == len(names)
     qd = by_name["q_desc"]
@@ -179,7 +179,7 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
                                                             (6, "cu_seqlens_q"), (7, "cu_seqlens_k"), (8, "out"),
                                                             (4, "lse")]
     assert launch.slots[0].describe(q).shape == (1, 8, 700, 128)
-    assert launch.grid == hopper.grid(3, 8, 400, 128, 132, True)
+    assert launch.grid == sm90.grid(3, 8, 400, 128, 132, True)
 
 
 @needs_gluon
@@ -195,10 +195,10 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
         k, table = torch.randn(3, 1000, 2, 128, dtype=torch.bfloat16), None
     out, seqlens = torch.empty_like(q), torch.tensor([900, 10, 300], dtype=torch.int32)
     cu_q = torch.tensor([0, 500, 510, 600], dtype=torch.int32)
-    tiles = HopperTiles(128, 128, 2)
-    launch = hopper.build(q, k, k, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
+    tiles = Sm90Tiles(128, 128, 2)
+    launch = sm90.build(q, k, k, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                           varlen=(cu_q, None, 500, False), cache=(seqlens, table))
-    names = hopper_kernels.attention_fwd_hopper_kernel.arg_names
+    names = sm90_kernels.attention_fwd_sm90_kernel.arg_names
     assert len(launch.params()) == len(names)
     by_name = dict(zip(names, launch.params()))
     rows = k.shape[0] * k.shape[1]
@@ -223,17 +223,17 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
     if page:  # the launcher refuses what dispatch would not hand it
         odd = torch.randn(40, 17, 2, 128, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="power-of-two pages"):
-            hopper.build(q, odd, odd, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
+            sm90.build(q, odd, odd, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
         short = torch.randn(40, 2 * page, 2, 128, dtype=torch.bfloat16)[:, :page]  # pages spaced apart
         with pytest.raises(ValueError, match="merge into rows"):
-            hopper.build(q, short, short, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
+            sm90.build(q, short, short, out, None, None, Band(0, -1, 0), Score(0.125, None), tiles, 132,
                          varlen=(cu_q, None, 500, False), cache=(seqlens, table))
 
 
-def _hopper_cases():
+def _sm90_cases():
     cases = []
-    for d in sorted({d for d, _ in tables.HOPPER}):
+    for d in sorted({d for d, _ in tables.SM90}):
         cases += [
             Case(B=2, Hq=4, Hkv=4, Nq=1, Nk=1, D=d),
             Case(B=2, Hq=4, Hkv=2, Nq=300, Nk=333, D=d, dtype="bf16"),
@@ -260,7 +260,7 @@ def _schedules(d):
     # Every Q-buffer count a head dim has room for, each with the table's switches
     # (no right edge) and with PINGPONG, P_FP32 and LATE_PV_WAIT, one at a time,
     # flipped; LAZY_RESCALE flipped with the table's Q buffers only (it touches no buffer).
-    t = tables.HOPPER[(d, False)]
+    t = tables.SM90[(d, False)]
     base = (t.pingpong, t.p_fp32, t.late_pv_wait, t.lazy_rescale)
     flip = lambda k: tuple(not x if i == k else x for i, x in enumerate(base))  # noqa: E731
     return ([(qb, *f) for qb in range(1, t.q_buffers + 1) for f in [base, flip(0), flip(1), flip(2)]]
@@ -268,39 +268,40 @@ def _schedules(d):
 
 
 def _assert_case_with(case, tiles):
-    # The case through the launcher with the Hopper kernel's tiles and switches forced to `tiles`.
+    # The case through the launcher with the sm90 kernel's tiles and switches forced to `tiles`.
     def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
         assert all(map(tma.tma_ready, (q, k, v)))
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
         band = mask_band(q.shape[2], k.shape[2], mode, window or (-1, -1))
-        return ops.attention_forward(q, k, v, band=band, score=Score(q.shape[-1] ** -0.5 if scale is None else scale, softcap), return_lse=return_lse, tiles=tiles, kernel="sm90")
+        score = Score(q.shape[-1] ** -0.5 if scale is None else scale, softcap)
+        return ops.attention_forward(q, k, v, band=band, score=score, return_lse=return_lse, tiles=tiles, kernel="sm90")
     for v in case.run(torch.device("cuda"), attention):
         assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
 
 
 @pytest.mark.gpu
-@needs_hopper
+@needs_sm90
 @pytest.mark.parametrize("case,q_buffers,pingpong,p_fp32,late_pv_wait,lazy_rescale", [
     pytest.param(c, qb, pp, p32, late, lazy, id=f"{c.name.replace(' ', '_')}-q{qb}{'-pp' if pp else ''}"
                                                 f"{'-p32' if p32 else ''}{'-late' if late else ''}"
                                                 f"{'-lazy' if lazy else ''}")
-    for c in _hopper_cases() for qb, pp, p32, late, lazy in _schedules(c.D)])
+    for c in _sm90_cases() for qb, pp, p32, late, lazy in _schedules(c.D)])
 def test_gpu_hopper_kernel_matches_the_oracle(case, q_buffers, pingpong, p_fp32, late_pv_wait, lazy_rescale):
-    _assert_case_with(case, tables.HOPPER[(case.D, False)]._replace(
+    _assert_case_with(case, tables.SM90[(case.D, False)]._replace(
         q_buffers=q_buffers, pingpong=pingpong, p_fp32=p_fp32, late_pv_wait=late_pv_wait, lazy_rescale=lazy_rescale))
 
 
 def _band_tiles(d):
-    few = [t for (dim, _), t in tables.HOPPER_FEW_TILES.items() if dim == d]
-    return [b.tiles for b in tables.HOPPER_SHORT_CAUSAL.get(d, ())] + few
+    few = [t for (dim, _), t in tables.SM90_FEW_TILES.items() if dim == d]
+    return [b.tiles for b in tables.SM90_SHORT_CAUSAL.get(d, ())] + few
 
 
 @pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()
+@needs_sm90
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _sm90_cases()
                                   if _band_tiles(c.D)])
 def test_gpu_hopper_band_tiles_match_the_oracle(case):
-    # HOPPER_SHORT_CAUSAL's bands' and HOPPER_FEW_TILES' tiles (one consumer and
+    # SM90_SHORT_CAUSAL's bands' and SM90_FEW_TILES' tiles (one consumer and
     # two or three CTAs an SM; DYNAMIC where the band has it) on every case of the
     # head dim, whatever its mask, with one Q buffer and with two: the kernel must
     # be right for any.
@@ -310,13 +311,13 @@ def test_gpu_hopper_band_tiles_match_the_oracle(case):
 
 
 @pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _hopper_cases()])
+@needs_sm90
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.replace(" ", "_")) for c in _sm90_cases()])
 def test_gpu_hopper_dynamic_tiles_match_the_oracle(case):
     # DYNAMIC (work tiles drawn from a counter) on every case, whatever its mask, with
     # the launcher's switches for a right edge and one and two Q buffers; each launch
     # takes a fresh counter, so a second run of a case is as right as the first.
-    tiles = tables.HOPPER[(case.D, True)]._replace(dynamic=True)
-    for q_buffers in range(1, tables.HOPPER[(case.D, False)].q_buffers + 1):
+    tiles = tables.SM90[(case.D, True)]._replace(dynamic=True)
+    for q_buffers in range(1, tables.SM90[(case.D, False)].q_buffers + 1):
         _assert_case_with(case, tiles._replace(q_buffers=q_buffers))
 

@@ -1,4 +1,4 @@
-"""Launcher of the Gluon Hopper kernel (kernels/attention_fwd_hopper.py): grid,
+"""Launcher of the Gluon sm90 kernel (kernels/attention_fwd_sm90.py): grid,
 the kernel's arguments, TMA descriptors (ops/tma.py) and slots, and an ahead-of-time compile
 for sm_90 that needs no GPU (the CPU test suite uses it to prove the kernel builds)."""
 
@@ -7,11 +7,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from vflash.kernels import attention_fwd_hopper as hopper
+from vflash.kernels import attention_fwd_sm90 as sm90
 from vflash.call import Band, Score
 from vflash.ops.launch import KernelLaunch, Slot
 from vflash.ops.scales import score_scales
-from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, HopperTiles
+from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
 from vflash.ops.tma import (GL_DTYPES, block_shapes, cache_ready, cache_rows, desc_signature, describers,
                             heads_first, page_rows, page_runs, pages_fit)
 
@@ -64,9 +64,9 @@ def launch_options(block_m: int, ctas_per_sm: int = 1) -> dict:
 
 
 def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Tensor], band: Band, score: Score,
-          tiles: HopperTiles, sms: int, varlen: Optional[tuple] = None,
+          tiles: Sm90Tiles, sms: int, varlen: Optional[tuple] = None,
           cache: Optional[tuple] = None) -> KernelLaunch:
-    """The launch of attention_fwd_hopper_kernel. `counter` (tiles.dynamic): the
+    """The launch of attention_fwd_sm90_kernel. `counter` (tiles.dynamic): the
     work-tile counter, one int32 zero, fresh each launch (a shared one would race
     between streams and across CUDA graph replays). `varlen` (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, top_left) for packed [total, H, D] tensors, out
@@ -137,15 +137,15 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         slots += (Slot("tile_counter", "tile_counter"),)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
                              varlen is not None, top_left, cache is not None, page_size)
-    return KernelLaunch(hopper.attention_fwd_hopper_kernel,
+    return KernelLaunch(sm90.attention_fwd_sm90_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
 
 
-def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, softcap: bool,
+def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, softcap: bool,
                 store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
                 page_size: int = 0) -> dict:
-    """attention_fwd_hopper_kernel's constexpr arguments, for the launch and for
+    """attention_fwd_sm90_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
     return dict(HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, HAS_LEFT=has_left,
@@ -156,7 +156,7 @@ def _constexprs(head_dim: int, t: HopperTiles, has_left: bool, has_right: bool, 
                 KV_CACHE=kv_cache, PAGE_SIZE=page_size)
 
 
-def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: HopperTiles = HopperTiles(128, 128, 2), *,
+def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90Tiles = Sm90Tiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
@@ -173,7 +173,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Hoppe
 
     def desc(block):
         return desc_signature(block, dtype)
-    fn = hopper.attention_fwd_hopper_kernel
+    fn = sm90.attention_fwd_sm90_kernel
     signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
                  "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr",
                  "cu_seqlens_q": "*i32" if varlen else "constexpr", "cu_seqlens_k": "*i32" if varlen else "constexpr",

@@ -10,7 +10,7 @@ shape of FlashAttention-3:
   that head's K/V in L2. With a right edge (causal) tiles differ in cost: the
   launcher's grid either strides by a count coprime to the row blocks per head,
   so every CTA cycles through all of them, or gives each tile its own CTA and
-  lets the hardware balance (`ops/hopper.py:grid`).
+  lets the hardware balance (`ops/sm90.py:grid`).
 - Warp-specialized: a producer warpgroup (one thread issues every TMA copy)
   and one, two or three consumer warpgroups of 64 query rows each (one: two
   CTAs share an SM, for short causal rows). K and V go through a ring of
@@ -698,7 +698,7 @@ if HAVE_GLUON:
         tma.store_wait(0)
 
     @gluon.jit
-    def attention_fwd_hopper_kernel(
+    def attention_fwd_sm90_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
         cache_seqlens, block_table, kt_desc, vt_desc,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,

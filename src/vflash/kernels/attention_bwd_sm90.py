@@ -1,5 +1,5 @@
 """The attention backward's dQ and dK / dV for Hopper (sm_90), written in Gluon
-(docs/performance.md, "The sm_90 backward"), launched by ops/hopper_bwd.py where
+(docs/performance.md, "The sm_90 backward"), launched by ops/sm90_bwd.py where
 vflash.dispatch.select_backward picks them. They repeat the math of the portable
 `attention_bwd_dq_kernel` / `attention_bwd_dkdv_kernel` (read `attention_bwd.py`'s
 docstring first). Dense [B, H, N, D] tensors, or packed sequences (IS_VARLEN:
@@ -13,7 +13,7 @@ tensors, loaded once, and two others stream past through a ring (`Buffers`);
 the per-tile math is the portable kernels' helpers (probs, softcap_grad,
 row_stats), called as they are.
 
-dQ, `attention_bwd_dq_hopper_kernel`. One CTA per work tile: BLOCK_M query
+dQ, `attention_bwd_dq_sm90_kernel`. One CTA per work tile: BLOCK_M query
 rows of one (batch, q head), 64 per consumer warpgroup. A producer warpgroup (one thread issues every TMA copy)
 loads each consumer's Q and dO rows once, then the tile's K / V tiles through
 a ring of STAGES buffers with ready / empty mbarriers. A consumer, per key
@@ -25,7 +25,7 @@ it leaves through the Q buffer by TMA. Each consumer walks the tiles its own
 rows see (kernels/mask.py's row_tiles): masked edges, an unmasked middle, the
 work tile's other tiles released unread.
 
-dK / dV, `attention_bwd_dkdv_hopper_kernel`. One CTA per (key block, KV head,
+dK / dV, `attention_bwd_dkdv_sm90_kernel`. One CTA per (key block, KV head,
 batch), 64 keys per consumer warpgroup, whose K and V rows the producer loads
 once; then the query tiles that see the block (key_range with the roles of
 queries and keys exchanged, as the portable kernel's), for each query head of
@@ -41,7 +41,7 @@ shared memory by the producer beside the tile's dO (the dQ kernel's consumers
 load their own rows' once, from global memory).
 
 Gluon does not run under the Triton interpreter: the CPU suite compiles these
-kernels for sm_90 (ops/hopper_bwd.py) and the GPU tests check their numbers.
+kernels for sm_90 (ops/sm90_bwd.py) and the GPU tests check their numbers.
 """
 
 from vflash.kernels.attention_bwd import probs, row_stats, softcap_grad
@@ -455,7 +455,7 @@ if HAVE_GLUON:
             tma.store_wait(0)
 
     @gluon.jit
-    def attention_bwd_dq_hopper_kernel(
+    def attention_bwd_dq_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DQ,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
         qk_scale, sm_scale, softcap_in, softcap_out,
@@ -634,7 +634,7 @@ if HAVE_GLUON:
             tma.store_wait(0)
 
     @gluon.jit
-    def attention_bwd_dkdv_hopper_kernel(
+    def attention_bwd_dkdv_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DK, DV,
         batch, n_heads_kv, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
         qk_scale, sm_scale, softcap_in, softcap_out,

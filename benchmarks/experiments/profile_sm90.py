@@ -1,13 +1,13 @@
 """Issue 4 experiment: run the launcher's attention call on one shape a few
-times, for Nsight Compute to profile one launch of the Gluon Hopper kernel
+times, for Nsight Compute to profile one launch of the Gluon sm90 kernel
 (pipe use, warp stalls, per-instruction samples). The launcher picks the kernel
 and tiles as it does for users, unless --tiles or --q-buffers force the Hopper
 kernel's tiles. --backward: each call is a forward and a backward through
 autograd (the dispatched backward kernels; ncu's -k picks dq or dkdv's).
 
 GPU only, under ncu, e.g. (from the repository root, PYTHONPATH=src:.):
-  ncu --clock-control none --set full --import-source yes -k regex:hopper --launch-skip 3 --launch-count 1 \
-      -o d64 python3 -m benchmarks.experiments.profile_hopper --d 64 --n 16384 [--causal] [--q-buffers 2] \
+  ncu --clock-control none --set full --import-source yes -k regex:sm90 --launch-skip 3 --launch-count 1 \
+      -o d64 python3 -m benchmarks.experiments.profile_sm90 --d 64 --n 16384 [--causal] [--q-buffers 2] \
       [--tiles main|short|few]
 """
 
@@ -21,26 +21,26 @@ import vflash
 from benchmarks.experiments.common import require_cuda, sweep_shape
 from vflash import dispatch
 from vflash.dispatch import tables
-from vflash.harness.lab import HopperTiles, attention_forward, mask_band
+from vflash.harness.lab import Sm90Tiles, attention_forward, mask_band
 from vflash.harness.lab import Call, Score
 
 TILES = {
-    "main": "tables.HOPPER's entry for the head dim and mask",
-    "short": "HOPPER_SHORT_CAUSAL's first band (one consumer a CTA, several CTAs an SM)",
-    "few": "HOPPER_FEW_TILES' entry for the head dim and mask (two CTAs of 64-row tiles an SM)",
+    "main": "tables.SM90's entry for the head dim and mask",
+    "short": "SM90_SHORT_CAUSAL's first band (one consumer a CTA, several CTAs an SM)",
+    "few": "SM90_FEW_TILES' entry for the head dim and mask (two CTAs of 64-row tiles an SM)",
 }
 
 
-def table_tiles(which: str, head_dim: int, right_edge: bool) -> HopperTiles:
+def table_tiles(which: str, head_dim: int, right_edge: bool) -> Sm90Tiles:
     """The Hopper tiles --tiles names, whatever the call's length; ValueError
     where the head dim has no such entry."""
     if which == "main":
-        found = tables.HOPPER.get((head_dim, right_edge))
+        found = tables.SM90.get((head_dim, right_edge))
     elif which == "short":
-        bands = tables.HOPPER_SHORT_CAUSAL.get(head_dim)
+        bands = tables.SM90_SHORT_CAUSAL.get(head_dim)
         found = bands[0].tiles if bands else None
     else:
-        found = tables.HOPPER_FEW_TILES.get((head_dim, right_edge))
+        found = tables.SM90_FEW_TILES.get((head_dim, right_edge))
     if found is None:
         raise ValueError(f"--tiles {which}: the tables have no such tiles for D = {head_dim}"
                          f"{' with a right edge' if right_edge and which != 'short' else ''}")
@@ -48,7 +48,7 @@ def table_tiles(which: str, head_dim: int, right_edge: bool) -> HopperTiles:
 
 
 def forced_tiles(which: Optional[str], q_buffers: Optional[int], head_dim: int, right_edge: bool,
-                 launcher: HopperTiles) -> HopperTiles:
+                 launcher: Sm90Tiles) -> Sm90Tiles:
     """The tiles --tiles and --q-buffers ask for; `launcher`: the launcher's own
     Hopper tiles for the call, the base when --tiles is not given."""
     tiles = launcher if which is None else table_tiles(which, head_dim, right_edge)
@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--backward", action="store_true", help="a backward after each forward (bf16 inputs)")
-    ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="Hopper kernel Q buffers (default: the tiles')")
+    ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="sm90 kernel Q buffers (default: the tiles')")
     ap.add_argument("--tiles", choices=sorted(TILES),
                     help="force these Hopper tiles whatever the length and mask: "
                          + "; ".join(f"{k}: {v}" for k, v in TILES.items()) + " (default: the launcher's choice)")
@@ -76,7 +76,7 @@ def main() -> int:
             table_tiles(a.tiles, a.d, a.causal)
         except ValueError as exc:
             ap.error(str(exc))
-    if not require_cuda("profile_hopper"):
+    if not require_cuda("profile_sm90"):
         return 1
     dtype = torch.bfloat16 if a.backward else torch.float16
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=dtype, requires_grad=a.backward)
@@ -85,9 +85,10 @@ def main() -> int:
     band = mask_band(s.Nq, s.Nk, causal, (-1, -1))
     tiles = None
     if a.tiles or a.q_buffers:
-        launcher = None if a.tiles else dispatch.select(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)), kernel="sm90").tiles
+        problem = dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False))
+        launcher = None if a.tiles else dispatch.select(problem, kernel="sm90").tiles
         tiles = forced_tiles(a.tiles, a.q_buffers, a.d, a.causal, launcher)
-        print(f"profile_hopper: {tiles}", flush=True)
+        print(f"profile_sm90: {tiles}", flush=True)
     for _ in range(a.calls):
         if a.backward:
             out = vflash.attention(q, k, v, causal=causal or False)
