@@ -122,7 +122,7 @@ def test_select_backward_refusals_and_forcing(h200, monkeypatch):
         with pytest.raises(ValueError, match=reason):
             dispatch.select_backward(p, kernel="sm90")
     # packed sequences take the same kernels and tiles as dense ones of their longest lengths
-    varlen = dataclasses.replace(problem(128, True, 4096, 32), varlen=True)
+    varlen = dataclasses.replace(problem(128, True, 4096, 32), layout="packed")
     assert dispatch.select_backward(varlen) == dispatch.select_backward(problem(128, True, 4096, 32))
     short = dispatch.select_backward(problem(64, True, 256, 32))
     assert short.kernel == "portable" and "not ahead" in short.why, short.why
@@ -177,7 +177,7 @@ def test_env_override_is_read_and_checked(device):
 
 
 def kv_problem(batch, heads_q, n_q, capacity, dtype=torch.bfloat16, d=128):
-    return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, varlen=True)
+    return Problem(dtype, d, batch, heads_q, n_q, capacity, Band(0, -1, 0), CUDA, False, layout="cache")
 
 
 def decode_tiles(splits: int, chunk: int) -> KVCacheTiles:
@@ -279,3 +279,38 @@ def test_every_registered_kernel_has_a_forward_builder_and_refusals():
     assert dispatch.REGISTRY["portable"].backward_refusal(p) is None
     assert "interpreter" in dispatch.REGISTRY["sm90"].forward_refusal(p)
     assert "interpreter" in dispatch.REGISTRY["sm90"].backward_refusal(p)
+
+
+def test_the_registry_says_what_each_family_takes_as_data():
+    # dtypes, layouts and score options are data the refusals read first: the sm90 family refuses fp32, a
+    # backward against a KV cache and a score option it does not list, whatever its device rules say;
+    # vflash._validate accepts the dtypes some family takes
+    from vflash import _validate
+    p = problem(128, True, 4096, 32)
+    assert dispatch.refusal("sm90", dataclasses.replace(p, dtype=torch.float32)) == \
+        "it takes float16 / bfloat16, not torch.float32"
+    assert dispatch.refusal("portable", dataclasses.replace(p, dtype=torch.float32)) is None
+    cache = dataclasses.replace(p, layout="cache")
+    assert "backward takes dense / packed calls, not cache" in dispatch.refusal("sm90", cache, backward=True)
+    assert "not cache" in dispatch.refusal("portable", cache, backward=True)
+    assert dispatch.refusal("portable", dataclasses.replace(p, options=("softcap",))) is None
+    assert dispatch.refusal("portable", dataclasses.replace(p, options=("bias",))) == "it does not take bias"
+    assert set(_validate.SUPPORTED_DTYPES) == {d for k in dispatch.REGISTRY.values() for d in k.dtypes}
+
+
+def test_problem_of_reads_the_layout_and_the_score_options():
+    from vflash.call import Cache, Packed
+    x = torch.randn(2, 4, 10, 64, dtype=H)
+    assert dispatch.problem_of(Call(x, x, x, None, Band(0, -1, -1), Score(0.125), False)).options == ()
+    p = dispatch.problem_of(Call(x, x, x, None, Band(0, -1, -1), Score(0.125, 30.0), False))
+    assert (p.layout, p.options, p.varlen) == ("dense", ("softcap",), False)
+    rows = x.view(-1, 10, 64)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    packed = Call(rows, rows, rows, Packed(cu, cu, 4, 4, False, False), Band(0, -1, -1), Score(0.125), False)
+    assert (dispatch.problem_of(packed).layout, dispatch.problem_of(packed).batch) == ("packed", 2)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    kv = torch.randn(2, 16, 2, 64, dtype=H)  # contiguous caches [B, max_len, Hkv, D]: 16 keys a sequence
+    cache = Call(rows, kv, kv, Cache(lens, None, cu, 4, None, False, False, tuple(rows.shape)), Band(0, -1, 0),
+                 Score(0.125), False)
+    p = dispatch.problem_of(cache)
+    assert (p.layout, p.batch, p.n_q, p.n_k, p.varlen) == ("cache", 2, 4, 16, True)

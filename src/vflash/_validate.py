@@ -13,11 +13,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from vflash import dispatch
 from vflash._backend import interpreted, interpreter_refusal
 from vflash.call import ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN, Band, Cache, Call, Packed, Score, Spec
 from vflash.ops import plans
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = dispatch.DTYPES  # the input dtypes some kernel family takes (vflash.dispatch.REGISTRY)
+_DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's 2nd and 3rd dimensions: q heads, batch
@@ -70,7 +72,7 @@ def _check_tensor(name: str, t, ndim: int, layout: str, hint: str = "") -> None:
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
     if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {_DTYPE_NAMES}")
     if t.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
 
@@ -209,7 +211,7 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have one shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
     if out_a.dtype not in SUPPORTED_DTYPES or out_a.dtype != out_b.dtype:
-        raise TypeError(f"out_a and out_b must share one of float16, bfloat16, float32, got out_a {out_a.dtype}, "
+        raise TypeError(f"out_a and out_b must share one of {_DTYPE_NAMES}, got out_a {out_a.dtype}, "
                         f"out_b {out_b.dtype}")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
         if lse.shape != out_a.shape[:-1]:
@@ -439,7 +441,7 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if k_new.shape[1:] != (H, D):
         raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
     if len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"caches and new keys / values must share one of float16, bfloat16, float32, got k_cache "
+        raise TypeError(f"caches and new keys / values must share one of {_DTYPE_NAMES}, got k_cache "
                         f"{k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping must be a 1-D int32 or int64 tensor [tokens], got {_describe(slot_mapping)}")

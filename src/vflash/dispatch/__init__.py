@@ -8,10 +8,10 @@ whole account in `docs/dispatch.md`. `VFLASH_KERNEL=portable|sm90` (or
 raises ValueError saying why.
 """
 
-from vflash.dispatch.rules import (FORCED, KERNELS, REGISTRY, Choice, Kernel, Problem, backward_tiles,
-                                   cache_write_tiles, choose, merge_tiles, metadata_tiles, problem_of, select,
-                                   select_backward, select_kvcache, sm90_backward_refusal, sm90_refusal)
+from vflash.dispatch.rules import (DTYPES, FORCED, KERNELS, REGISTRY, Choice, Kernel, Problem, backward_tiles,
+                                   cache_write_tiles, choose, merge_tiles, metadata_tiles, problem_of, refusal,
+                                   select, select_backward, select_kvcache, sm90_backward_refusal, sm90_refusal)
 
-__all__ = ["FORCED", "KERNELS", "REGISTRY", "Choice", "Kernel", "Problem", "backward_tiles", "cache_write_tiles",
-           "choose", "merge_tiles", "metadata_tiles", "problem_of", "select", "select_backward", "select_kvcache",
-           "sm90_backward_refusal", "sm90_refusal"]
+__all__ = ["DTYPES", "FORCED", "KERNELS", "REGISTRY", "Choice", "Kernel", "Problem", "backward_tiles",
+           "cache_write_tiles", "choose", "merge_tiles", "metadata_tiles", "problem_of", "refusal", "select",
+           "select_backward", "select_kvcache", "sm90_backward_refusal", "sm90_refusal"]

@@ -11,7 +11,7 @@ from vflash import _backend
 from vflash.dispatch import tables
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.ops.tma import cache_ready, pages_fit, tma_ready
-from vflash.call import Band, Cache, Call
+from vflash.call import Band, Cache, Call, Score
 from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, PortableTiles, head_dim_pad)
 
@@ -32,7 +32,15 @@ class Problem:
     band: Band
     device: torch.device
     tma_ok: bool  # q, k, v and out suit TMA: 16-byte aligned base and strides, unit last stride
-    varlen: bool = False  # packed sequences (cu_seqlens); batch, n_q, n_k: their count and longest lengths
+    # "dense", "packed" (cu_seqlens) or "cache" (a KV cache; packed too): batch, n_q, n_k are then the
+    # sequence count and the longest lengths (a cache's capacity)
+    layout: str = "dense"
+    options: Tuple[str, ...] = ()  # the score options set beside the scale (vflash.call.Score's fields)
+
+    @property
+    def varlen(self) -> bool:
+        """Sequences of their own lengths (packed queries, or a KV cache)."""
+        return self.layout != "dense"
 
     @property
     def head_dim_pad(self) -> int:
@@ -61,8 +69,9 @@ def problem_of(call: Call) -> Problem:
         tma = all(map(tma_ready, given)) and cache_ready(call.k) and cache_ready(call.v)
     else:
         tma = all(map(tma_ready, given + (call.k, call.v)))
+    options = tuple(name for name in Score._fields[1:] if getattr(call.score, name) is not None)
     return Problem(q.dtype, call.head_dim, call.batch, call.heads_q, call.n_q, call.n_k, call.band, q.device, tma,
-                   varlen=layout is not None)
+                   "dense" if layout is None else "cache" if isinstance(layout, Cache) else "packed", options)
 
 
 def choose(call: Call, kernel: Optional[str] = None) -> Choice:
@@ -86,22 +95,21 @@ def _sm_count(p: Problem) -> int:
 
 
 def _sm90_device_refusal(p: Problem) -> Optional[str]:
-    # what every sm_90 kernel needs: Gluon, an sm_90 device, 16-bit inputs TMA can address
+    # what every sm_90 kernel needs beside its registry data: Gluon, an sm_90 device, inputs TMA can address
     if _backend.interpreted(p.device):
         return "Gluon kernels do not run under the Triton interpreter (CPU tensors, or TRITON_INTERPRET set)"
     if not HAVE_GLUON:
         return "this Triton has no Gluon"
     if not _sm90(p.device.index)[0]:
         return f"{torch.cuda.get_device_name(p.device)} is not sm_90"
-    if p.dtype not in (torch.float16, torch.bfloat16):
-        return f"it takes float16 / bfloat16, not {p.dtype}"
     if not p.tma_ok:
         return "TMA needs every tensor's base and strides 16-byte aligned and a unit last stride"
     return None
 
 
 def sm90_refusal(p: Problem) -> Optional[str]:
-    """Why the sm_90 kernel cannot take this call, or None if it can."""
+    """Why the sm_90 kernel cannot take this call, or None if it can (refusal("sm90", p): its registry
+    data first)."""
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
@@ -124,20 +132,20 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
     VFLASH_KERNEL, else chosen here) forces one; a forced kernel that cannot
     take the call raises ValueError saying why."""
     kernel = _forced(kernel)
-    refusal = REGISTRY["sm90"].forward_refusal(p) if kernel != "portable" else "forced portable"
+    refused = refusal("sm90", p) if kernel != "portable" else "forced portable"
     if kernel == "sm90":
-        if refusal is not None:
-            raise ValueError(f"the sm90 kernel cannot take this call: {refusal}")
+        if refused is not None:
+            raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
         return _sm90_choice(p, forced=True)
-    if refusal is None:
+    if refused is None:
         use = tables.SM90_USE[p.head_dim]
         shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
         few = p.row_tiles(tables.SM90[(p.head_dim, p.band.has_right)].block_m) < use.min_waves * _sm_count(p)
         if p.n_q >= shortest and (not few or (p.head_dim, p.band.has_right) in tables.SM90_FEW_TILES):
             return _sm90_choice(p, forced=False)
-        refusal = (f"n_q {p.n_q} < {shortest}, where the sm90 kernel is not ahead" if p.n_q < shortest else
+        refused = (f"n_q {p.n_q} < {shortest}, where the sm90 kernel is not ahead" if p.n_q < shortest else
                    f"under {use.min_waves} waves of work tiles and no few-tile tiles")
-    return _portable(p, f"portable kernel ({refusal})" if kernel is None else "portable kernel (forced)")
+    return _portable(p, f"portable kernel ({refused})" if kernel is None else "portable kernel (forced)")
 
 
 def _sm90_choice(p: Problem, forced: bool) -> Choice:
@@ -198,7 +206,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     d = p.head_dim_pad
     rows = group * max(1, p.n_q)
     unsplit = not batch_invariant and num_splits in (None, 1)
-    if rows > tables.DECODE_ROWS and unsplit and REGISTRY["sm90"].forward_refusal(p) is None:
+    if rows > tables.DECODE_ROWS and unsplit and refusal("sm90", p) is None:
         dense = select(p)
         if dense.kernel == "sm90" and (page_size == 0 or pages_fit(page_size, dense.tiles.block_n)):
             cache = f"pages of {page_size}" if page_size else "contiguous"
@@ -287,7 +295,8 @@ def _deeper_ring(rule: tables.WaveRule, per_sm: int, programs: int, sms: int, ke
 
 
 def sm90_backward_refusal(p: Problem) -> Optional[str]:
-    """Why the sm_90 backward kernels cannot take this call, or None if they can."""
+    """Why the sm_90 backward kernels cannot take this call, or None if they can (refusal("sm90", p,
+    backward=True): its registry data first)."""
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
@@ -297,10 +306,17 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
 
 
 class Kernel(NamedTuple):
-    """A kernel family a call can run: its name (Choice.kernel, VFLASH_KERNEL's values) and what it can take,
-    as why its forward or its backward cannot run a problem (None: it can). The launchers build a family's
-    launch from Choice.kernel alone (vflash.ops.attention, vflash.ops.attention_bwd)."""
+    """A kernel family a call can run: its name (Choice.kernel, VFLASH_KERNEL's values) and what it takes, as
+    data (its input dtypes, the layouts its forward and its backward take, the score options beside the scale)
+    and, for what the data cannot say (the device, head-dim tiles, TMA), as why its forward or its backward
+    cannot run a problem (None: it can). `refusal` reads both; vflash._validate accepts the dtypes some family
+    takes. The launchers build a family's launch from Choice.kernel alone (vflash.ops.attention,
+    vflash.ops.attention_bwd). A new option or dtype is an entry in the families that take it."""
     name: str
+    dtypes: Tuple[torch.dtype, ...]
+    layouts: Tuple[str, ...]  # the forward's: "dense", "packed", "cache"
+    backward_layouts: Tuple[str, ...]  # the backward's ("cache": no backward)
+    options: Tuple[str, ...]  # vflash.call.Score fields beside the scale it takes when set
     forward_refusal: Callable[[Problem], Optional[str]]
     backward_refusal: Callable[[Problem], Optional[str]]
 
@@ -309,11 +325,31 @@ def _takes_any(p: Problem) -> Optional[str]:
     return None
 
 
+_16_BIT = (torch.float16, torch.bfloat16)
 # The portable Triton kernels take every call (any device Triton runs on, the interpreter included); the sm_90
-# Gluon ones where their refusals say. select() prefers sm90 where it can take a call and is ahead there.
-REGISTRY = {"portable": Kernel("portable", _takes_any, _takes_any),
-            "sm90": Kernel("sm90", sm90_refusal, sm90_backward_refusal)}
+# Gluon ones 16-bit inputs and where their refusals say. select() prefers sm90 where it can take a call and is
+# ahead there.
+REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32,), ("dense", "packed", "cache"),
+                               ("dense", "packed"), ("softcap",), _takes_any, _takes_any),
+            "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap",),
+                           sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)
+DTYPES = tuple(dict.fromkeys(d for k in REGISTRY.values() for d in k.dtypes))  # every family's, in order
+
+
+def refusal(kernel: str, p: Problem, backward: bool = False) -> Optional[str]:
+    """Why family `kernel`'s forward (or backward) cannot run `p`, or None if it can: its registry data
+    (dtype, layout, score options), then its refusal function."""
+    k = REGISTRY[kernel]
+    if p.dtype not in k.dtypes:
+        return f"it takes {' / '.join(str(d).replace('torch.', '') for d in k.dtypes)}, not {p.dtype}"
+    layouts = k.backward_layouts if backward else k.layouts
+    if p.layout not in layouts:
+        return f"its {'backward' if backward else 'forward'} takes {' / '.join(layouts)} calls, not {p.layout}"
+    missing = [o for o in p.options if o not in k.options]
+    if missing:
+        return f"it does not take {', '.join(missing)}"
+    return (k.backward_refusal if backward else k.forward_refusal)(p)
 
 
 def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
@@ -321,16 +357,16 @@ def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
     the sm_90 kernels wherever they can take the call and are ahead (SM90_BACKWARD_MIN_N),
     `kernel` or VFLASH_KERNEL forcing one."""
     kernel = _forced(kernel)
-    refusal = REGISTRY["sm90"].backward_refusal(p) if kernel != "portable" else "forced portable"
+    refused = refusal("sm90", p, backward=True) if kernel != "portable" else "forced portable"
     shortest = tables.SM90_BACKWARD_MIN_N.get(p.head_dim, 0)
-    if refusal is None and kernel is None and min(p.n_q, p.n_k) < shortest:
-        refusal = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"
-    if refusal is None:
+    if refused is None and kernel is None and min(p.n_q, p.n_k) < shortest:
+        refused = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"
+    if refused is None:
         return Choice("sm90", tables.SM90_BACKWARD[p.head_dim],
                       f"sm90 backward{' (forced)' if kernel else ''}: SM90_BACKWARD")
     if kernel == "sm90":
-        raise ValueError(f"the sm90 backward cannot take this call: {refusal}")
-    return Choice("portable", backward_tiles(p), f"portable backward ({refusal})")
+        raise ValueError(f"the sm90 backward cannot take this call: {refused}")
+    return Choice("portable", backward_tiles(p), f"portable backward ({refused})")
 
 
 def backward_tiles(p: Problem) -> BackwardTiles:
