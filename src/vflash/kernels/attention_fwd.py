@@ -19,7 +19,8 @@ import triton.language as tl
 from vflash.kernels.combine import fold_splits
 from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
-from vflash.kernels.softmax import softmax_step
+from vflash.kernels.paging import page_ids, table_row
+from vflash.kernels.softmax import softmax_finish, softmax_step
 from vflash.kernels.tile import cast, dot, load_at, load_rows, load_tile, scores
 
 
@@ -137,7 +138,7 @@ def _page_ids(table, table_cols, start, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.con
     # rows are masked). A contiguous cache has none (zeros).
     offs = start + tl.arange(0, BLOCK_N)
     if IS_PAGED:
-        return tl.load(table + offs // PAGE_SIZE, mask=offs // PAGE_SIZE < table_cols, other=0)
+        return page_ids(table, offs, table_cols, PAGE_SIZE)
     else:
         return offs * 0
 
@@ -178,16 +179,12 @@ def _attend_tiles_split(
 @triton.jit
 def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q,
                 HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    # Rows that saw no key have l = 0 and acc = 0: they return 0 and LSE = -inf.
-    LN2: tl.constexpr = 0.6931471805599453
-    empty = l_i == 0.0
-    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
+    inv_l, lse = softmax_finish(m_i, l_i)  # rows that saw no key: 0 and LSE -inf
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              cast(out, o_base.dtype.element_ty, EMULATE_BF16), mask=mask)
     if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
@@ -355,7 +352,7 @@ def attention_kvcache_kernel(
         n_k = tl.load(SEQLENS_K + off_b)
         off = n_k - n_q
     if IS_PAGED:
-        table = BLOCK_TABLE + off_b * stride_table
+        table = table_row(BLOCK_TABLE, off_b, stride_table)
     else:
         table = BLOCK_TABLE
     if not HAS_LEFT:  # the split's first tile (the middle loop's unsplit) is known before the length: its page
@@ -426,10 +423,8 @@ def attention_kvcache_kernel(
             softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
-    LN2: tl.constexpr = 0.6931471805599453
-    empty = l_i == 0.0  # no visible key in this split: out 0, LSE -inf (the merge gives it weight 0)
-    out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    inv_l, lse = softmax_finish(m_i, l_i)  # no visible key in this split: out 0, LSE -inf (merge weight 0)
+    out = acc * inv_l[:, None]
     d_ok = offs_d < HEAD_DIM
     if IS_SPLIT:
         p_rows = split.to(tl.int64) * stride_ps + (q_start + offs_q) * stride_pm + heads * stride_ph  # [BLOCK_M]

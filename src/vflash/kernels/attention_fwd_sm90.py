@@ -66,7 +66,8 @@ dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
-from vflash.kernels.softmax import softmax_step
+from vflash.kernels.paging import cache_row, page_ids, pages_used, table_row
+from vflash.kernels.softmax import softmax_finish, softmax_step
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 
 
@@ -370,12 +371,12 @@ if HAVE_GLUON:
     def _cache_row(key, tile, block_table, call, cfg):
         # The descriptors' row of the sequence's key `key` (its first of PAGE_ROWS
         # in a copy). Paged: row key % PAGE_SIZE of the page the table names for
-        # it, the table read no further than the sequence's last key (rows past
-        # that come from its last page and are masked).
+        # it, the table read no further than the sequence's last page (rows past
+        # it come from page 0 and are masked).
         if cfg.PAGE_SIZE > 0:
-            j = gl.minimum(key, tile.n_k - 1) // cfg.PAGE_SIZE
-            page = gl.load(block_table + tile.off_b.to(gl.int64) * call.table_stride + j)
-            return page * cfg.PAGE_SIZE + key % cfg.PAGE_SIZE
+            row = table_row(block_table, tile.off_b, call.table_stride)
+            page = page_ids(row, key, pages_used(tile.n_k, cfg.PAGE_SIZE), cfg.PAGE_SIZE)
+            return cache_row(page, key, cfg.PAGE_SIZE)
         else:
             return tile.k_row + key
 
@@ -557,7 +558,6 @@ if HAVE_GLUON:
         o_layout: gl.constexpr = cfg.O_LAYOUT
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        LN2: gl.constexpr = 0.6931471805599453
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
@@ -636,9 +636,7 @@ if HAVE_GLUON:
             turn = _skip_tiles(smem, turn, kv, c_end, n_tiles, C, cfg)
         kv += n_tiles
 
-        # Rows that saw no key have l = 0 and o = 0: they return 0 and LSE = -inf.
-        empty = l_i == 0.0
-        inv_l = 1.0 / gl.where(empty, 1.0, l_i)
+        inv_l, lse = softmax_finish(m_i, l_i)  # rows that saw no key: 0 and LSE -inf
         o = o * gl.convert_layout(inv_l, o_rows)[:, None]
         # The output rows go out by TMA from this tile's Q buffer (no MMA
         # reads it any more); rows past n_q are clipped by the TMA unit. The
@@ -657,7 +655,6 @@ if HAVE_GLUON:
         else:
             _store_by_tma(o, q_tile, q_buf, o_desc, tile.desc_b, tile.off_h, row0)
         if cfg.STORE_LSE:
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
             if cfg.IS_VARLEN:  # LSE [Hq, total_q]
                 lse_base = LSE + tile.off_h.to(gl.int64) * call.total_q + tile.q_row
             else:  # LSE [B, Hq, n_q]

@@ -8,6 +8,8 @@ raised."""
 import triton
 import triton.language as tl
 
+from vflash.kernels.paging import pages_used, table_row
+
 
 @triton.jit
 def _offsets_fault(CU, seq, valid, total, longest, n_seq):
@@ -38,8 +40,8 @@ def sequence_metadata_kernel(
         if IS_PAGED:
             # the pages each sequence's keys use, [0, cdiv(n, page_size)); none for a length already flagged
             # (past the table's row); the rest of a row may hold anything (serving engines pad it)
-            used = tl.where(valid & ~bad_len, (n + page_size - 1) // page_size, 0).to(tl.int32)
-            rows = TABLE + seq.to(tl.int64)[:, None] * stride_table  # [BLOCK_SEQ, 1]
+            used = tl.where(valid & ~bad_len, pages_used(n, page_size), 0).to(tl.int32)
+            rows = table_row(TABLE, seq, stride_table)[:, None]  # [BLOCK_SEQ, 1]
             bad = tl.zeros([BLOCK_SEQ, BLOCK_PAGES], dtype=tl.int32)
             for start in range(0, tl.max(used, 0), BLOCK_PAGES):
                 j = start + tl.arange(0, BLOCK_PAGES)[None, :]  # [1, BLOCK_PAGES]

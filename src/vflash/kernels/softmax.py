@@ -1,4 +1,4 @@
-"""The online-softmax step shared by every attention kernel (portable and Gluon)."""
+"""The online-softmax step and the row's finish, shared by every attention kernel (portable and Gluon)."""
 
 import triton
 import triton.language as tl
@@ -41,3 +41,18 @@ def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i
+
+
+@triton.jit
+def softmax_finish(m_i, l_i):
+    # A row's result from its running max m (log2 units) and sum l [rows]: 1 / l, the output's normalizer,
+    # and the natural-log LSE. A row that saw no key has l = 0 and a zero accumulator: its normalizer is 1
+    # (out 0) and its LSE -inf. Every store of a whole row's result takes it (the portable and KV-cache
+    # kernels, the sm90 consumer, a split's partial); a term that enters the denominator once a row (a sink)
+    # enters here.
+    LN2: tl.constexpr = 0.6931471805599453
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    inv_l = 1.0 / l_safe
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+    return inv_l, lse
