@@ -452,15 +452,33 @@ def _last_line(path):
     return lines[-1].strip("= ") if lines else ""
 
 
+def _outcome(path):
+    """A check log's or a pytest log's summary line; for a log cut before its summary (a step's time limit),
+    what it had counted: `vflash check`'s PASS / FAIL lines, pytest's progress characters."""
+    last = _last_line(path)
+    if any(word in last for word in ("passed", "failed", "cases", "error")):
+        return last
+    with open(path) as f:
+        text = f.read()
+    if "check" in os.path.basename(path):
+        lines = text.splitlines()
+        passed, failed = (sum(line.startswith(w) for line in lines) for w in ("PASS", "FAIL"))
+        return f"cut before its summary: {passed} passed, {failed} failed"
+    progress = "".join(re.sub(r"\s*\[\s*\d+%\]\s*$", "", line) for line in text.splitlines()
+                       if re.fullmatch(r"[.sxXFE]+(\s*\[\s*\d+%\])?", line.strip()))
+    counts = {w: progress.count(c) for w, c in (("passed", "."), ("skipped", "s"), ("failed", "F"), ("errors", "E"))}
+    return "cut before its summary: " + ", ".join(f"{n} {w}" for w, n in counts.items() if n or w == "failed")
+
+
 def _env_lines(folder, bench, base):
     """The run's environment, test and check results, clocks and protocol, as bullets."""
     out = [_wrap(f"- Environment: {env_text(folder)}", "  ")]
     log = os.path.join(folder, "check_gpu.log")
     if os.path.exists(log):
-        out.append(f"- `vflash check` on this machine: **{_last_line(log)}** ([log]({_link(log, base)}))")
+        out.append(f"- `vflash check` on this machine: **{_outcome(log)}** ([log]({_link(log, base)}))")
     tests = os.path.join(folder, "pytest_gpu.txt")
     if os.path.exists(tests):
-        out.append(f"- GPU test suite on this machine: **{_last_line(tests)}** ([log]({_link(tests, base)}))")
+        out.append(f"- GPU test suite on this machine: **{_outcome(tests)}** ([log]({_link(tests, base)}))")
     clocks = clock_text(folder)
     if clocks:
         out.append(_wrap("- " + clocks, "  "))
@@ -1130,11 +1148,11 @@ def _run_headline(folder):
         parts.append("bench CSVs: " + ", ".join(os.path.basename(p) for p, _ in bench))
     for name in ("pytest_gpu.txt",):
         path = os.path.join(folder, name)
-        if os.path.exists(path) and " passed" in _last_line(path):
-            parts.append("GPU suite " + _last_line(path).split(" in ")[0])
+        if os.path.exists(path) and " passed" in _outcome(path):
+            parts.append("GPU suite " + _outcome(path).split(" in ")[0])
     log = os.path.join(folder, "check_gpu.log")
     if os.path.exists(log):
-        parts.append("check " + _last_line(log).split(",")[0])
+        parts.append("check " + (_outcome(log) if _outcome(log).startswith("cut") else _outcome(log).split(",")[0]))
     if mem:
         parts.append("peak-memory CSV")
     return "; ".join(parts)

@@ -434,3 +434,16 @@ def test_ring_scaling_table_marks_the_goal_from_128k_on_several_gpus(tmp_path):
     assert "| 2 | 32768 | causal | fwd | 420 | 0.7 | 32768 |  |  |  |  |" in text  # below 128k: not counted
     assert "Goal met on 1 of 2 rows" in text
     assert report.ring_scaling_text(str(tmp_path / "none")) == ([], [])
+
+
+def test_a_log_cut_before_its_summary_reports_what_it_counted(tmp_path):
+    # a step's time limit can cut `vflash check` or pytest before their summary lines: the report counts what
+    # the log holds instead of quoting its last line
+    check = tmp_path / "check_gpu.log"
+    check.write_text("PASS  fwd a\nPASS  fwd b\nFAIL  fwd c\nPASS  grad d\n")
+    assert report._outcome(str(check)) == "cut before its summary: 3 passed, 1 failed"
+    tests = tmp_path / "pytest_gpu.txt"
+    tests.write_text("..s.F [ 50%]\n...\n")
+    assert report._outcome(str(tests)) == "cut before its summary: 6 passed, 1 skipped, 1 failed"
+    tests.write_text("..s [ 50%]\n...\n7 passed, 1 skipped in 3.0s\n")
+    assert report._outcome(str(tests)) == "7 passed, 1 skipped in 3.0s"

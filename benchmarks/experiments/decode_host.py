@@ -54,7 +54,7 @@ def main() -> int:
         call()
         call_out()  # its own plan (out's metadata is in the key)
         k = key()
-        plan = lab.lookup_plan(k, q, kc, vc)
+        plan = lab.lookup_plan(k)
         if plan is None:
             print(f"{row}: no plan recorded", flush=True)
             continue
@@ -62,13 +62,13 @@ def main() -> int:
         fetch = plan.scratch or tuple  # split-KV's scratch, none unsplit
         scratch = fetch()
         pieces = [("call", call), ("call_out", call_out), ("key", key),
-                  ("key_lookup", lambda: lab.lookup_plan(key(), q, kc, vc)),
-                  ("plan", lambda: plan(q, kc, vc, seqlens, None, table)),
+                  ("key_lookup", lambda: lab.lookup_plan(key())),
+                  ("plan", lambda: plan(q, kc, vc, seqlens, table, None, None, *opts)),
                   ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
                   ("new_empty_q", lambda: q.new_empty(q.shape, dtype=q.dtype)),  # out as plans allocated it
                   ("empty_like_q", lambda: torch.empty_like(q)),  # as they do now where out is q's like
                   ("scratch", fetch),
-                  ("launches", lambda: plan.launch(q, kc, vc, seqlens, None, table, *made, *scratch))]
+                  ("launches", lambda: plan.launch(q, kc, vc, seqlens, table, None, None, *opts, *made, *scratch))]
         rec = dict(B=b, KV=kv, page=args.page, allocs=len(plan.allocs),
                    splits=scratch[0].shape[0] if scratch else 1)
         for name, fn in pieces:

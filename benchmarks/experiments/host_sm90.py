@@ -49,9 +49,10 @@ def main() -> int:
         key = lab.plan_key(q, q, q, False, None, None, None, False)  # vflash.call.ATTENTION's order
         out = torch.empty_like(q)
         row("  plan_key", per_call_us(lambda: lab.plan_key(q, q, q, False, None, None, None, False)))
-        row("  lookup", per_call_us(lambda: lab.lookup_plan(key, q, q, q)))
+        row("  lookup", per_call_us(lambda: lab.lookup_plan(key)))
         row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.allocs[0].shape)))
-        row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(q, q, q, out)))
+        args = (q, q, q, False, None, None, None, False)  # the plan's inputs: the API's arguments in order
+        row("  plan.launch alone (output preallocated)", per_call_us(lambda: plan.launch(*args, out)))
         if d == 128:  # causal: DYNAMIC, a fresh work-tile counter a call, where work tiles outnumber the SMs
             for heads, what in ((16, "DYNAMIC: 144 work tiles"), (2, "static: 18 work tiles")):
                 long_q = torch.randn(1, heads, 1100, d, device="cuda", dtype=torch.float16)

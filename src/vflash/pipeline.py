@@ -45,7 +45,10 @@ def attention(spec: Spec, args: tuple, autograd: bool = False) -> Tuple[Tensor, 
     if autograd:
         return library.attention(spec, args)
     key, plan = _LOOKUP[spec.name](*args)
-    if plan is not None and not _wants_grad(args) and (plan.admit is None or plan.admit(*args)):
+    # a plan serves no call whose full path refuses inputs that require grad (attention_with_kvcache's)
+    if plan is not None and not (torch.is_grad_enabled() and (
+            args[0].requires_grad or args[1].requires_grad or args[2].requires_grad)) and (
+            plan.admit is None or plan.admit(*args)):
         return plan(*args)
     call = _validate.call_of(spec, args)
     if call.q.data_ptr() != args[0].data_ptr():
@@ -53,11 +56,6 @@ def attention(spec: Spec, args: tuple, autograd: bool = False) -> Tuple[Tensor, 
     choice = dispatch.choose(call)
     check_tiles = None if call.layout is None else dispatch.metadata_tiles(call.batch, call.q.device)
     return forward(call, choice, check_tiles, plan_key=key, plan_inputs=spec.names)
-
-
-def _wants_grad(args: tuple) -> bool:
-    # a plan serves no call whose full path refuses inputs that require grad (attention_with_kvcache's)
-    return torch.is_grad_enabled() and (args[0].requires_grad or args[1].requires_grad or args[2].requires_grad)
 
 
 def merge_states(args: tuple) -> Tuple[Tensor, Tensor]:
