@@ -131,3 +131,62 @@ def record_sequence(key: Hashable, launched: Sequence[Tuple[KernelLaunch, Any]],
                 b(*tensors)
     picks = tuple(order.index(name) if name in order else None for name in returns)
     plans.record(key, plans.LaunchPlan(run_all, device_index, tuple(allocs), picks, fetch, admit))
+
+
+# --- a launch compiled for sm_90 without a GPU (the CPU compile tests, the lab's PTX fingerprints) ---
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+           torch.int64: "i64"}
+
+
+def compile_sm90_launch(launch: KernelLaunch):
+    """A captured launch of a @triton.jit or @gluon.jit kernel compiled for sm_90 without a GPU, from its own
+    arguments: Triton's CompiledKernel (its .asm holds 'ptx' and 'cubin'). Tensors
+    become 16-byte-aligned pointers of their dtype, None a constexpr, an int of 1 a constant, other ints
+    i32 (marked divisible by 16 where they are), floats fp32, a Gluon TMA descriptor its block and shared
+    layout: the specializations Triton's JIT makes. The launch's num_warps, num_stages and maxnreg (the
+    Gluon forward's register cap at two or three CTAs an SM) are the compile's options."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.kernel
+    gluon = getattr(fn, "is_gluon", lambda: False)()
+    constexprs = dict(launch.constexprs)
+    signature, attrs = {}, {}
+    for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
+        if arg is None:
+            signature[name], constexprs[name] = "constexpr", None
+        elif gluon and _is_descriptor(arg):
+            signature[name] = _descriptor_type(arg)
+        elif isinstance(arg, torch.Tensor):
+            signature[name] = "*" + _DTYPES[arg.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(arg, float):
+            signature[name] = "fp32"
+        elif arg == 1:
+            signature[name], constexprs[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+            if arg % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    for name in fn.arg_names[len(launch.args):]:
+        signature[name] = "constexpr"
+    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages", "maxnreg")}
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+        source = GluonASTSource(fn, signature, constexprs, attrs)
+    else:
+        source = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def _is_descriptor(arg) -> bool:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return isinstance(arg, TensorDescriptor)
+
+
+def _descriptor_type(desc) -> str:
+    # The type Triton's JIT gives a Gluon TensorDescriptor argument, from the
+    # launch's own descriptor: its element type, block shape and the shared layout it carries.
+    return f"tensordesc<{_DTYPES[desc.base.dtype]}[{', '.join(map(str, desc.block_shape))}],{desc.layout!r}>"

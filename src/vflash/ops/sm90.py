@@ -9,11 +9,10 @@ import torch
 
 from vflash.kernels import attention_fwd_sm90 as sm90
 from vflash.call import Band, Score
-from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch
 from vflash.ops.scales import score_scales
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
-from vflash.ops.tma import (GL_DTYPES, block_shapes, cache_ready, cache_rows, desc_signature, describers,
-                            heads_first, page_rows, page_runs, pages_fit)
+from vflash.ops.tma import cache_ready, cache_rows, describers, heads_first, page_rows, page_runs, pages_fit
 
 
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, right_edge: bool,
@@ -161,45 +160,32 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build;
-    kv_cache (with varlen): keys from a cache, paged when page_size > 0."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    kv_cache (with varlen): keys from a cache, paged when page_size > 0. The launch is
+    `build`'s for CPU tensors of such a call (2 sequences, 4 / 2 heads, lengths that are
+    no multiple of 16), compiled from its own arguments as Triton's JIT would take them
+    (ops.launch.compile_sm90_launch): no signature written by hand."""
+    heads, kv_heads = 4, 2
 
-    rows, keys = block_shapes(page_rows(page_size, tiles.block_n) if page_size else tiles.block_n, head_dim)
-    tile_keys = block_shapes(tiles.block_n, head_dim)[1]
-    runs = page_runs(page_size, tiles.block_n)
-    name = GL_DTYPES[dtype]
-
-    def desc(block):
-        return desc_signature(block, dtype)
-    fn = sm90.attention_fwd_sm90_kernel
-    signature = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
-                 "LSE": "*fp32", "tile_counter": "*i32" if tiles.dynamic else "constexpr",
-                 "cu_seqlens_q": "*i32" if varlen else "constexpr", "cu_seqlens_k": "*i32" if varlen else "constexpr",
-                 "Out": f"*{name}" if varlen else "constexpr",
-                 "cache_seqlens": "*i32" if kv_cache else "constexpr",
-                 "block_table": "*i32" if page_size else "constexpr",
-                 "kt_desc": desc(tile_keys) if runs else "constexpr",
-                 "vt_desc": desc(tile_keys) if runs else "constexpr",
-                 "batch": "i32", "n_heads_q": "i32", "kv_group": "i32", "n_q": "i32", "n_k": "i32", "total_q": "i32",
-                 "o_stride_row": "i32", "o_stride_head": "i32", "kv_seq_rows": "i32", "table_stride": "i32",
-                 "off": "i32", "left": "i32", "right": "i32",
-                 "qk_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"}
-    constexprs = _constexprs(head_dim, tiles, left_edge, right_edge, softcap, lse, varlen, top_left, kv_cache,
-                             page_size)
-    signature.update({k: "constexpr" for k in constexprs})
-    if not tiles.dynamic:
-        constexprs = dict(constexprs, tile_counter=None)
+    def empty(*shape, dt=dtype):
+        return torch.empty(shape, dtype=dt)
+    band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
+    score = Score(head_dim ** -0.5, 30.0 if softcap else None)
+    counter = torch.zeros(1, dtype=torch.int32) if tiles.dynamic else None
+    kv: dict = {}
     if not varlen:
-        constexprs = dict(constexprs, cu_seqlens_q=None, Out=None)
-    if not varlen or kv_cache:
-        constexprs = dict(constexprs, cu_seqlens_k=None)
-    if not kv_cache:
-        constexprs = dict(constexprs, cache_seqlens=None)
-    if not page_size:
-        constexprs = dict(constexprs, block_table=None)
-    if not runs:
-        constexprs = dict(constexprs, kt_desc=None, vt_desc=None)
-    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=launch_options(tiles.block_m, tiles.ctas_per_sm))
+        q, k = empty(2, heads, 300, head_dim), empty(2, kv_heads, 300, head_dim)
+        stats = (2, heads, 300)
+    else:
+        q, cu = empty(600, heads, head_dim), torch.tensor([0, 250, 600], dtype=torch.int32)
+        stats = (heads, 600)
+        if kv_cache:
+            rows = page_size or 1000
+            k = empty(2 * (1024 // page_size) if page_size else 2, rows, kv_heads, head_dim)
+            table = torch.arange(k.shape[0], dtype=torch.int32).view(2, -1) if page_size else None
+            kv = dict(varlen=(cu, None, 350, False), cache=(torch.tensor([700, 900], dtype=torch.int32), table))
+        else:
+            k = empty(600, kv_heads, head_dim)
+            kv = dict(varlen=(cu, cu, 350, top_left))
+    lse_t = empty(*stats, dt=torch.float32) if lse else None
+    launch = build(q, k, k.clone(), torch.empty_like(q), lse_t, counter, band, score, tiles, 132, **kv)
+    return compile_sm90_launch(launch)

@@ -11,8 +11,8 @@ from vflash.kernels import attention_bwd_sm90 as kernels
 from vflash.call import Band, Score
 from vflash.ops.tiles import CONSUMER_REGS as CONSUMER_REGS_FWD
 from vflash.ops.tiles import CONSUMER_ROWS
-from vflash.ops.tma import block_shapes, desc_signature, describers, heads_first
-from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.tma import describers, heads_first
+from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch
 from vflash.ops.scales import score_scales
 
 HAVE_GLUON = kernels.HAVE_GLUON
@@ -144,45 +144,48 @@ def compile_dkdv_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_
                       band: Band = Band(0, -1, 0), softcap: bool = False, outputs: str = "dk dv",
                       varlen: bool = False, top_left: bool = False):
     """Compile the dK / dV kernel for sm_90 without a GPU (outputs as dkdv_launch's; varlen: the packed
-    sequences' build); returns Triton's CompiledKernel."""
-    rows, streamed = block_shapes(block_m, head_dim)
-    names = ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc")
-    blocks = (streamed, rows, rows, streamed, rows, rows)
-    return _compile(kernels.attention_bwd_dkdv_sm90_kernel, dict(zip(names, blocks)), ("DK", "DV"), "n_heads_kv",
-                    head_dim, dtype, block_m, block_n, block_n, band, softcap, varlen, top_left,
-                    dict(WANT_DK="dk" in outputs, WANT_DV="dv" in outputs))
+    sequences' build); returns Triton's CompiledKernel (_compiled: no signature written by hand)."""
+    t = _cpu_call(head_dim, dtype, varlen, top_left)
+    return compile_sm90_launch(dkdv_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, torch.empty_like(t.k),
+                                           torch.empty_like(t.v), band, _score(head_dim, softcap), block_m, block_n,
+                                           outputs=outputs, varlen=t.varlen))
 
 
 def compile_dq_sm90(head_dim: int, dtype: torch.dtype = torch.bfloat16, block_m: int = 128, block_n: int = 64, *,
                     band: Band = Band(0, -1, 0), softcap: bool = False, varlen: bool = False,
                     top_left: bool = False):
     """Compile the dQ kernel for sm_90 without a GPU (varlen: the packed sequences' build); returns
-    Triton's CompiledKernel."""
-    rows, keys = block_shapes(block_n, head_dim)
-    names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc")
-    return _compile(kernels.attention_bwd_dq_sm90_kernel, dict(zip(names, (rows, keys, keys, rows, rows))), ("DQ",),
-                    "n_heads_q", head_dim, dtype, block_m, block_n, block_m, band, softcap, varlen, top_left,
-                    {})
+    Triton's CompiledKernel (_compiled: no signature written by hand)."""
+    t = _cpu_call(head_dim, dtype, varlen, top_left)
+    return compile_sm90_launch(dq_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, torch.empty_like(t.q), band,
+                                         _score(head_dim, softcap), block_m, block_n, varlen=t.varlen))
 
 
-def _compile(fn, descs: dict, outs, heads: str, head_dim, dtype, block_m, block_n, own, band, softcap, varlen,
-             top_left, extra):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+class _CpuCall(NamedTuple):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    varlen: Optional[tuple]
 
-    scalars = ("batch", heads, "kv_group", "n_q", "n_k", "total_q", "out_stride_row", "out_stride_head", "off",
-               "left", "right")
-    signature = {k: desc_signature(b, dtype) for k, b in descs.items()}
-    signature.update({"LSE": "*fp32", "DELTA": "*fp32", **{s: "i32" for s in scalars}, "qk_scale": "fp32",
-                      "sm_scale": "fp32", "softcap_in": "fp32", "softcap_out": "fp32"})
-    constexprs = dict(_constexprs(head_dim, block_m, block_n, own, band, softcap, STAGES, varlen, top_left), **extra)
-    pointers = ("cu_seqlens_q", "cu_seqlens_k", *outs)
+
+def _cpu_call(head_dim: int, dtype: torch.dtype, varlen: bool, top_left: bool) -> _CpuCall:
+    # The CPU tensors of a backward call whose launches the compile helpers build and compile from their own
+    # arguments (ops.launch.compile_sm90_launch, as Triton's JIT takes them): 2 sequences, 4 / 2 heads, lengths
+    # that are no multiple of 16.
     if varlen:
-        element = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
-        signature.update({"cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", **{o: element for o in outs}})
-    else:  # the dense build takes None for each
-        constexprs.update({name: None for name in pointers})
-    signature.update({k: "constexpr" for k in constexprs})
-    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4))
+        q, k = (torch.empty((600, h, head_dim), dtype=dtype) for h in (4, 2))
+        stats = (4, 600)
+        cu = torch.tensor([0, 250, 600], dtype=torch.int32)
+        packed = (cu, cu, 350, 350, top_left)
+    else:
+        q, k = (torch.empty((2, h, 300, head_dim), dtype=dtype) for h in (4, 2))
+        stats, packed = (2, 4, 300), None
+    lse, delta = (torch.empty(stats, dtype=torch.float32) for _ in range(2))
+    return _CpuCall(q, k, k.clone(), torch.empty_like(q), lse, delta, packed)
+
+
+def _score(head_dim: int, softcap: bool) -> Score:
+    return Score(head_dim ** -0.5, 30.0 if softcap else None)

@@ -12,8 +12,6 @@ import torch
 
 from vflash.ops.tiles import CONSUMER_ROWS
 
-GL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
 
 def tma_ready(t: torch.Tensor) -> bool:
     """TMA can address t: 16-byte aligned base and strides, unit last stride."""
@@ -89,10 +87,3 @@ def heads_first(t: torch.Tensor) -> torch.Tensor:
     """A packed [total, H, D] tensor as the [1, H, total, D] view the descriptors
     of a varlen launch cover (no copy)."""
     return t.unsqueeze(0).transpose(1, 2)
-
-
-
-def desc_signature(block, dtype: torch.dtype) -> str:
-    """A TMA descriptor argument's type in an ahead-of-time compile's signature: `block` of dtype,
-    in the shared layout the launch's descriptors carry."""
-    return f"tensordesc<{GL_DTYPES[dtype]}[{', '.join(map(str, block))}],{shared_layout(tuple(block), dtype)!r}>"
