@@ -22,7 +22,6 @@ from vflash.ops.combine import merge_states_forward
 Tensor = torch.Tensor
 
 
-
 def _keyed_lookup(spec: Spec):
     # (key, the plan recorded for it or None) as a function of the entry point's arguments
     key_of = plans.key_function(spec)
