@@ -140,8 +140,9 @@ def test_lse_merges_split_kv_exactly(device):
     assert torch.allclose(merged, o, atol=1e-5) and torch.allclose(lm, l, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_m,block_n,split", [(16, 16, False), (16, 64, False), (64, 16, False),
-                                                   (64, 64, False), (32, 16, True), (64, 32, True)])
+@pytest.mark.parametrize("block_m,block_n,split", [(16, 16, False), (64, 64, False), (32, 16, True), (64, 32, True),
+                                                   pytest.param(16, 64, False, marks=pytest.mark.slow),
+                                                   pytest.param(64, 16, False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("opts", [dict(causal=True), dict(causal="top_left", window=(9, 0)),
                                   dict(window=(20, 13)), dict(window=(-1, 0)), dict()],
                          ids=["causal", "top_left+window", "window", "right0", "full"])

@@ -409,7 +409,8 @@ def test_split_kv_scratch_past_the_pool_limit_is_allocated_per_call(device, monk
     assert torch.equal(run(), pooled) and not scratch._pools
 
 
-@pytest.mark.parametrize("most", [None, 4])  # 4: the split cap binds for the 3000-key sequence, not for 1500
+# 4: the split cap binds for the 3000-key sequence, not for 1500
+@pytest.mark.parametrize("most", [pytest.param(None, marks=pytest.mark.slow), 4])
 def test_batch_invariant_mode_is_bitwise_independent_of_the_batch(most, device, monkeypatch):
     # sequence 0 alone, then batched with longer and shorter ones (more splits in the grid, other
     # row counts): its output and LSE are the same bits, and still attention's
@@ -640,7 +641,9 @@ def test_cache_rows_past_each_length_may_hold_nan(page, device):
         _check(_q(4, n_q, 4, 16, torch.float32, device), k_cache, v_cache, seqlens, table)
 
 
-@pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False), (3, True, False), (4, False, False),
+@pytest.mark.parametrize("splits,return_lse,packed", [(1, False, False),
+                                                     pytest.param(3, True, False, marks=pytest.mark.slow),
+                                                     pytest.param(4, False, False, marks=pytest.mark.slow),
                                                      (3, True, True)])
 def test_planned_repeats_match_the_full_path_on_the_cpu(interpreted_plans, monkeypatch, splits, return_lse, packed):
     # a generation loop through the recorded plans, unchecked and checked (the metadata check's own plan

@@ -101,7 +101,8 @@ def test_bad_metadata_is_refused_before_launch(change, error, match, device):
     assert torch.equal(kc, before)  # nothing written
 
 
-@pytest.mark.parametrize("tokens", [300, 1500])  # the check on the host, and on the device past 1024 slots
+# the check on the host, and on the device past 1024 slots
+@pytest.mark.parametrize("tokens", [300, pytest.param(1500, marks=pytest.mark.slow)])
 def test_many_slots_are_checked(tokens, device):
     # every third token padding (-1 repeats freely): the check passes them, then names the one token that
     # repeats a slot and the one past the cache
