@@ -426,7 +426,8 @@ def ring_attention_varlen(
     rank, world = _group(group)
     call = _validate.varlen_call(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, None, scale,
                                  softcap, return_lse, True)
-    metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))(cu_seqlens, cu_seqlens)
+    check, _ = metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))
+    check(cu_seqlens, cu_seqlens)
     causal_mode = _validate.resolve_causal(causal)
     n_ids = len(_chunk_ids(rank, world, layout))
     if bool((torch.diff(cu_seqlens) % n_ids).any()):

@@ -42,12 +42,14 @@ def _spec(name: str, params) -> Spec:
 
 
 SPECS = {}  # each op's arguments as its plan key reads them (vflash.call.Spec)
+_KEYS = {}  # each op's plan key function (vflash.ops.plans.key_function of its spec)
 
 
 def _op(name: str, params, returns, impl: Callable) -> Callable:
     """The custom op vflash::`name` with `params` ((name, type) or (name, type, default) in order) calling
     impl(spec, *args)."""
     spec = SPECS[name] = _spec(name, params)
+    _KEYS[name] = plans.key_function(spec)
     names = ", ".join(p[0] for p in params)
     signature = ", ".join(f"{p[0]}: {_type_text(p[1])}" + (f" = {p[2]!r}" if len(p) > 2 else "") for p in params)
     text = f"def {name}({signature}) -> {_type_text(returns)}:\n    return _impl(_spec, {names})\n"
@@ -65,14 +67,8 @@ def _type_text(t) -> str:
     return t.__name__ if isinstance(t, type) else repr(t)
 
 
-_KEYS = {}
-
-
 def _key(spec: Spec, args: tuple):
-    fn = _KEYS.get(spec.name)
-    if fn is None:
-        fn = _KEYS[spec.name] = plans.key_function(spec)
-    return fn(*args)
+    return _KEYS[spec.name](*args)
 
 
 def _forward(spec: Spec, q, k, v, *options):

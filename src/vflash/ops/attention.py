@@ -42,29 +42,24 @@ def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, pla
                   kernel=choice.kernel, plan_key=plan_key, plan_inputs=plan_inputs)
     if layout is None:
         return attention_forward(call.q, call.k, call.v, **common)
-    if isinstance(layout, Packed):
-        admit = None
-        if layout.check_metadata:
-            check = metadata.checker(call, check_tiles)
-            check(layout.cu_seqlens_q, layout.cu_seqlens_k)
-            admit = _admit(check, plan_inputs, ("cu_seqlens_q", "cu_seqlens_k"))
-        return attention_varlen_forward(call.q, call.k, call.v, layout.cu_seqlens_q, layout.cu_seqlens_k,
-                                        layout.max_seqlen_q, top_left=layout.top_left, plan_admit=admit, **common)
     admit = None
     if layout.check_metadata:
-        check = metadata.checker(call, check_tiles)
-        check(layout.cache_seqlens, layout.block_table, layout.cu_seqlens_q)
-        admit = _admit(check, plan_inputs, ("cache_seqlens", "block_table", "cu_seqlens_q"))
+        check, names = metadata.checker(call, check_tiles)
+        check(*(getattr(layout, name) for name in names))
+        admit = _admit(check, plan_inputs, names)
+    if isinstance(layout, Packed):
+        return attention_varlen_forward(call.q, call.k, call.v, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                                        layout.max_seqlen_q, top_left=layout.top_left, plan_admit=admit, **common)
     if layout.out_guard is not None:
-        guard, names = layout.out_guard, KVCACHE_INPUTS
-        admit = _guarded(admit, guard, plan_inputs, names)
+        admit = _guarded(admit, layout.out_guard, plan_inputs, KVCACHE_INPUTS)
     return attention_kvcache_forward(call.q, call.k, call.v, layout.cache_seqlens, layout.block_table,
                                      layout.cu_seqlens_q, layout.max_seqlen_q, out=call.out,
                                      plan_out_shape=tuple(layout.q_shape), plan_admit=admit, **common)
 
 
 def _admit(check: Callable, names: Optional[Sequence[str]], wanted: Sequence[str]) -> Optional[Callable]:
-    # a plan's admit: the metadata check of the arguments `wanted`, found by name among a repeat's
+    # a plan's admit: the metadata check of the arguments `wanted` (the layout's field names, the entry
+    # point's argument names too), found by name among a repeat's
     if names is None:
         return None  # a plan of the launcher's own tensors only (the custom ops'): unchecked, as they ask
     at = tuple(names.index(n) for n in wanted)

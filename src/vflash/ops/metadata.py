@@ -5,7 +5,7 @@ host sync to read the verdict, before a launch that would read out of bounds wit
 vflash._validate's), run by the launcher before the launch and by its plan before each
 repeat. A flagged rule's offender is looked for, to be named in the ValueError, only then."""
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -63,21 +63,23 @@ def sequence_metadata_flags(batch: int, tiles: MetadataTiles, cache_seqlens: Opt
     return flags.tolist()
 
 
-def checker(call: Call, tiles: MetadataTiles) -> Callable[..., None]:
-    """The check of a packed or cached call's metadata values, as a function of the tensors whose
-    values change from call to call (the rest, shapes and maxima, fixed as a plan's key fixes them):
-    check(cu_seqlens_q, cu_seqlens_k) for Packed, check(cache_seqlens, block_table, cu_seqlens_q)
-    for Cache. Each raises ValueError naming the first offender."""
+def checker(call: Call, tiles: MetadataTiles) -> Tuple[Callable[..., None], Tuple[str, ...]]:
+    """(check, names): the check of a packed or cached call's metadata values, as a function of the
+    tensors whose values change from call to call, named as the layout's fields (and the entry points'
+    arguments) name them; the rest, shapes and maxima, fixed as a plan's key fixes them. check raises
+    ValueError naming the first offender."""
     layout = call.layout
     if isinstance(layout, Packed):
         totals = (call.q.shape[0], call.k.shape[0], layout.max_seqlen_q, layout.max_seqlen_k)
-        return lambda cu_seqlens_q, cu_seqlens_k: check_offsets(cu_seqlens_q, cu_seqlens_k, *totals, tiles)
+        return ((lambda cu_seqlens_q, cu_seqlens_k: check_offsets(cu_seqlens_q, cu_seqlens_k, *totals, tiles)),
+                ("cu_seqlens_q", "cu_seqlens_k"))
     assert isinstance(layout, Cache)
     pages, rows = call.k.shape[0], call.k.shape[1]
     total_q = call.q.shape[0]
     max_seqlen_q = layout.max_seqlen_q
-    return lambda cache_seqlens, block_table, cu_seqlens_q: check_cache(
-        cache_seqlens, block_table, cu_seqlens_q, pages, rows, total_q, max_seqlen_q, tiles)
+    return ((lambda cache_seqlens, block_table, cu_seqlens_q: check_cache(
+        cache_seqlens, block_table, cu_seqlens_q, pages, rows, total_q, max_seqlen_q, tiles)),
+        ("cache_seqlens", "block_table", "cu_seqlens_q"))
 
 
 def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
