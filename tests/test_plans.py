@@ -97,8 +97,8 @@ def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
     assert len(launched) == len(names)
     assert launched[0] is q and launched[3] is o2 and launched[4] is l2
     by_name = dict(zip(names, launched))
-    assert by_name["stride_qm"] == 16 and by_name["n_q"] == 8 and by_name["right"] == 0
-    assert by_name["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
+    assert by_name["q_strides"][2] == 16 and by_name["n_q"] == 8 and by_name["band"][2] == 0
+    assert by_name["scales"][0] == pytest.approx(0.25 * 1.4426950408889634)
     for name, value in launch.constexprs.items():
         assert by_name[name] == value
     assert o2.shape == q.shape and l2.shape == (1, 2, 8) and l2.dtype == torch.float32

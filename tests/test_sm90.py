@@ -140,12 +140,12 @@ def test_build_follows_the_signature_and_declares_its_slots(dynamic):
     launch = sm90.build(q, k, k, out, None, counter, Band(100, -1, 0), Score(0.125, None), tiles, 132)
     by_name = dict(zip(names, launch.params()))
     assert len(launch.params()) == len(names)
-    assert by_name["LSE"] is out and by_name["kv_group"] == 4 and by_name["off"] == 100
+    assert by_name["LSE"] is out and by_name["kv_group"] == 4 and by_name["band"][0] == 100
     assert (by_name["tile_counter"] is counter) and launch.constexprs["DYNAMIC"] == dynamic
     assert by_name["batch"] == 3 and by_name["n_heads_q"] == 8 and by_name["q_desc"].base is q
     assert launch.constexprs["HAS_RIGHT"] and not launch.constexprs["HAS_LEFT"] and not launch.constexprs["STORE_LSE"]
     assert launch.constexprs["Q_BUFFERS"] == 2
-    assert by_name["qk_scale"] == pytest.approx(0.125 * 1.4426950408889634)
+    assert by_name["scales"][0] == pytest.approx(0.125 * 1.4426950408889634)
     # the per-call arguments: the four descriptors, LSE (out's pointer when there is none), the counter
     slots = [(s.position, s.name, s.describe is not None) for s in launch.slots]
     assert slots == [(0, "q", True), (1, "k", True), (2, "v", True), (3, "out", True), (4, "out", False)] + \

@@ -70,15 +70,14 @@ def row_stats(lse_base, delta_base, offs_m, n_q, MASKED: tl.constexpr):
 
 @triton.jit
 def attention_bwd_delta_kernel(
-    O, DO, DLSE, DELTA,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    n_heads, n_rows,
+    O, DO, DLSE, DELTA, o_strides, do_strides, n_heads, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     # grid = (cdiv(n_rows, BLOCK_M), H, B): DELTA[(b * H + h) * n_rows + m] = sum_d dO * O
     # (- DLSE, the same layout), fp32: LSE's layout, [B, H, N] dense or [H, total] packed
-    # (B = 1, n_rows the total).
+    # (B = 1, n_rows the total). Strides: (batch, head, row, dim) tuples (packed: batch 0).
+    stride_ob, stride_oh, stride_om, stride_od = o_strides
+    stride_dob, stride_doh, stride_dom, stride_dod = do_strides
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
@@ -127,13 +126,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
 @triton.jit
 def attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    n_heads_q, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+    q_strides, k_strides, v_strides, do_strides, dk_strides, dv_strides, n_heads_q, n_q, n_k, band, scales,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -145,6 +138,16 @@ def attention_bwd_dkdv_kernel(
     # The query rows that see keys [start_n, start_n + BLOCK_N) are key_range's with the
     # roles exchanged (as the mask in _dkdv_tiles): masked tiles at the band's edges and
     # the ragged n_q tail, unmasked ones between.
+    # Tuples: each tensor's (batch, head, row, dim) strides (packed: batch 0), the band's
+    # (off, left, right) and the scales (ops/scales.py's and the softmax scale for dK).
+    stride_qb, stride_qh, stride_qm, stride_qd = q_strides
+    stride_kb, stride_kh, stride_kn, stride_kd = k_strides
+    stride_vb, stride_vh, stride_vn, stride_vd = v_strides
+    stride_dob, stride_doh, stride_dom, stride_dod = do_strides
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd = dk_strides
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd = dv_strides
+    off, left, right = band
+    qk_scale, sm_scale, softcap_in, softcap_out = scales
     start_n = tl.program_id(0) * BLOCK_N
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
@@ -219,18 +222,20 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
 @triton.jit
 def attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
+    q_strides, k_strides, v_strides, do_strides, dq_strides, n_heads_q, kv_group, n_q, n_k, band, scales,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B); the key tiles as the forward's (key_range's
-    # masked edges and unmasked middle). IS_VARLEN as in the dK/dV kernel.
+    # masked edges and unmasked middle). IS_VARLEN and the tuples as in the dK/dV kernel.
+    stride_qb, stride_qh, stride_qm, stride_qd = q_strides
+    stride_kb, stride_kh, stride_kn, stride_kd = k_strides
+    stride_vb, stride_vh, stride_vn, stride_vd = v_strides
+    stride_dob, stride_doh, stride_dom, stride_dod = do_strides
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd = dq_strides
+    off, left, right = band
+    qk_scale, sm_scale, softcap_in, softcap_out = scales
     start_m = tl.program_id(0) * BLOCK_M
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)

@@ -457,8 +457,7 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_bwd_dq_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DQ,
-        batch, n_heads_q, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
-        qk_scale, sm_scale, softcap_in, softcap_out,
+        batch, n_heads_q, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, band, scales,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr,
@@ -470,6 +469,9 @@ if HAVE_GLUON:
         # forward's natural-log LSE; rowsum(dO * O)). Varlen: cu_seqlens_q / _k [B + 1] int32,
         # n_q / n_k the longest sequence's, DQ the packed dq [total_q, Hq, D] with its row and head
         # strides (a slab crossing its sequence's end is stored by pointer); dense: all None / 0.
+        # band (off, left, right), scales (qk_scale, sm_scale, softcap_in, softcap_out).
+        off, left, right = band
+        qk_scale, sm_scale, softcap_in, softcap_out = scales
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT)
@@ -636,8 +638,7 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_bwd_dkdv_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DK, DV,
-        batch, n_heads_kv, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, off, left, right,
-        qk_scale, sm_scale, softcap_in, softcap_out,
+        batch, n_heads_kv, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, band, scales,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
@@ -648,6 +649,9 @@ if HAVE_GLUON:
         # HEAD_DIM], q, do in [1, 1, BLOCK_M, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32
         # (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK / DV the packed dk / dv [total_k,
         # Hkv, D] (the same strides). WANT_DK / WANT_DV: the gradients it writes (at least one).
+        # band and scales as the dQ kernel's.
+        off, left, right = band
+        qk_scale, sm_scale, softcap_in, softcap_out = scales
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")

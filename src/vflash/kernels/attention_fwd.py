@@ -191,13 +191,8 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 @triton.jit
 def attention_fwd_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    n_heads_q, kv_group, n_q, n_k,
-    off, left, right,
-    qk_scale, softcap_in, softcap_out,
+    q_strides, k_strides, v_strides, o_strides,
+    n_heads_q, kv_group, n_q, n_k, band, scales,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -210,6 +205,14 @@ def attention_fwd_kernel(
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
     # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
     # program's BLOCK_M rows are carried as two independent halves.
+    # Tuples: each tensor's (batch, head, row, dim) strides (packed: batch 0), the band's
+    # (off, left, right) and the score's scales (ops/scales.py).
+    stride_qb, stride_qh, stride_qm, stride_qd = q_strides
+    stride_kb, stride_kh, stride_kn, stride_kd = k_strides
+    stride_vb, stride_vh, stride_vn, stride_vd = v_strides
+    stride_ob, stride_oh, stride_om, stride_od = o_strides
+    off, left, right = band
+    qk_scale, softcap_in, softcap_out = scales
     pid_m = tl.program_id(0)
     if REVERSE_M:
         # Causal tiles lower in the sequence do more work: start them first so the
@@ -300,12 +303,7 @@ def attention_fwd_kernel(
 @triton.jit
 def attention_kvcache_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS,
-    stride_qm, stride_qh, stride_qd,
-    stride_kp, stride_kn, stride_kh, stride_kd,
-    stride_vp, stride_vn, stride_vh, stride_vd,
-    stride_om, stride_oh, stride_od, stride_ps, stride_pm, stride_ph,
-    stride_ls, stride_lh,
-    left, right, qk_scale, softcap_in, softcap_out,
+    q_strides, k_strides, v_strides, o_strides, part_strides, lse_part_strides, band, scales,
     stride_table, table_cols, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
@@ -337,6 +335,17 @@ def attention_kvcache_kernel(
     # does not change the bits), writes O / LSE and takes the launch's num_splits arrivals back
     # off the counter, leaving it at zero for the next launch on the stream (whose scratch this
     # is: ops/scratch.py). One launch, no combine kernel.
+    # Tuples: q's and out's (row, head, dim) strides, the caches' (page or batch, row, head,
+    # dim), the partials' (split, row, head) and their LSEs' (split, head), the band's
+    # (left, right) and the score's scales (ops/scales.py).
+    stride_qm, stride_qh, stride_qd = q_strides
+    stride_kp, stride_kn, stride_kh, stride_kd = k_strides
+    stride_vp, stride_vn, stride_vh, stride_vd = v_strides
+    stride_om, stride_oh, stride_od = o_strides
+    stride_ps, stride_pm, stride_ph = part_strides
+    stride_ls, stride_lh = lse_part_strides
+    left, right = band
+    qk_scale, softcap_in, softcap_out = scales
     QUERIES: tl.constexpr = BLOCK_M // GROUP  # queries a tile
     pid = tl.program_id(0)
     split = pid % num_splits  # int32: the key bounds stay 32-bit (the partials' offsets are 64-bit)

@@ -699,9 +699,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
         cache_seqlens, block_table, kt_desc, vt_desc,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-        kv_seq_rows, table_stride,
-        off, left, right,
-        qk_scale, softcap_in, softcap_out,
+        kv_seq_rows, table_stride, band, scales,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
@@ -719,6 +717,9 @@ if HAVE_GLUON:
         # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
         # block_table [B, max_pages] int32 (PAGE_SIZE > 0); pages shorter than BLOCK_N:
         # kt_desc / vt_desc over the same rows in blocks of BLOCK_N (a run of pages' copy).
+        # band (off, left, right), scales (qk_scale, softcap_in, softcap_out): ops/scales.py.
+        off, left, right = band
+        qk_scale, softcap_in, softcap_out = scales
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,

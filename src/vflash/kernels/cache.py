@@ -9,16 +9,17 @@ import triton.language as tl
 
 @triton.jit
 def write_kvcache_kernel(
-    K_CACHE, V_CACHE, K_NEW, V_NEW, SLOTS,
-    stride_kc_block, stride_kc_pos, stride_kc_h, stride_kc_d,
-    stride_vc_block, stride_vc_pos, stride_vc_h, stride_vc_d,
-    stride_kn_t, stride_kn_h, stride_kn_d,
-    stride_vn_t, stride_vn_h, stride_vn_d,
+    K_CACHE, V_CACHE, K_NEW, V_NEW, SLOTS, k_cache_strides, v_cache_strides, k_new_strides, v_new_strides,
     block_size, n_slots, n_heads, head_dim,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # grid = (tokens, cdiv(n_heads, BLOCK_H)): one token's [BLOCK_H, BLOCK_D] tile of
-    # heads x head dim a program, for K and V.
+    # heads x head dim a program, for K and V. Strides: the caches' (page, row, head, dim),
+    # the new tokens' (token, head, dim).
+    stride_kc_block, stride_kc_pos, stride_kc_h, stride_kc_d = k_cache_strides
+    stride_vc_block, stride_vc_pos, stride_vc_h, stride_vc_d = v_cache_strides
+    stride_kn_t, stride_kn_h, stride_kn_d = k_new_strides
+    stride_vn_t, stride_vn_h, stride_vn_d = v_new_strides
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(SLOTS + t).to(tl.int64)
     if (slot < 0) | (slot >= n_slots):  # padding, or a slot past the cache (check_metadata=False)

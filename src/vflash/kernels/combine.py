@@ -20,13 +20,15 @@ from vflash.kernels.tile import cast
 
 @triton.jit
 def merge_states_kernel(
-    OUT_A, LSE_A, OUT_B, LSE_B, OUT, LSE,
-    stride_a_row, stride_a_d, stride_b_row, stride_b_d, stride_o_row, stride_o_d,
-    n_rows, head_dim,
+    OUT_A, LSE_A, OUT_B, LSE_B, OUT, LSE, a_strides, b_strides, o_strides, n_rows, head_dim,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     # grid = (cdiv(n_rows, BLOCK_ROWS), cdiv(head_dim, BLOCK_D)): [BLOCK_ROWS, BLOCK_D]
-    # tiles of the outputs, viewed as [rows, head_dim]; the LSEs are contiguous [rows] fp32.
+    # tiles of the outputs, viewed as [rows, head_dim] ((row, dim) strides); the LSEs are
+    # contiguous [rows] fp32.
+    stride_a_row, stride_a_d = a_strides
+    stride_b_row, stride_b_d = b_strides
+    stride_o_row, stride_o_d = o_strides
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
     row_ok = rows < n_rows

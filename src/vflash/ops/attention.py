@@ -218,14 +218,14 @@ def attention_kvcache_forward(
                          "rows (a power of two at least that many, or 0)")
     if splits > 1:  # the partials contiguous [splits, total_q, Hq, D], their LSEs [splits, Hq, total_q]
         o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device)
-        split_strides = (*o_part.stride()[:3], lse_part.stride(0))
+        part_strides, lse_part_stride = o_part.stride()[:3], lse_part.stride(0)
     else:
         o_part = lse_part = arrivals = None
-        split_strides = (0, 0, 0, 0)
+        part_strides, lse_part_stride = (0, 0, 0), 0
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *split_strides, total_q,
-        band.left, band.right, *score_scales(score),
+        q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides, (lse_part_stride, total_q),
+        (band.left, band.right), score_scales(score),
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -292,7 +292,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride())
+        strides = (q.stride(), k.stride(), v.stride(), out.stride())
         rows, cu_seqlens, top_left = Nq, (None, None), False
     else:
         cu_q, cu_k, rows, top_left = varlen
@@ -300,13 +300,10 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         Nk, Hkv = k.shape[:2]
         B = cu_q.numel() - 1
         cu_seqlens = (cu_q, cu_k)
-        strides = (*packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(out))
+        strides = (packed_strides(q), packed_strides(k), packed_strides(v), packed_strides(out))
     args = (
-        q, k, v, out, lse if lse is not None else out, *cu_seqlens,
-        *strides,
-        Hq, Hq // Hkv, Nq, Nk,
-        band.off, band.left, band.right,
-        *score_scales(score),
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens, *strides,
+        Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right), score_scales(score),
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),

@@ -71,11 +71,11 @@ def attention_backward(
                   EMULATE_BF16=_backend.emulates_bf16(q),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   IS_VARLEN=varlen is not None, TOP_LEFT=top_left)
-    scalars = (band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
+    scalars = ((band.off, band.left, band.right), (qk_scale, score.scale, softcap_in, softcap_out))
     names = ("q", "k", "v", "do", "lse", "delta")
     cu_names = () if varlen is None else ("cu_seqlens_q", "cu_seqlens_k")  # right after the outputs
     delta_launch = KernelLaunch(
-        attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, *strides[4], *strides[3], Hq, Nq),
+        attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, strides[4], strides[3], Hq, Nq),
         dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None),
         dict(num_warps=4), (Slot("O", "out"), Slot("DO", "do"), *([] if dlse is None else [Slot("DLSE", "dlse")]),
                             Slot("DELTA", "delta")))
@@ -90,15 +90,13 @@ def attention_backward(
     else:
         dkdv = [KernelLaunch(
             attention_bwd_dkdv_kernel, (max(1, -(-rows_k // tiles.dkdv.block_n)), Hkv, B),
-            (q, k, v, do, lse, delta, dk, dv, *cu, *strides[0], *strides[1], *strides[2], *strides[3],
-             *out_strides[0], *out_strides[1], Hq, Nq, Nk, *scalars),
+            (q, k, v, do, lse, delta, dk, dv, *cu, *strides[:4], *out_strides[:2], Hq, Nq, Nk, *scalars),
             dict(common, GROUP=Hq // Hkv, BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n),
             dict(num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dk", "dv") + cu_names)))]
         dq_launch = KernelLaunch(
             attention_bwd_dq_kernel, (max(1, -(-rows_q // tiles.dq.block_m)), Hq, B),
-            (q, k, v, do, lse, delta, dq, *cu, *strides[0], *strides[1], *strides[2], *strides[3], *out_strides[2],
-             Hq, Hq // Hkv, Nq, Nk, *scalars),
+            (q, k, v, do, lse, delta, dq, *cu, *strides[:4], out_strides[2], Hq, Hq // Hkv, Nq, Nk, *scalars),
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dq",) + cu_names)))

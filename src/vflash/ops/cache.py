@@ -31,8 +31,8 @@ def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: t
     if T == 0:
         return
     grid = (T, (H + tiles.block_h - 1) // tiles.block_h, 1)
-    args = (k_cache, v_cache, k_new, v_new, slot_mapping, *k_cache.stride(), *v_cache.stride(), *k_new.stride(),
-            *v_new.stride(), k_cache.shape[1], k_cache.shape[0] * k_cache.shape[1], H, D)
+    args = (k_cache, v_cache, k_new, v_new, slot_mapping, k_cache.stride(), v_cache.stride(), k_new.stride(),
+            v_new.stride(), k_cache.shape[1], k_cache.shape[0] * k_cache.shape[1], H, D)
     slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS))
     block_d = max(16, 1 << (D - 1).bit_length())
     launch = KernelLaunch(write_kvcache_kernel, grid, args, dict(BLOCK_H=tiles.block_h, BLOCK_D=block_d),

@@ -34,7 +34,7 @@ def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
     a, b, o = _rows(out_a, D), _rows(out_b, D), out.view(-1, D)
     la, lb = lse_a.reshape(-1).contiguous(), lse_b.reshape(-1).contiguous()
     grid = ((rows + tiles.block_rows - 1) // tiles.block_rows, (D + tiles.block_d - 1) // tiles.block_d, 1)
-    args = (a, la, b, lb, o, lse.view(-1), *a.stride(), *b.stride(), *o.stride(), rows, D)
+    args = (a, la, b, lb, o, lse.view(-1), a.stride(), b.stride(), o.stride(), rows, D)
     slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS + OUTPUTS))
     constexprs = dict(BLOCK_ROWS=tiles.block_rows, BLOCK_D=tiles.block_d, EMULATE_BF16=_backend.emulates_bf16(out_a))
     launch = KernelLaunch(merge_states_kernel, grid, args, constexprs, dict(num_warps=tiles.num_warps), slots)

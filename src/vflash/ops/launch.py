@@ -143,8 +143,8 @@ def compile_sm90_launch(launch: KernelLaunch):
     """A captured launch of a @triton.jit or @gluon.jit kernel compiled for sm_90 without a GPU, from its own
     arguments: Triton's CompiledKernel (its .asm holds 'ptx' and 'cubin'). Tensors
     become 16-byte-aligned pointers of their dtype, None a constexpr, an int of 1 a constant, other ints
-    i32 (marked divisible by 16 where they are), floats fp32, a Gluon TMA descriptor its block and shared
-    layout: the specializations Triton's JIT makes. The launch's num_warps, num_stages and maxnreg (the
+    i32 (marked divisible by 16 where they are), floats fp32, a tuple's elements each so (at its path), a
+    Gluon TMA descriptor its block and shared layout: the specializations Triton's JIT makes. The launch's num_warps, num_stages and maxnreg (the
     Gluon forward's register cap at two or three CTAs an SM) are the compile's options."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -154,22 +154,27 @@ def compile_sm90_launch(launch: KernelLaunch):
     gluon = getattr(fn, "is_gluon", lambda: False)()
     constexprs = dict(launch.constexprs)
     signature, attrs = {}, {}
+
+    def specialize(path: tuple, arg):
+        # (the argument's type, its constexpr value or None) at `path`, a tuple's elements each at its own path
+        if isinstance(arg, tuple):
+            return tuple(specialize(path + (j,), a) for j, a in enumerate(arg))
+        if gluon and _is_descriptor(arg):
+            return _descriptor_type(arg)
+        if isinstance(arg, torch.Tensor):
+            attrs[path] = [["tt.divisibility", 16]]
+            return "*" + _DTYPES[arg.dtype]
+        if isinstance(arg, float):
+            return "fp32"
+        if arg is None or arg == 1:
+            constexprs[path] = arg
+            return "constexpr"
+        if arg % 16 == 0:
+            attrs[path] = [["tt.divisibility", 16]]
+        return "i32"
+
     for i, (name, arg) in enumerate(zip(fn.arg_names, launch.args)):
-        if arg is None:
-            signature[name], constexprs[name] = "constexpr", None
-        elif gluon and _is_descriptor(arg):
-            signature[name] = _descriptor_type(arg)
-        elif isinstance(arg, torch.Tensor):
-            signature[name] = "*" + _DTYPES[arg.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(arg, float):
-            signature[name] = "fp32"
-        elif arg == 1:
-            signature[name], constexprs[name] = "constexpr", 1
-        else:
-            signature[name] = "i32"
-            if arg % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+        signature[name] = specialize((i,), arg)
     for name in fn.arg_names[len(launch.args):]:
         signature[name] = "constexpr"
     opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages", "maxnreg")}

@@ -111,8 +111,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     args = (
         *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *run_descs,
         B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
-        band.off, band.left, band.right,
-        *score_scales(score),
+        (band.off, band.left, band.right), score_scales(score),
     )
     if varlen is None:
         slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", keys),

@@ -97,7 +97,7 @@ def dq_launch(q, k, v, do, lse, delta, dq, band: Band, score: Score, block_m: in
     args = (rows(sh.view(q)), keys(sh.view(k)), keys(sh.view(v)), rows(sh.view(do)), rows(sh.view(dq)), lse, delta,
             *sh.cu, None if varlen is None else dq,
             sh.batch, sh.heads_q, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
-            band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
+            (band.off, band.left, band.right), (qk_scale, score.scale, softcap_in, softcap_out))
     grid = (sh.batch * sh.heads_q * -(-sh.n_q // block_m), 1, 1)
     slots = (_described("q", rows, view), _described("k", keys, view), _described("v", keys, view),
              _described("do", rows, view), _described("dq", rows, view), Slot("LSE", "lse"), Slot("DELTA", "delta"))
@@ -127,7 +127,7 @@ def dkdv_launch(q, k, v, do, lse, delta, dk, dv, band: Band, score: Score, block
     args = (streamed(sh.view(q)), rows(sh.view(k)), rows(sh.view(v)), streamed(sh.view(do)), rows(sh.view(dk)),
             rows(sh.view(dv)), lse, delta, *sh.cu, *((None, None) if varlen is None else (dk, dv)),
             sh.batch, sh.heads_k, sh.heads_q // sh.heads_k, sh.n_q, sh.n_k, sh.total_q, *out_strides,
-            band.off, band.left, band.right, qk_scale, score.scale, softcap_in, softcap_out)
+            (band.off, band.left, band.right), (qk_scale, score.scale, softcap_in, softcap_out))
     grid = (sh.batch * sh.heads_k * -(-sh.n_k // block_n), 1, 1)
     slots = (_described("q", streamed, view), _described("k", rows, view), _described("v", rows, view),
              _described("do", streamed, view), _described("dk", rows, view), _described("dv", rows, view),
