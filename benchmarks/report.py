@@ -452,6 +452,11 @@ def _last_line(path):
     return lines[-1].strip("= ") if lines else ""
 
 
+def _suite_logs(folder):
+    """The GPU suite's logs: pytest_gpu.txt and pytest_gpu_PART.txt (the suite in pieces, or a piece again)."""
+    return sorted(glob.glob(os.path.join(folder, "pytest_gpu*.txt")))
+
+
 def _outcome(path):
     """A check log's or a pytest log's summary line; for a log cut before its summary (a step's time limit),
     what it had counted: `vflash check`'s PASS / FAIL lines, pytest's progress characters."""
@@ -476,9 +481,10 @@ def _env_lines(folder, bench, base):
     log = os.path.join(folder, "check_gpu.log")
     if os.path.exists(log):
         out.append(f"- `vflash check` on this machine: **{_outcome(log)}** ([log]({_link(log, base)}))")
-    tests = os.path.join(folder, "pytest_gpu.txt")
-    if os.path.exists(tests):
-        out.append(f"- GPU test suite on this machine: **{_outcome(tests)}** ([log]({_link(tests, base)}))")
+    for tests in _suite_logs(folder):
+        part = os.path.basename(tests)[len("pytest_gpu"):-len(".txt")].strip("_")
+        out.append(f"- GPU test suite on this machine{' (' + part + ')' if part else ''}: **{_outcome(tests)}** "
+                   f"([log]({_link(tests, base)}))")
     clocks = clock_text(folder)
     if clocks:
         out.append(_wrap("- " + clocks, "  "))
@@ -1146,10 +1152,9 @@ def _run_headline(folder):
             parts[-1] += f"; fa / d256 rows vflash / cuDNN {min(ratios):.2f}-{max(ratios):.2f}x"
     elif bench:
         parts.append("bench CSVs: " + ", ".join(os.path.basename(p) for p, _ in bench))
-    for name in ("pytest_gpu.txt",):
-        path = os.path.join(folder, name)
-        if os.path.exists(path) and " passed" in _outcome(path):
-            parts.append("GPU suite " + _outcome(path).split(" in ")[0])
+    path = os.path.join(folder, "pytest_gpu.txt")  # the headline's: a run's one whole-suite log
+    if os.path.exists(path) and " passed" in _outcome(path):
+        parts.append("GPU suite " + _outcome(path).split(" in ")[0])
     log = os.path.join(folder, "check_gpu.log")
     if os.path.exists(log):
         parts.append("check " + (_outcome(log) if _outcome(log).startswith("cut") else _outcome(log).split(",")[0]))
