@@ -114,7 +114,7 @@ def test_backward_is_bitwise_repeatable(device):
 def test_opcheck(device):
     (q, k, v), _ = _inputs(1, 2, 1, 9, 12, 16, torch.float32, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    torch.library.opcheck(attention_fwd, (q, k, v, 3, -1, 0, 0.25, None),
+    torch.library.opcheck(attention_fwd, (q, k, v, 3, -1, 0, 0.25, None, None),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
 
@@ -131,17 +131,17 @@ def _packed(lens_q, lens_k, hq, hkv, d, dtype, device, seed=3):
 def test_opcheck_of_the_backward_and_varlen_ops(device):
     # the backward op on its own, and the packed forward and backward ops (zero-length sequence included)
     (q, k, v), do = _inputs(1, 2, 1, 9, 12, 16, torch.float32, device)
-    out, lse = attention_fwd(q, k, v, 3, -1, 0, 0.25, None)
-    torch.library.opcheck(attention_bwd, (do, None, q, k, v, out, lse, 3, -1, 0, 0.25, None),
+    out, lse = attention_fwd(q, k, v, 3, -1, 0, 0.25, None, None)
+    torch.library.opcheck(attention_bwd, (do, None, q, k, v, out, lse, 3, -1, 0, 0.25, None, None),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     q, k, v, cq, ck = _packed([5, 0, 11], [7, 3, 11], 2, 1, 16, torch.float32, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    torch.library.opcheck(attention_varlen_fwd, (q, k, v, cq, ck, 11, 11, -1, 0, False, 0.25, None),
+    torch.library.opcheck(attention_varlen_fwd, (q, k, v, cq, ck, 11, 11, -1, 0, False, 0.25, None, None),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
-    out, lse = attention_varlen_fwd(*(t.detach() for t in (q, k, v)), cq, ck, 11, 11, -1, 0, False, 0.25, None)
+    out, lse = attention_varlen_fwd(*(t.detach() for t in (q, k, v)), cq, ck, 11, 11, -1, 0, False, 0.25, None, None)
     torch.library.opcheck(attention_varlen_bwd, (torch.randn_like(out), None, q.detach(), k.detach(), v.detach(),
-                                                 out, lse, cq, ck, 11, 11, -1, 0, False, 0.25, None),
+                                                 out, lse, cq, ck, 11, 11, -1, 0, False, 0.25, None, None),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
@@ -459,7 +459,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
     tiles = tables.SM90_BACKWARD[256]
     assert tiles.dkdv_apart
     got = attention_backward(do, q, k, v, out, lse, band=band, score=Score(256 ** -0.5, opts.get("softcap")),
-                             tiles=tiles, kernel="sm90")
+                             tiles=tiles, kernel="sm90")[:3]
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
@@ -516,7 +516,7 @@ def _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles, poison=False)
     band = sequence_band(causal, opts.get("window", (-1, -1)))
     got = attention_backward(do, q, k, v, out, lse, band=band, score=Score(d ** -0.5, opts.get("softcap")),
                              tiles=tiles, kernel="sm90",
-                             varlen=(cq, ck, max(lens_q), max(lens_k), causal == "top_left"))
+                             varlen=(cq, ck, max(lens_q), max(lens_k), causal == "top_left"))[:3]
     return got, (q, k, v, do, cq, ck)
 
 

@@ -135,8 +135,8 @@ def _fold_kernel(O_PART, LSE_PART, OUT, LSE, stride_ps, stride_pm, stride_ph, st
     ok = row < n_rows
     offs = row * stride_pm + head * stride_ph
     lse_offs = head * stride_lh + row
-    out, lse = fold_splits(O_PART + offs, LSE_PART + lse_offs, stride_ps, stride_ls, 1, num_splits, ok, ROWS, HEAD_DIM,
-                           HEAD_DIM_PAD, SPLIT_CHUNK)
+    out, lse = fold_splits(O_PART + offs, LSE_PART + lse_offs, stride_ps, stride_ls, 1, num_splits, ok, 0.0, ROWS,
+                           HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK, False)
     d = tl.arange(0, HEAD_DIM_PAD)
     tl.store(OUT + offs[:, None] + d[None, :], out, mask=ok[:, None] & (d[None, :] < HEAD_DIM))
     tl.store(LSE + lse_offs, lse, mask=ok)

@@ -422,7 +422,7 @@ def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
                   key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op=other_op)):
         assert other != base
-    assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None) is None
+    assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None, None) is None
 
 
 def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backward_launches):

@@ -37,7 +37,7 @@ def main() -> int:
 
         def op():
             return torch.ops.vflash.attention_bwd(r.do, None, r.q, r.k, r.v, r.out, r.lse, band.off, band.left,
-                                                  band.right, r.scale, None)
+                                                  band.right, r.scale, None, None)
 
         leaves = [t.detach().requires_grad_() for t in (r.q, r.k, r.v)]
         out_v = vflash.attention(*leaves, causal=s.causal)

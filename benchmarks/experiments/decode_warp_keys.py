@@ -139,7 +139,8 @@ def _merge_store(O_PART, LSE_PART, O, b, hk, stride_ps, stride_pb, stride_ph, st
     c_ok = c < GROUP
     c_heads = hk * GROUP + tl.minimum(c, GROUP - 1)
     merged, _ = fold_splits(O_PART + b * stride_pb + c_heads * stride_ph, LSE_PART + b * stride_lb + c_heads,
-                            stride_ps, stride_ls, 1, num_splits, c_ok, MERGE_ROWS, HEAD_DIM, HEAD_DIM, SPLIT_CHUNK)
+                            stride_ps, stride_ls, 1, num_splits, c_ok, 0.0, MERGE_ROWS, HEAD_DIM, HEAD_DIM,
+                            SPLIT_CHUNK, False)
     offs_d = tl.arange(0, HEAD_DIM)
     tl.store(O + b * stride_ob + c_heads[:, None] * stride_oh + offs_d[None, :], merged.to(O.dtype.element_ty),
              mask=c_ok[:, None])

@@ -73,7 +73,7 @@ def _step(schedule, rank, step, qs, kv_shards, scale):
     ks, vs = (t.chunk(len(qs), dim=2) for t in kv_shards[src])
     acc = [None] * len(qs)
     for a, b, (off, left, right) in schedule[step]:
-        out, lse = torch.ops.vflash.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, None)
+        out, lse = torch.ops.vflash.attention_fwd(qs[a], ks[b], vs[b], off, left, right, scale, None, None)
         acc[a] = (out.float(), lse) if acc[a] is None else vflash.merge_states(acc[a][0], acc[a][1], out.float(), lse)
     return acc
 
@@ -86,8 +86,8 @@ def _step_bwd(schedule, rank, step, qs, outs, lses, douts, kv_shards, dq, dkv, s
     n = len(qs)
     ks, vs = (t.chunk(n, dim=2) for t in kv_shards[src])
     for a, b, (off, left, right) in schedule[step]:
-        gq, gk, gv = torch.ops.vflash.attention_bwd(douts[a], None, qs[a], ks[b], vs[b], outs[a], lses[a], off, left,
-                                                    right, scale, None)
+        gq, gk, gv, _ = torch.ops.vflash.attention_bwd(douts[a], None, qs[a], ks[b], vs[b], outs[a], lses[a], off,
+                                                       left, right, scale, None, None)
         dq.chunk(n, dim=2)[a].add_(gq)
         dkv[0].chunk(n, dim=2)[b].add_(gk)
         dkv[1].chunk(n, dim=2)[b].add_(gv)

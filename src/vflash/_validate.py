@@ -9,6 +9,7 @@ contents.
 
 import math
 import numbers
+import weakref
 from typing import Optional, Tuple, Union
 
 import torch
@@ -545,8 +546,8 @@ def check_num_splits(num_splits, batch_invariant) -> bool:
     return batch_invariant
 
 
-def check_no_grad(q, k, v, entry: str) -> None:
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+def check_no_grad(tensors, entry: str) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise ValueError(
             f"vflash.{entry} has no backward pass yet, and its inputs require grad; call it under "
             "torch.no_grad() / torch.inference_mode(), or pass detached tensors")
@@ -582,21 +583,74 @@ def sequence_band(causal: Optional[str], window: Tuple[int, int]) -> Band:
     return Band(0, left, right)
 
 
-def check_score(scale, softcap, head_dim: int) -> Score:
+# Sinks tensors whose values were found free of NaN and +inf: id -> (a weak reference, the version counter
+# then). On a CUDA tensor the check costs a device sync, so it runs again only when the tensor was written
+# since (an optimizer step bumps the version) or is another tensor (a dead reference never matches).
+_SINKS_CHECKED: dict = {}
+_SINKS_CHECKED_MAX = 1024
+
+
+def check_sinks(sinks, heads_q: int, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """sinks None, or an fp32 [Hq] tensor (unit stride) on q's device with no NaN and no +inf (-inf: that
+    head has no sink). The values are read where they can be: not while a CUDA graph is captured or
+    torch.compile traces the call."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be None or a float32 torch.Tensor [Hq] (one logit per query head), got "
+                        f"{_describe(sinks)}{_as_tensor_hint(sinks)}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32 (one logit per query head), got {sinks.dtype}; pass sinks.float()")
+    if tuple(sinks.shape) != (heads_q,):
+        raise ValueError(f"sinks must be [Hq] = [{heads_q}], one logit per query head, got shape "
+                         f"{list(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device}, q on {q.device}; pass them on one device")
+    if heads_q > 1 and sinks.stride(0) != 1:
+        raise ValueError(f"sinks must have unit stride, got stride {sinks.stride(0)}; pass sinks.contiguous()")
+    checked = sinks.detach()
+    if _values_readable(checked) and not sinks_checked(sinks):
+        bad = torch.isnan(checked) | (checked == float("inf"))
+        if bool(bad.any()):
+            heads = bad.nonzero().flatten().tolist()
+            raise ValueError(f"sinks holds NaN or +inf at heads {heads[:8]}{' ...' if len(heads) > 8 else ''}; "
+                             "a finite logit, or -inf for no sink")
+        if len(_SINKS_CHECKED) >= _SINKS_CHECKED_MAX:
+            _SINKS_CHECKED.clear()
+        _SINKS_CHECKED[id(sinks)] = (weakref.ref(sinks), sinks._version)
+    return sinks
+
+
+def sinks_checked(sinks: torch.Tensor) -> bool:
+    """Whether check_sinks found these sinks' values good and nothing has written them since."""
+    seen = _SINKS_CHECKED.get(id(sinks))
+    return seen is not None and seen[0]() is sinks and seen[1] == sinks._version
+
+
+def _values_readable(t: torch.Tensor) -> bool:
+    # Reading a tensor's values on the host: not a fake tensor's (torch.compile's tracing) nor during a CUDA
+    # graph's capture (a sync is not allowed there).
+    if torch.compiler.is_compiling() or type(t).__name__ in ("FakeTensor", "FunctionalTensor"):
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def check_score(scale, softcap, sinks, q: torch.Tensor, heads_q: int) -> Score:
     """The score options every attention entry point shares, checked (vflash.call.Score)."""
-    return Score(check_scale(scale, head_dim), check_softcap(softcap))
+    return Score(check_scale(scale, q.shape[-1]), check_softcap(softcap), check_sinks(sinks, heads_q, q))
 
 
-def attention_call(q, k, v, causal, window, scale, softcap, return_lse) -> Call:
+def attention_call(q, k, v, causal, window, scale, softcap, sinks, return_lse) -> Call:
     """vflash.attention's arguments (vflash.call.ATTENTION's order) as a Call: q [B, Hq, Nq, D],
     k / v [B, Hkv, Nk, D], the band folded from the lengths."""
     check_qkv(q, k, v)
     band = mask_band(q.shape[2], k.shape[2], resolve_causal(causal), check_window(window))
-    return Call(q, k, v, None, band, check_score(scale, softcap, q.shape[-1]), check_flag("return_lse", return_lse))
+    return Call(q, k, v, None, band, check_score(scale, softcap, sinks, q, q.shape[1]),
+                check_flag("return_lse", return_lse))
 
 
 def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
-                return_lse, check_metadata) -> Call:
+                sinks, return_lse, check_metadata) -> Call:
     """vflash.attention_varlen's arguments (vflash.call.ATTENTION_VARLEN's order) as a Call of layout
     Packed (check_metadata forced on under the interpreter: check_metadata_on)."""
     check_metadata = check_metadata_on(check_flag("check_metadata", check_metadata), q)
@@ -605,11 +659,11 @@ def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     layout = Packed(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal_mode == "top_left",
                     check_metadata)
     return Call(q, k, v, layout, sequence_band(causal_mode, check_window(window)),
-                check_score(scale, softcap, q.shape[-1]), check_flag("return_lse", return_lse))
+                check_score(scale, softcap, sinks, q, q.shape[1]), check_flag("return_lse", return_lse))
 
 
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale,
-                 softcap, num_splits, batch_invariant, return_lse, check_metadata, out) -> Call:
+                 softcap, sinks, num_splits, batch_invariant, return_lse, check_metadata, out) -> Call:
     """vflash.attention_with_kvcache's arguments (vflash.call.ATTENTION_KVCACHE's order) as a Call of
     layout Cache: dense q [B, Nq, Hq, D] (and out) as rows [B * Nq, Hq, D], views where the strides
     merge (else q a copy; out must merge)."""
@@ -620,10 +674,10 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, 
         raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
                          "their sequence (bottom-right alignment); pass causal=True")
     window = check_window(window)
-    score = check_score(scale, softcap, q.shape[-1])
+    score = check_score(scale, softcap, sinks, q, q.shape[-2])
     batch_invariant = check_num_splits(num_splits, batch_invariant)
     return_lse = check_flag("return_lse", return_lse)
-    check_no_grad(q, k_cache, v_cache, "attention_with_kvcache")
+    check_no_grad((q, k_cache, v_cache, sinks), "attention_with_kvcache")
     guard = None
     inputs = (q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q)  # KVCACHE_OUT_APART's
     if out is not None:

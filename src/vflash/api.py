@@ -18,6 +18,7 @@ def attention(
     scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact softmax attention, fused in one Triton kernel.
@@ -43,28 +44,39 @@ def attention(
             without causal), or 0 under "top_left". Causal caps right at 0.
         softcap: s -> softcap * tanh(s / softcap) on the scaled scores before the
             softmax (Gemma 2 style); None for off.
+        sinks: float32 [Hq], one learnable logit per query head added to every
+            row's softmax denominator (an attention sink, gpt-oss's ``s_aux``);
+            None for off. With s_ij the scaled (and capped) scores, the sink not
+            capped: out_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij}).
+            A -inf entry is no sink for that head; NaN or +inf is refused. Its
+            gradient flows when it requires grad (an nn.Parameter).
         return_lse: also return the natural-log log-sum-exp of the scaled (and
-            capped) scores, [B, Hq, Nq] fp32, for merging partial results.
+            capped) scores, [B, Hq, Nq] fp32, for merging partial results; with
+            sinks, log(e^{sink_h} + sum_j e^{s_ij}).
 
     Returns:
         out [B, Hq, Nq, D] in the inputs' dtype, contiguous; or (out, lse).
         A query row that sees no key (fully masked, or Nk = 0) gets out = 0 and
-        lse = -inf.
+        lse = -inf (with sinks: lse = sink_h).
+
+    Parts merged by hand (vflash.merge_states) must carry no sink: compute each part
+    with sinks=None, merge them, then add the sink once as one more part, whose
+    output is 0 and whose LSE is the sink (docs/features.md, "Attention sinks").
 
     dtypes: float16, bfloat16, float32 (fp32 products); under torch.autocast, fp32
     inputs run in the autocast dtype. Head dims 8..256, any multiple of 8. CPU
     tensors run the same kernel through Triton's interpreter (slow; see README).
     Which kernel and tiles run: vflash.dispatch.
 
-    Autograd: when q, k or v requires grad (or under torch.compile) the call goes
+    Autograd: when q, k, v or sinks requires grad (or under torch.compile) the call goes
     through the `vflash::attention_fwd` custom op (vflash.library), whose backward
     is deterministic (bitwise the same gradients from run to run) and saves q, k, v,
     out and lse only: the sm_90 Gluon kernels on Hopper where vflash.dispatch.select_backward
     takes them, the portable Triton kernels elsewhere.
     """
     q, k, v = _autocast(q, k, v)
-    autograd = _through_library(q, k, v)
-    out, lse = pipeline.attention(ATTENTION, (q, k, v, causal, window, scale, softcap, return_lse), autograd)
+    autograd = _through_library(q, k, v, sinks)
+    out, lse = pipeline.attention(ATTENTION, (q, k, v, causal, window, scale, softcap, sinks, return_lse), autograd)
     return (out, lse) if return_lse else out
 
 
@@ -96,6 +108,7 @@ def attention_varlen(
     scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     check_metadata: bool = True,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -110,8 +123,8 @@ def attention_varlen(
             total_q last; zero-length sequences allowed).
         cu_seqlens_k: int32 [B + 1], the same for k and v.
         max_seqlen_q, max_seqlen_k: the longest sequence's lengths (or more).
-        causal, scale, window, softcap: as in `vflash.attention`, with the band
-            rule applied to each sequence's own lengths (bottom-right alignment
+        causal, scale, window, softcap, sinks: as in `vflash.attention`, with the
+            band rule applied to each sequence's own lengths (bottom-right alignment
             puts a sequence's last query on its last key).
         return_lse: also return the natural-log LSE, [Hq, total_q] fp32.
         check_metadata: check cu_seqlens' values against the packed lengths and
@@ -132,8 +145,8 @@ def attention_varlen(
     """
     q, k, v = _autocast(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
-            return_lse, check_metadata)
-    autograd = _through_library(q, k, v)
+            sinks, return_lse, check_metadata)
+    autograd = _through_library(q, k, v, sinks)
     out, lse = pipeline.attention(ATTENTION_VARLEN, args, autograd)
     return (out, lse) if return_lse else out
 
@@ -202,6 +215,7 @@ def attention_with_kvcache(
     scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
     batch_invariant: bool = False,
     return_lse: bool = False,
@@ -226,7 +240,8 @@ def attention_with_kvcache(
             page block_table[b, j // page_size].
         causal: True (or "bottom_right") or False: the queries are the last tokens
             of their sequence (bottom-right alignment); "top_left" is refused.
-        scale, window, softcap: as in `vflash.attention`, per sequence.
+        scale, window, softcap, sinks: as in `vflash.attention`, per sequence; the sink
+            enters once, at the merged result of a split sequence, never in a split's partial.
         num_splits: split-KV: each sequence's keys are split across this many programs
             and their partial results merged through their LSEs (deterministic: a
             fixed-order combine, the same bits from run to run). None picks it from
@@ -249,7 +264,7 @@ def attention_with_kvcache(
 
     Returns:
         out in q's layout and dtype (the given `out` itself); or (out, lse). A query row that sees no key
-        (more new queries than keys, say) gets 0 and lse = -inf.
+        (more new queries than keys, say) gets 0 and lse = -inf (with sinks: its head's sink).
 
     Decode packs the query heads of a KV head into one program's rows (GQA packing),
     so each cache tile is read once per KV head, on the portable Triton kernel (CPU
@@ -260,7 +275,7 @@ def attention_with_kvcache(
     # cache_seqlens' values are not part of a plan's key: a generation loop's growing lengths keep one plan
     result, lse = pipeline.attention(ATTENTION_KVCACHE, (
         q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale, softcap,
-        num_splits, batch_invariant, return_lse, check_metadata, out))
+        sinks, num_splits, batch_invariant, return_lse, check_metadata, out))
     return _kvcache_result(result if out is None else out, lse, q.shape, cu_seqlens_q is None, return_lse)
 
 

@@ -45,6 +45,9 @@ class Score(NamedTuple):
     plan key; the launchers derive the kernels' flags and scalars from it (ops/scales.py)."""
     scale: float  # multiplier of q·k
     softcap: Optional[float] = None  # s -> softcap * tanh(s / softcap); None: off
+    # fp32 [Hq]: one more logit per query head in every row's softmax denominator (an attention sink,
+    # gpt-oss's), never softcapped, with no value row; None: off
+    sinks: Optional[torch.Tensor] = None
 
 
 class Packed(NamedTuple):
@@ -156,7 +159,8 @@ class Spec(NamedTuple):
         return tuple(name for name, _ in self.params)
 
 
-_SCORE_OPTIONS = tuple((name, "option") for name in Score._fields)
+_SCORE_OPTIONS = tuple((name, "tensor" if Score.__annotations__[name] == Optional[torch.Tensor] else "option")
+                       for name in Score._fields)
 
 ATTENTION = Spec("attention", (("q", "tensor"), ("k", "tensor"), ("v", "tensor"), ("causal", "option"),
                                ("window", "pair"), *_SCORE_OPTIONS, ("return_lse", "option")))

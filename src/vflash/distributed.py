@@ -305,8 +305,8 @@ class _RingAttention(torch.autograd.Function):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
             for a, b, band in ring.pairs(step):
-                gq, gk, gv = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
-                                             ctx.score)
+                gq, gk, gv, _ = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
+                                                ctx.score)
                 chunks.add_into(dq, a, gq)
                 chunks.add_into(dkv[0], b, gk)
                 chunks.add_into(dkv[1], b, gv)

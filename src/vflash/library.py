@@ -133,13 +133,13 @@ def _varlen_backward(spec: Spec, dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu
 
 
 _PAIR = Tuple[Tensor, Tensor]
-_TRIPLE = Tuple[Tensor, Tensor, Tensor]
+_GRADIENTS = Tuple[Tensor, Tensor, Tensor, Tensor]  # dq, dk, dv and delta (ops.attention_bwd's)
 _QKV = (("q", Tensor), ("k", Tensor), ("v", Tensor))
 attention_fwd = _op("attention_fwd", _QKV + _DENSE + _SCORE, _PAIR, _forward)
-attention_bwd = _op("attention_bwd", _GRADS + _SAVED + _DENSE + _SCORE, _TRIPLE, _backward_op)
+attention_bwd = _op("attention_bwd", _GRADS + _SAVED + _DENSE + _SCORE, _GRADIENTS, _backward_op)
 attention_varlen_fwd = _op("attention_varlen_fwd", _QKV + _CU + _PACKED + _SCORE + (("check_metadata", bool, False),),
                            _PAIR, _varlen_forward)
-attention_varlen_bwd = _op("attention_varlen_bwd", _GRADS + _SAVED + _CU + _PACKED + _SCORE, _TRIPLE,
+attention_varlen_bwd = _op("attention_varlen_bwd", _GRADS + _SAVED + _CU + _PACKED + _SCORE, _GRADIENTS,
                            _varlen_backward)
 
 
@@ -155,39 +155,60 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
 
 
-def _gradients_fake(dout, dlse, q, k, v, *rest):
+def _gradients_fake(dout, dlse, q, k, v, out, lse, *rest):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            torch.empty_like(lse, memory_format=torch.contiguous_format))
 
 
 attention_bwd.register_fake(_gradients_fake)
 attention_varlen_bwd.register_fake(_gradients_fake)
 
 
-def _autograd(forward_op, backward_op, saved_inputs: int, options: int) -> None:
-    """Link a forward op (its first `saved_inputs` arguments are tensors the backward takes after
+def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: int, lse_heads: int) -> None:
+    """Link a forward op (vflash::`name`) (its first `saved_inputs` arguments are tensors the backward takes after
     q, k, v, out, lse; then its `options`, the backward's own, then any it keeps to itself) to its
-    backward op: gradients for q, k, v, None for every other argument."""
+    backward op: gradients for q, k, v and sinks, None for every other argument. lse_heads: the LSE's
+    head dimension."""
+    sinks_at = SPECS[name].names.index("sinks")  # the forward's argument
+
     def setup_context(ctx, inputs, output):
         q, k, v = inputs[:3]
-        ctx.save_for_backward(q, k, v, *output, *inputs[3:saved_inputs])
-        ctx.options = tuple(inputs[saved_inputs:saved_inputs + options])
+        sinks = inputs[sinks_at]
+        ctx.save_for_backward(q, k, v, *output, *inputs[3:saved_inputs], sinks)  # sinks saved as a tensor
+        ctx.options = tuple(None if i == sinks_at else x
+                            for i, x in enumerate(inputs[saved_inputs:saved_inputs + options], saved_inputs))
         ctx.arguments = len(inputs)
         ctx.set_materialize_grads(False)  # an unused lse's gradient stays None: no zeros made or read
 
     def backward(ctx, dout, dlse):
-        saved = ctx.saved_tensors
+        *saved, sinks = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(saved[3])
-        dq, dk, dv = backward_op(dout, dlse, *saved, *ctx.options)
-        return (dq, dk, dv) + (None,) * (ctx.arguments - 3)
+        options = tuple(sinks if i == sinks_at else x for i, x in enumerate(ctx.options, saved_inputs))
+        dq, dk, dv, delta = backward_op(dout, dlse, *saved, *options)
+        grads = [dq, dk, dv] + [None] * (ctx.arguments - 3)
+        if ctx.needs_input_grad[sinks_at]:
+            grads[sinks_at] = sink_gradient(sinks, saved[4], delta, lse_heads)
+        return tuple(grads)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-_autograd(attention_fwd, attention_bwd, 3, len(_DENSE + _SCORE))
-_autograd(attention_varlen_fwd, attention_varlen_bwd, 5, len(_PACKED + _SCORE))
+def sink_gradient(sinks: Tensor, lse: Tensor, delta: Tensor, heads: int) -> Tensor:
+    """dL/dsink_h = -sum over the rows i of head h of e^{sink_h - lse_i} * delta_i: the sink's share of
+    each row's softmax (lse holds its term) times the row's dO . O - dlse. fp32 [Hq]; torch's sum, the
+    same bits from run to run. A row with neither keys nor a sink (lse = -inf) adds 0."""
+    shape = [1] * lse.dim()
+    shape[heads] = -1
+    share = torch.exp(sinks.view(shape) - lse)
+    share = torch.where(lse == float("-inf"), 0.0, share)
+    return -(share * delta).sum([d for d in range(lse.dim()) if d != heads])
+
+
+_autograd("attention_fwd", attention_fwd, attention_bwd, 3, len(_DENSE + _SCORE), lse_heads=1)  # lse [B, Hq, Nq]
+_autograd("attention_varlen_fwd", attention_varlen_fwd, attention_varlen_bwd, 5, len(_PACKED + _SCORE), lse_heads=0)  # lse [Hq, total_q]
 
 
 def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:

@@ -33,6 +33,7 @@ def _keyed_lookup(spec: Spec):
 
 
 _LOOKUP = {spec.name: _keyed_lookup(spec) for spec in (ATTENTION, ATTENTION_VARLEN, ATTENTION_KVCACHE)}
+_SINKS_AT = {spec.name: spec.names.index("sinks") for spec in (ATTENTION, ATTENTION_VARLEN, ATTENTION_KVCACHE)}
 _MERGE_KEY = plans.key_function(MERGE_STATES)
 _WRITE_KEY = plans.key_function(WRITE_KVCACHE)
 
@@ -44,10 +45,13 @@ def attention(spec: Spec, args: tuple, autograd: bool = False) -> Tuple[Tensor, 
     if autograd:
         return library.attention(spec, args)
     key, plan = _LOOKUP[spec.name](*args)
-    # a plan serves no call whose full path refuses inputs that require grad (attention_with_kvcache's)
+    sinks = args[_SINKS_AT[spec.name]]
+    # a plan serves no call whose full path refuses inputs that require grad (attention_with_kvcache's), nor
+    # sinks whose values no call has checked since their last write (_validate.check_sinks)
     if plan is not None and not (torch.is_grad_enabled() and (
-            args[0].requires_grad or args[1].requires_grad or args[2].requires_grad)) and (
-            plan.admit is None or plan.admit(*args)):
+            args[0].requires_grad or args[1].requires_grad or args[2].requires_grad
+            or (sinks is not None and sinks.requires_grad))) and (
+            sinks is None or _validate.sinks_checked(sinks)) and (plan.admit is None or plan.admit(*args)):
         return plan(*args)
     call = _validate.call_of(spec, args)
     if call.q.data_ptr() != args[0].data_ptr():

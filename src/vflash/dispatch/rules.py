@@ -330,7 +330,7 @@ _16_BIT = (torch.float16, torch.bfloat16)
 # Gluon ones 16-bit inputs and where their refusals say. select() prefers sm90 where it can take a call and is
 # ahead there.
 REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32,), ("dense", "packed", "cache"),
-                               ("dense", "packed"), ("softcap",), _takes_any, _takes_any),
+                               ("dense", "packed"), ("softcap", "sinks"), _takes_any, _takes_any),
             "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap",),
                            sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)

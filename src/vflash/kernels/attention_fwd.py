@@ -177,9 +177,9 @@ def _attend_tiles_split(
 
 
 @triton.jit
-def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q,
-                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    inv_l, lse = softmax_finish(m_i, l_i)  # rows that saw no key: 0 and LSE -inf
+def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, sink,
+                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, HAS_SINK: tl.constexpr):
+    inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or the sink)
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
@@ -190,7 +190,7 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SINKS,
     q_strides, k_strides, v_strides, o_strides,
     n_heads_q, kv_group, n_q, n_k, band, scales,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -198,9 +198,10 @@ def attention_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
-    # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch.
+    # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch. HAS_SINK: SINKS
+    # [Hq] fp32, each head's sink logit (softmax_finish).
     # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
     # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
@@ -243,6 +244,10 @@ def attention_fwd_kernel(
     else:
         lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
+    if HAS_SINK:
+        sink = tl.load(SINKS + off_h)
+    else:
+        sink = 0.0
 
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
@@ -272,10 +277,10 @@ def attention_fwd_kernel(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
-                    EMULATE_BF16)
-        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
-                    EMULATE_BF16)
+        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
+                    STORE_LSE, EMULATE_BF16, HAS_SINK)
+        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
+                    STORE_LSE, EMULATE_BF16, HAS_SINK)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -296,13 +301,13 @@ def attention_fwd_kernel(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, HEAD_DIM, STORE_LSE,
-                    EMULATE_BF16)
+        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
+                    STORE_LSE, EMULATE_BF16, HAS_SINK)
 
 
 @triton.jit
 def attention_kvcache_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS, SINKS,
     q_strides, k_strides, v_strides, o_strides, part_strides, lse_part_strides, band, scales,
     stride_table, table_cols, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -311,6 +316,7 @@ def attention_kvcache_kernel(
     STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, ONE_LOOP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -334,7 +340,8 @@ def attention_kvcache_kernel(
     # the tile's last split to arrive merges them all (fold_splits, in split order: who merges
     # does not change the bits), writes O / LSE and takes the launch's num_splits arrivals back
     # off the counter, leaving it at zero for the next launch on the stream (whose scratch this
-    # is: ops/scratch.py). One launch, no combine kernel.
+    # is: ops/scratch.py). One launch, no combine kernel. HAS_SINK: SINKS [Hq] fp32, each query head's
+    # sink logit, in the unsplit row's finish or the merged row's (fold_splits), never a partial's.
     # Tuples: q's and out's (row, head, dim) strides, the caches' (page or batch, row, head,
     # dim), the partials' (split, row, head) and their LSEs' (split, head), the band's
     # (left, right) and the score's scales (ops/scales.py).
@@ -432,7 +439,12 @@ def attention_kvcache_kernel(
             softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
-    inv_l, lse = softmax_finish(m_i, l_i)  # no visible key in this split: out 0, LSE -inf (merge weight 0)
+    # a split's partial carries no sink (no visible key in it: out 0, LSE -inf, merge weight 0)
+    if HAS_SINK and not IS_SPLIT:
+        sink = tl.load(SINKS + heads)
+    else:
+        sink = 0.0
+    inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK and not IS_SPLIT)
     out = acc * inv_l[:, None]
     d_ok = offs_d < HEAD_DIM
     if IS_SPLIT:
@@ -451,9 +463,13 @@ def attention_kvcache_kernel(
             c_heads = off_hk * GROUP + c % GROUP
             c_ok = (c < QUERIES * GROUP) & (c_q < n_q)
             c_lse = c_heads * stride_lh + q_start + c_q
+            if HAS_SINK:
+                c_sink = tl.load(SINKS + c_heads)
+            else:
+                c_sink = 0.0
             merged, merged_lse = fold_splits(O_PART + (q_start + c_q) * stride_pm + c_heads * stride_ph,
-                                             LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, MERGE_ROWS,
-                                             HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK)
+                                             LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, c_sink,
+                                             MERGE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK, HAS_SINK)
             c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
             tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, cast(merged, O.dtype.element_ty, EMULATE_BF16),
                      mask=c_ok[:, None] & d_ok[None, :])

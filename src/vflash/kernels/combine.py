@@ -58,8 +58,9 @@ def merge_states_kernel(
 
 
 @triton.jit
-def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, row_ok,
-                ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
+def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, row_ok, sink,
+                ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                HAS_SINK: tl.constexpr):
     # Split-KV's merge of ROWS rows' fp32 partials: o_rows [ROWS] points at each row's split-0
     # output (split s at + s * stride_ps, column d at + d * stride_d), lse_rows [ROWS] at its split-0
     # natural-log LSE (+ s * stride_ls). Returns out [ROWS, HEAD_DIM_PAD] fp32 and lse [ROWS].
@@ -72,7 +73,8 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     # -inf and a zero partial (the split kernel writes both for it): it adds an exact zero and a chunk
     # of them rescales by exactly 1, so a sequence's result does not depend on how many empty splits
     # the grid has beyond its own (batch invariance). The loads bypass L1 (.cg): other programs wrote
-    # the partials during this kernel.
+    # the partials during this kernel. HAS_SINK: sink [ROWS] (natural log; -inf: none) enters the merged
+    # row's denominator once, as a last part of output 0 (the partials carry none).
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
@@ -94,6 +96,13 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
         # a split that saw no key has weight 0 and a zero partial (every split of the tile writes its
         # own, an empty one zeros; splits past num_splits load zeros): it adds an exact zero, no select
         acc = acc * scale[:, None] + tl.sum(part * w[:, :, None], 1)
+        m_run = m_new
+    if HAS_SINK:
+        m_new = tl.maximum(m_run, sink)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp(m_run - m_ref)
+        total = total * scale + tl.exp(sink - m_ref)
+        acc = acc * scale[:, None]
         m_run = m_new
     empty = m_run == float("-inf")
     out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]

@@ -44,15 +44,31 @@ def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl
 
 
 @triton.jit
-def softmax_finish(m_i, l_i):
-    # A row's result from its running max m (log2 units) and sum l [rows]: 1 / l, the output's normalizer,
-    # and the natural-log LSE. A row that saw no key has l = 0 and a zero accumulator: its normalizer is 1
-    # (out 0) and its LSE -inf. Every store of a whole row's result takes it (the portable and KV-cache
-    # kernels, the sm90 consumer, a split's partial); a term that enters the denominator once a row (a sink)
-    # enters here.
+def softmax_finish(m_i, l_i, sink, HAS_SINK: tl.constexpr):
+    # A row's result from its running max m (log2 units) and sum l [rows]: the output accumulator's
+    # normalizer and the natural-log LSE. A row that saw no key has l = 0 and a zero accumulator: its
+    # normalizer is 1 (out 0) and its LSE -inf. Every store of a whole row's result takes it (the portable
+    # and KV-cache kernels, the sm90 consumer); a split's partial takes it without the sink, which enters
+    # once, at the merge (fold_splits).
+    # HAS_SINK: sink (natural log, [rows] or one value; -inf: none) is one more term of the denominator,
+    # folded in at the larger of m and the sink (a sink far above the scores neither overflows nor loses
+    # the keys' share): m' = max(m, sink), l' = l 2^(m - m') + 2^(sink - m'), the accumulator's
+    # normalizer 2^(m - m') / l'. A row with no key then has out 0 and LSE = sink.
     LN2: tl.constexpr = 0.6931471805599453
+    if HAS_SINK:
+        sink2 = sink * 1.4426950408889634  # log2 units, as m
+        m_new = tl.maximum(m_i, sink2)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key and no sink: exp2 of -inf, never NaN
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.exp2(sink2 - m_ref)
+        m_i = m_new
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    inv_l = 1.0 / l_safe
+    if HAS_SINK:
+        inv_l = alpha / l_safe
+    else:
+        inv_l = 1.0 / l_safe
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+    if HAS_SINK:
+        lse = tl.where(alpha == 0.0, sink, lse)  # no key (or none left in the sink's shadow): the sink itself
     return inv_l, lse

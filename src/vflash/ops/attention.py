@@ -112,7 +112,7 @@ def attention_forward(
     if Nk == 0:
         out.zero_()
         if lse is not None:
-            lse.fill_(float("-inf"))
+            _no_key_lse(lse, score, 1)
         return out, lse
 
     allocs = [Alloc("out", tuple(out.shape), q.dtype)]
@@ -125,6 +125,16 @@ def attention_forward(
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, plan_inputs or INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
+
+
+def _no_key_lse(lse: torch.Tensor, score: Score, heads: int) -> None:
+    # The LSE of rows that see no key: -inf, or each head's sink (lse's head dimension `heads`)
+    if score.sinks is None:
+        lse.fill_(float("-inf"))
+    else:
+        shape = [1] * lse.dim()
+        shape[heads] = -1
+        lse.copy_(score.sinks.view(shape).expand_as(lse))
 
 
 def attention_varlen_forward(
@@ -152,7 +162,7 @@ def attention_varlen_forward(
     if k.shape[0] == 0:
         out.zero_()
         if lse is not None:
-            lse.fill_(float("-inf"))
+            _no_key_lse(lse, score, 0)
         return out, lse
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left)
     allocs = [Alloc("out", tuple(out.shape), q.dtype)]
@@ -224,7 +234,7 @@ def attention_kvcache_forward(
         part_strides, lse_part_stride = (0, 0, 0), 0
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides, (lse_part_stride, total_q),
+        score.sinks, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides, (lse_part_stride, total_q),
         (band.left, band.right), score_scales(score),
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
@@ -238,13 +248,15 @@ def attention_kvcache_forward(
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
         IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk, ONE_LOOP=tiles.one_loop,
+        HAS_SINK=score.sinks is not None,
     )
     grid = (row_tiles * splits, Hkv, batch)
     slots = (Slot("Q", "q"), Slot("K", "k_cache"), Slot("V", "v_cache"), Slot("O", "out"),
              Slot("SEQLENS_K", "cache_seqlens"))
     slots += ((Slot("LSE", "lse"),) if lse is not None else ()) + (
         (Slot("CU_SEQLENS_Q", "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
-        (Slot("BLOCK_TABLE", "block_table"),) if block_table is not None else ())
+        (Slot("BLOCK_TABLE", "block_table"),) if block_table is not None else ()) + (
+        (Slot("SINKS", "sinks"),) if score.sinks is not None else ())
     # split scratch: slots too, a plan fetching this stream's pool (ops.scratch) each call
     if splits > 1:
         slots += (Slot("O_PART", "o_part"), Slot("LSE_PART", "lse_part"), Slot("ARRIVALS", "arrivals"))
@@ -302,7 +314,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         cu_seqlens = (cu_q, cu_k)
         strides = (packed_strides(q), packed_strides(k), packed_strides(v), packed_strides(out))
     args = (
-        q, k, v, out, lse if lse is not None else out, *cu_seqlens, *strides,
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens, score.sinks, *strides,
         Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right), score_scales(score),
     )
     constexprs = dict(
@@ -310,12 +322,14 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,
-        **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left,
+        **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left, HAS_SINK=score.sinks is not None,
     )
     slots = (Slot("Q", "q"), Slot("K", "k"), Slot("V", "v"), Slot("O", "out"),
              Slot("LSE", "out" if lse is None else "lse"))
     if varlen is not None:
         slots += (Slot("CU_SEQLENS_Q", "cu_seqlens_q"), Slot("CU_SEQLENS_K", "cu_seqlens_k"))
+    if score.sinks is not None:
+        slots += (Slot("SINKS", "sinks"),)
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

@@ -28,12 +28,14 @@ def attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
     band: Band, score: Score, tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
     varlen: Optional[tuple] = None, kernel: str = "portable", plan_key: Optional[Hashable] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in the inputs' dtype and layout, contiguous, for do (any strides) and the
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, delta): the gradients in the inputs' dtype and layout, contiguous, and delta, each row's
+    dO . O - dlse in lse's layout (fp32; the sinks' gradient is made from it), for do (any strides) and the
     forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
     [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q].
-    Deterministic: every output tile is written by one program, its sums in a fixed order.
+    top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q]. The kernels take
+    P = exp(S - lse) from the saved LSE, which holds the sink's term where there is one: sinks change
+    nothing here. Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
     kernel "sm90" (TMA-ready q, k, v: dispatch.sm90_backward_refusal; dense or varlen) runs the Gluon
     dK/dV and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key): the
@@ -41,8 +43,9 @@ def attention_backward(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+    if q.numel() == 0 or k.numel() == 0:  # no key: out is 0, so delta is -dlse
+        delta = torch.zeros(lse.shape, dtype=torch.float32, device=q.device) if dlse is None else -dlse.float()
+        return dq.zero_(), dk.zero_(), dv.zero_(), delta
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -104,5 +107,6 @@ def attention_backward(
     if plan_key is not None and all(a is b for a, b in zip(given, (do, lse, dlse))):
         allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
                   Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32))
-        launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names, allocs, ("dq", "dk", "dv"), q.device.index)
-    return dq, dk, dv
+        launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names, allocs, ("dq", "dk", "dv", "delta"),
+                                 q.device.index)
+    return dq, dk, dv, delta

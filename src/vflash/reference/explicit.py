@@ -41,9 +41,13 @@ def attention_explicit(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     causal: Union[bool, str] = False, scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None, softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     compute_dtype: Optional[torch.dtype] = torch.float32, return_lse: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Returns (out [B, Hq, Nq, D], lse [B, Hq, Nq] or None) in `compute_dtype`.
+
+    sinks [Hq]: one more score column per head, its logit (not softcapped) and no value row: the softmax
+    and the LSE take it, the output does not.
 
     compute_dtype=torch.float32 / float64: the oracle. compute_dtype=None: every
     step in the inputs' dtype, as eager PyTorch would run it.
@@ -59,8 +63,13 @@ def attention_explicit(
     if masked:
         keep = visible_mask(q.shape[2], k.shape[2], causal, window, device=q.device)
         scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        column = sinks.to(dt).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, column], dim=-1)
     lse = torch.logsumexp(scores, dim=-1) if return_lse else None  # -inf for rows with no visible key
     probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1].nan_to_num(0.0)  # a row with neither keys nor a sink: NaN -> 0
     if masked:
         probs = probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)  # NaN rows -> 0
     out = torch.matmul(probs, vc)

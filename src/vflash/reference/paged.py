@@ -25,7 +25,7 @@ def write_kvcache_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new:
 def attention_with_kvcache_reference(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, *, causal=True, scale=None, window=None, softcap=None,
-    compute_dtype=torch.float32,
+    sinks=None, compute_dtype=torch.float32,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed queries q [total_q, Hq, D] against a paged cache [pages, page_size, Hkv, D]:
     each sequence's keys gathered block by block through its block-table row, then explicit
@@ -38,13 +38,14 @@ def attention_with_kvcache_reference(
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=dt, device=q.device)
     for b, n_k in enumerate(lens):
         q0, q1 = cq[b], cq[b + 1]
-        if q1 == q0 or n_k == 0:
+        if q1 == q0 or (n_k == 0 and sinks is None):
             continue
         pages = table[b][:(n_k + page - 1) // page]
-        k = torch.cat([k_cache[p] for p in pages])[:n_k]  # [n_k, Hkv, D]
-        v = torch.cat([v_cache[p] for p in pages])[:n_k]
+        ids = torch.tensor(pages, dtype=torch.long, device=k_cache.device)
+        k = k_cache[ids].flatten(0, 1)[:n_k]  # [n_k, Hkv, D]
+        v = v_cache[ids].flatten(0, 1)[:n_k]
         o, l = attention_explicit(q[q0:q1].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                  causal=causal, scale=scale, window=window, softcap=softcap,
+                                  causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
                                   compute_dtype=compute_dtype)
         out[q0:q1] = o[0].transpose(0, 1)
         lse[:, q0:q1] = l[0].to(dt)
