@@ -58,6 +58,7 @@ CASES = {
     "window_gqa": dict(causal=True, window=(5, 0), layout="zigzag", hkv=1),
     "window_both_sides": dict(causal=False, window=(3, 4), layout="contiguous", softcap=3.0),
     "longer_kv": dict(causal=True, layout="contiguous", nk_factor=2),
+    "sinks_zigzag": dict(causal=True, layout="zigzag", sinks=True),
 }
 
 
@@ -66,24 +67,32 @@ def _worker(rank, world, port, case, out_dir):
     try:
         opts = dict(CASES[case])
         layout, hkv, nk_factor = opts.pop("layout"), opts.pop("hkv", 2), opts.pop("nk_factor", 1)
+        with_sinks = opts.pop("sinks", False)
         g = torch.Generator().manual_seed(0)
         n = 8 * world  # 8 rows a rank: zigzag chunks of 4
         q = torch.randn(1, 2, n, 16, generator=g)
         k = torch.randn(1, hkv, n * nk_factor, 16, generator=g)
         v = torch.randn(1, hkv, n * nk_factor, 16, generator=g)
         do = torch.randn(1, 2, n, 16, generator=g)
+        sinks = torch.randn(2, generator=g) if with_sinks else None
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        want, want_lse = attention_explicit(*full, **opts, compute_dtype=torch.float64)
+        full_sinks = sinks.double().requires_grad_() if with_sinks else None
+        want, want_lse = attention_explicit(*full, **opts, sinks=full_sinks, compute_dtype=torch.float64)
         want.backward(do.double())
         shard = lambda t: shard_sequence(t, rank, world, layout=layout)  # noqa: E731
         mine = [shard(t).requires_grad_() for t in (q, k, v)]
+        my_sinks = sinks.clone().requires_grad_() if with_sinks else None
         runs = []
         for _ in range(2):  # twice: the same bits
-            for t in mine:
+            for t in mine + ([my_sinks] if with_sinks else []):
                 t.grad = None
-            out, lse = ring_attention(*mine, layout=layout, return_lse=True, **opts)
+            out, lse = ring_attention(*mine, layout=layout, return_lse=True, sinks=my_sinks, **opts)
             out.backward(shard(do))
             runs.append([out.detach()] + [t.grad.clone() for t in mine])
+        if with_sinks:  # each rank's share of the sinks' gradient, summed over the ranks
+            total = my_sinks.grad.clone()
+            dist.all_reduce(total)
+            torch.testing.assert_close(total.double(), full_sinks.grad, atol=1e-5, rtol=1e-4)
         for a, b in zip(*runs):
             assert torch.equal(a, b)
         torch.testing.assert_close(lse, shard(want_lse.detach().float()), atol=1e-5, rtol=1e-5)
@@ -106,14 +115,23 @@ def _varlen_worker(rank, world, port, case, out_dir):
         total = int(cu[-1])
         q, do = torch.randn(total, 2, 16, generator=g), torch.randn(total, 2, 16, generator=g)
         k, v = torch.randn(total, 1, 16, generator=g), torch.randn(total, 1, 16, generator=g)
+        sinks = torch.randn(2, generator=g) if causal else None  # the causal case with sinks too
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        want, _ = attention_varlen_reference(*full, cu, cu, causal=causal, softcap=4.0, compute_dtype=torch.float64)
+        full_sinks = sinks.double().requires_grad_() if causal else None
+        want, _ = attention_varlen_reference(*full, cu, cu, causal=causal, softcap=4.0, sinks=full_sinks,
+                                             compute_dtype=torch.float64)
         want.backward(do.double())
         shard = lambda t: shard_varlen(t, cu, rank, world, layout=layout)[0]  # noqa: E731
         _, cu_local, max_local = shard_varlen(q, cu, rank, world, layout=layout)
         mine = [shard(t).requires_grad_() for t in (q, k, v)]
-        out = ring_attention_varlen(*mine, cu_local, max_local, causal=causal, softcap=4.0, layout=layout)
+        my_sinks = sinks.clone().requires_grad_() if causal else None
+        out = ring_attention_varlen(*mine, cu_local, max_local, causal=causal, softcap=4.0, sinks=my_sinks,
+                                    layout=layout)
         out.backward(shard(do))
+        if causal:
+            total = my_sinks.grad.clone()
+            dist.all_reduce(total)
+            torch.testing.assert_close(total.double(), full_sinks.grad, atol=1e-5, rtol=1e-4)
         for name, a, b in (("out", out, shard(want.detach().float())), ("dq", mine[0].grad, shard(full[0].grad)),
                            ("dk", mine[1].grad, shard(full[1].grad)), ("dv", mine[2].grad, shard(full[2].grad))):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
@@ -175,13 +193,15 @@ def test_ring_attention_on_one_rank_in_this_process(device):
         q = torch.randn(1, 4, n, d, device=device, generator=g).to(dt)
         k = torch.randn(1, 2, n, d, device=device, generator=g).to(dt)
         v = torch.randn(1, 2, n, d, device=device, generator=g).to(dt)
-        for opts in (dict(causal=True), dict(window=(9, 3)), dict(causal=True, softcap=5.0)):
+        sinks = torch.randn(4, device=device, generator=g)
+        for opts in (dict(causal=True), dict(window=(9, 3)), dict(causal=True, softcap=5.0),
+                     dict(causal=True, sinks=sinks)):
             torch.testing.assert_close(ring_attention(q, k, v, **opts), vflash.attention(q, k, v, **opts),
                                        atol=tol, rtol=tol)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        ring_attention(*leaves, causal=True).float().square().sum().backward()
-        ref = [t.clone().requires_grad_() for t in (q, k, v)]
-        vflash.attention(*ref, causal=True).float().square().sum().backward()
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        ring_attention(*leaves[:3], causal=True, sinks=leaves[3]).float().square().sum().backward()
+        ref = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        vflash.attention(*ref[:3], causal=True, sinks=ref[3]).float().square().sum().backward()
         for a, b in zip(leaves, ref):
             torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)
     finally:

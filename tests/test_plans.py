@@ -19,7 +19,7 @@ from vflash.reference import attention_explicit
 from vflash.call import Score
 
 
-_attention_key = plans.key_function(ATTENTION)  # (q, k, v, causal, window, scale, softcap, return_lse)
+_attention_key = plans.key_function(ATTENTION)  # (q, k, v, causal, window, scale, softcap, sinks, return_lse)
 
 
 @pytest.fixture
@@ -27,8 +27,8 @@ def keyed(monkeypatch):
     # Keys are computed only for compiled kernels; pretend, to test the key itself.
     monkeypatch.setattr(plans, "_planned", lambda q: True)
     q = torch.randn(1, 2, 8, 16)
-    return q, lambda causal, scale, window, softcap, return_lse: _attention_key(q, q, q, causal, window, scale,
-                                                                                 softcap, return_lse)
+    return q, lambda causal, scale, window, softcap, return_lse, sinks=None: _attention_key(
+        q, q, q, causal, window, scale, softcap, sinks, return_lse)
 
 
 def test_key_tells_apart_what_validation_tells_apart(keyed):
@@ -45,11 +45,15 @@ def test_key_tells_apart_what_validation_tells_apart(keyed):
     assert key("top_left", None, None, None, False) != base
     assert key(True, None, None, 30.0, False) != base
     assert key(True, None, None, None, True) != base
+    sinks = torch.zeros(2)
+    assert key(True, None, None, None, False, sinks) != base  # sinks given: a kernel of its own
+    assert key(True, None, None, None, False, sinks) == key(True, None, None, None, False, torch.ones(2))
+    assert key(True, None, None, None, False, sinks) != key(True, None, None, None, False, torch.zeros(3))
 
 
 def test_key_covers_metadata_and_alignment(keyed):
     q, _ = keyed
-    args = (False, None, None, None, False)
+    args = (False, None, None, None, None, False)
     k = q.clone()
     base = _attention_key(q, k, k, *args)
     assert _attention_key(q, k.transpose(1, 2).contiguous().transpose(1, 2), k, *args) != base  # strides
@@ -60,7 +64,7 @@ def test_key_covers_metadata_and_alignment(keyed):
 
 def test_key_is_none_for_unkeyable_input(keyed):
     q, key = keyed
-    assert _attention_key(q.numpy(), q, q, False, None, None, None, False) is None
+    assert _attention_key(q.numpy(), q, q, False, None, None, None, None, False) is None
     assert key(False, None, 4, None, False) is None  # window not a pair: the full path raises
     unhashable = key(False, None, ({}, 2), None, False)  # never planned: lookup and record pass it by
     assert plans.lookup(unhashable) is None
@@ -70,7 +74,7 @@ def test_key_is_none_for_unkeyable_input(keyed):
 
 def test_cpu_tensors_never_plan():
     q = torch.randn(1, 1, 4, 16)
-    assert _attention_key(q, q, q, False, None, None, None, False) is None
+    assert _attention_key(q, q, q, False, None, None, None, None, False) is None
 
 
 def test_recorded_plan_passes_every_parameter_in_signature_order(monkeypatch):
@@ -415,12 +419,13 @@ def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     backward_key = plans.key_function(library.SPECS["attention_bwd"])
     other_op = plans.key_function(library.SPECS["attention_bwd"]._replace(name="other"))
 
-    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, op=backward_key):
-        return op(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap)
+    def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, sinks=None, op=backward_key):
+        return op(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap, sinks)
     base = key()
     assert base is not None and base == key()
     for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
-                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op=other_op)):
+                  key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op=other_op),
+                  key(sinks=torch.zeros(2))):
         assert other != base
     assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None, None) is None
 
@@ -438,13 +443,13 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backwa
     assert list(recorded) == ["k"]
     q2, k2, v2, do2, out2 = (torch.randn_like(q) for _ in range(5))
     lse2 = torch.randn_like(lse)
-    dq, dk, dv = recorded["k"](do2, None, q2, k2, v2, out2, lse2)
+    dq, dk, dv, returned_delta = recorded["k"](do2, None, q2, k2, v2, out2, lse2)
     assert [c[0] for c in calls] == [bwd.attention_bwd_delta_kernel, bwd.attention_bwd_dkdv_kernel,
                                      bwd.attention_bwd_dq_kernel]
     delta_args, dkdv_args, dq_args = (c[1] for c in calls)
     assert delta_args[0] is out2 and delta_args[1] is do2 and delta_args[2] is None
     delta = delta_args[3]
-    assert delta.shape == lse.shape and delta.dtype == torch.float32
+    assert delta.shape == lse.shape and delta.dtype == torch.float32 and returned_delta is delta
     assert dkdv_args[:8] == (q2, k2, v2, do2, lse2, delta, dk, dv)
     assert dq_args[:7] == (q2, k2, v2, do2, lse2, delta, dq)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -468,7 +473,7 @@ def test_recorded_varlen_backward_plan_binds_cu_seqlens(fake_backward_launches):
                            tiles=tables.BACKWARD_INTERPRETER, varlen=(cu_q, cu_k, 7, 11, False), plan_key="kv")
     new = [torch.randn_like(t) for t in (do, q, k, v, out, lse)]
     cu_q2, cu_k2 = torch.tensor([0, 7, 12], dtype=torch.int32), torch.tensor([0, 11, 20], dtype=torch.int32)
-    dq, dk, dv = recorded["kv"](new[0], None, *new[1:], cu_q2, cu_k2)
+    dq, dk, dv, _ = recorded["kv"](new[0], None, *new[1:], cu_q2, cu_k2)
     (_, delta_args), (_, dkdv_args), (_, dq_args) = calls
     assert dkdv_args[6] is dk and dkdv_args[7] is dv and dkdv_args[8] is cu_q2 and dkdv_args[9] is cu_k2
     assert dq_args[6] is dq and dq_args[7] is cu_q2 and dq_args[8] is cu_k2

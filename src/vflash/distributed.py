@@ -164,6 +164,7 @@ class _Ring:
 
 class _Dense:
     """[B, H, N_local, D] shards: a chunk is a view along the sequence dim; LSE [B, H, n]."""
+    lse_heads = 1  # the kernels' LSE's head dimension
 
     def __init__(self, n_chunks):
         self.n = n_chunks
@@ -200,6 +201,7 @@ class _Dense:
 class _Packed:
     """[total_local, H, D] shards of packed sequences, each sequence's rows cut into the
     layout's chunks: a chunk is the gathered rows of every sequence's chunk; LSE [H, total]."""
+    lse_heads = 0
 
     def __init__(self, n_chunks, cu_seqlens, max_seqlen):
         self.n = n_chunks
@@ -254,7 +256,9 @@ class _Packed:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, group, score, chunks):
+    def forward(ctx, q, k, v, sinks, ring, group, score, chunks):
+        # The steps' parts carry no sink (score's sinks None); each query chunk's sink enters once, after
+        # the last step, as one more part of output 0 and LSE the sink.
         R = ring.world_size
         nq = len(ring.q_ids)
         qs = chunks.split(q)
@@ -280,17 +284,21 @@ class _RingAttention(torch.autograd.Function):
             if acc[a] is None:  # no key visible to any of these rows
                 lse = chunks.empty_lse(qs[a])
                 acc[a] = (qs[a].new_zeros(qs[a].shape, dtype=torch.float32), chunks.merge_lse(lse))
+            if sinks is not None:  # merged LSEs are [B, H, n] or [n, H]: heads on dim 1 either way
+                part_out, part_lse = acc[a]
+                sink_lse = sinks.detach().view(1, -1, *[1] * (part_lse.dim() - 2)).expand_as(part_lse)
+                acc[a] = vflash.merge_states(part_out, part_lse, torch.zeros_like(part_out), sink_lse.contiguous())
             outs.append(acc[a][0])
             lses.append(chunks.merge_lse(acc[a][1]))  # a transpose is its own inverse
         out = chunks.join(outs).to(q.dtype)
         lse = chunks.join_lse(lses)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.ring, ctx.group, ctx.score, ctx.chunks = ring, group, score, chunks
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         ring, group, chunks = ctx.ring, ctx.group, ctx.chunks
         R = ring.world_size
         dout = torch.zeros_like(out) if dout is None else dout
@@ -301,12 +309,13 @@ class _RingAttention(torch.autograd.Function):
         kv = (k.contiguous(), v.contiguous())
         dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
+        deltas = [None] * len(qs)  # each query chunk's dO . O - dlse (any step's: they are the same)
         for step in range(R):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
             for a, b, band in ring.pairs(step):
-                gq, gk, gv, _ = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], band,
-                                                ctx.score)
+                gq, gk, gv, deltas[a] = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a],
+                                                        band, ctx.score)
                 chunks.add_into(dq, a, gq)
                 chunks.add_into(dkv[0], b, gk)
                 chunks.add_into(dkv[1], b, gv)
@@ -321,7 +330,17 @@ class _RingAttention(torch.autograd.Function):
             for r in reqs_dkv:
                 r.wait()
             dkv = tuple(recv_dkv)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 4
+        dsinks = None
+        if ctx.needs_input_grad[3]:  # this rank's rows' share; a replicated parameter's ranks sum theirs
+            dsinks = sum(library.sink_gradient(sinks, lses[a], _no_pair_delta(dlses[a], lses[a])
+                                               if deltas[a] is None else deltas[a], chunks.lse_heads)
+                         for a in range(len(qs)))
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks) + (None,) * 4
+
+
+def _no_pair_delta(dlse, lse):
+    # delta of rows that saw no key on any step: out is 0, so dO . O - dlse = -dlse
+    return torch.zeros_like(lse) if dlse is None else -dlse
 
 
 def _dense_ring(rank: int, world_size: int, layout: str, n_q: int, n_k: int, causal_mode: Optional[str], left: int,
@@ -368,6 +387,7 @@ def ring_attention(
     scale: Optional[float] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     layout: str = "zigzag",
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -378,8 +398,10 @@ def ring_attention(
         q: [B, Hq, Nq_local, D] this rank's query shard (`shard_sequence(q_full, rank, R,
             layout=layout)`); every rank the same shape.
         k, v: [B, Hkv, Nk_local, D] its key / value shards (GQA / MQA as in `attention`).
-        causal, scale, window, softcap: as in `vflash.attention`, on the full sequence
-            (Nq = R * Nq_local, Nk = R * Nk_local; the band from global positions).
+        causal, scale, window, softcap, sinks: as in `vflash.attention`, on the full sequence
+            (Nq = R * Nq_local, Nk = R * Nk_local; the band from global positions). The ring's
+            steps carry no sink; it enters once per row after the last. The sinks' gradient is
+            this rank's rows' share (sum it over the ranks, as for any replicated parameter).
         layout: "zigzag" (chunks r and 2R-1-r: causal load balance) or "contiguous".
         return_lse: also return the shard's natural-log LSE [B, Hq, Nq_local] fp32.
 
@@ -388,10 +410,11 @@ def ring_attention(
         (out, lse). Differentiable: the backward passes dK / dV around the ring.
     """
     rank, world = _group(group)
-    call = _validate.attention_call(q, k, v, causal, window, scale, softcap, return_lse)  # its band: a shard's
+    call = _validate.attention_call(q, k, v, causal, window, scale, softcap, sinks, return_lse)  # a shard's band
     ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], _validate.resolve_causal(causal),
                        *_validate.check_window(window))
-    out, lse = _RingAttention.apply(q, k, v, ring, group, call.score, _Dense(len(ring.q_ids)))
+    out, lse = _RingAttention.apply(q, k, v, call.score.sinks, ring, group, call.score._replace(sinks=None),
+                                    _Dense(len(ring.q_ids)))
     return (out, lse) if call.return_lse else out
 
 
@@ -406,6 +429,7 @@ def ring_attention_varlen(
     causal: Union[bool, str] = False,
     scale: Optional[float] = None,
     softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
     layout: str = "zigzag",
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -416,8 +440,8 @@ def ring_attention_varlen(
         q: [total_local, Hq, D], k / v: [total_local, Hkv, D], this rank's shard.
         cu_seqlens: int32 [B + 1] of the local shard (shard_varlen's); every rank the same.
         max_seqlen: the longest local sequence.
-        causal, scale, softcap: as in `attention_varlen` (no window: a window's band
-            differs per sequence chunk, which the varlen kernel does not take yet).
+        causal, scale, softcap, sinks: as in `attention_varlen` and `ring_attention` (no window:
+            a window's band differs per sequence chunk, which the varlen kernel does not take yet).
         layout: "zigzag" or "contiguous"; each local sequence a multiple of its chunks.
 
     Returns:
@@ -425,7 +449,7 @@ def ring_attention_varlen(
     """
     rank, world = _group(group)
     call = _validate.varlen_call(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, None, scale,
-                                 softcap, return_lse, True)
+                                 softcap, sinks, return_lse, True)
     check, _ = metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))
     check(cu_seqlens, cu_seqlens)
     causal_mode = _validate.resolve_causal(causal)
@@ -435,5 +459,5 @@ def ring_attention_varlen(
                          f"cu_seqlens must be a multiple of {n_ids}")
     ring = _Ring(rank, world, layout, None, None, 0, -1, -1 if causal_mode is None else 0)
     chunks = _Packed(n_ids, cu_seqlens, max_seqlen)
-    out, lse = _RingAttention.apply(q, k, v, ring, group, call.score, chunks)
+    out, lse = _RingAttention.apply(q, k, v, call.score.sinks, ring, group, call.score._replace(sinks=None), chunks)
     return (out, lse) if call.return_lse else out
