@@ -37,7 +37,19 @@ def _gemma2():  # GQA, sliding window on alternate layers, attention softcap (ea
         final_logit_softcapping=30.0, query_pre_attn_scalar=16))
 
 
-MODELS = {"llama": (_llama, "sdpa"), "qwen2": (_qwen2, "sdpa"), "gemma2": (_gemma2, "eager")}
+def _gpt_oss():  # GQA, attention sinks (s_aux), sliding and full layers alternating, MoE (eager is its reference)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=4, num_local_experts=2, num_experts_per_tok=1,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=131072))
+    with torch.no_grad():  # sinks of a trained model's size (the init's are ~0.02: nearly no sink)
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
+MODELS = {"llama": (_llama, "sdpa"), "qwen2": (_qwen2, "sdpa"), "gemma2": (_gemma2, "eager"),
+          "gpt_oss": (_gpt_oss, "eager")}
 
 
 def _padded_batch(device, lengths=(12, 7, 10), pad_left=True):
@@ -177,6 +189,22 @@ def test_training_step_gradients_and_20_steps_of_loss_track_sdpa(device):
         for opt in opts:
             opt.step()
     assert losses[1] < 4.5  # the 20 steps learned something (ln 128 = 4.85 at the start)
+
+
+def test_gpt_oss_training_step_gradients_match_eager_sinks_included(device):
+    ids, mask = _padded_batch(device)
+    labels = ids.masked_fill(mask == 0, -100)
+    model, _ = _model("gpt_oss", device)
+    model.train()
+    grads = []
+    for impl in ("eager", NAME):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(name.endswith("sinks") for name in grads[1])
+    for name, want in grads[0].items():
+        torch.testing.assert_close(grads[1][name], want, atol=1e-4, rtol=1e-3, msg=name)
 
 
 @pytest.mark.slow

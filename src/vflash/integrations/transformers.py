@@ -25,15 +25,19 @@ What each call becomes:
   without them), and the mask-pattern check below runs in eager calls only;
 - `scaling`, `sliding_window` and `softcap` become vflash's scale, window and softcap
   (the window as transformers' own masks draw it: causal, a token sees itself and the
-  `sliding_window - 1` before it; bidirectional, `sliding_window` on each side).
+  `sliding_window - 1` before it; bidirectional, `sliding_window` on each side);
+- `s_aux` (gpt-oss's per-head attention sinks) becomes vflash's `sinks`, in fp32 (a model
+  in bf16 holds them in bf16: their fp32 copy is kept while the parameter is unchanged, so
+  generation reads their values once, not every layer call).
 
 What vflash does not do raises `NotImplementedError` naming the feature, never a
 wrong result: attention dropout in training, an arbitrary (4D or additive) mask,
 mask patterns other than causal / bidirectional / sliding-window / packed (chunked
-attention, custom `or_mask_function` / `and_mask_function`), attention sinks,
-`output_attentions`, value head dims unlike the query's.
+attention, custom `or_mask_function` / `and_mask_function`), `output_attentions`, value
+head dims unlike the query's.
 """
 
+import weakref
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -164,6 +168,27 @@ def _band(is_causal: bool, sliding_window: Optional[int]):
     return ("bottom_right" if is_causal else False), window
 
 
+# fp32 copies of sinks parameters held in another dtype: id -> (weak reference, version, copy)
+_SINKS_FP32: dict = {}
+
+
+def _sinks(s_aux: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    # s_aux [Hq] in fp32: itself, a copy autograd records (it requires grad), or a kept copy while the
+    # parameter is unchanged (vflash reads a sinks tensor's values once per write, not per call)
+    if s_aux is None or s_aux.dtype == torch.float32:
+        return s_aux
+    if torch.compiler.is_compiling() or (s_aux.requires_grad and torch.is_grad_enabled()):
+        return s_aux.float()
+    kept = _SINKS_FP32.get(id(s_aux))
+    if kept is not None and kept[0]() is s_aux and kept[1] == s_aux._version:
+        return kept[2]
+    if len(_SINKS_FP32) > 1024:
+        _SINKS_FP32.clear()
+    copy = s_aux.detach().float()
+    _SINKS_FP32[id(s_aux)] = (weakref.ref(s_aux), s_aux._version, copy)
+    return copy
+
+
 def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
 
@@ -180,8 +205,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   f"attention_dropout=0 or another attention implementation")
     if kwargs.get("output_attentions"):
         raise NotImplementedError("vflash: output_attentions is not supported (the weights are never formed)")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("vflash: attention sinks (s_aux) are not supported")
     if value.shape[-1] != query.shape[-1]:
         raise NotImplementedError(f"vflash: a value head dim ({value.shape[-1]}) unlike the query's "
                                   f"({query.shape[-1]}) is not supported")
@@ -196,7 +219,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   f"function that gives a 2D padding mask")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal, window = _band(bool(causal), sliding_window)
-    opts = dict(causal=causal, scale=scaling, window=window, softcap=softcap)
+    opts = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=_sinks(kwargs.get("s_aux")))
     B, Hq, Sq, D = query.shape
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     pos = kwargs.get("position_ids")
