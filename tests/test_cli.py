@@ -61,6 +61,9 @@ def test_cpu_matrix_covers_the_features():
                  "H8/1", "stability", "fully masked", "D256", "D40", "varlen[", "chunked", "kvcache[", "splits=",
                  "grad ", "batch-invariant", "merge ", "write_kvcache "):
         assert word in names
+    sinks = [c.name for c in cpu_matrix() if "sinks" in c.name]  # every path, and its gradient
+    for word in ("varlen[", "kvcache[", "splits=", "batch-invariant", "grad ", "fully masked"):
+        assert any(word in name for name in sinks), word
 
 
 def test_python_dash_m_help():

@@ -29,6 +29,7 @@ class Case:
     scale: Optional[float] = None
     layout: str = "bhnd"  # bhnd contiguous | bnhd (transposed view) | sliced (strided view)
     amplify: float = 1.0  # multiply q and k: large logits test the running-max rescale
+    sinks: bool = False  # a sink logit per query head (fp32, about the scores' size)
     tag: str = field(default="", compare=False)
 
     @property
@@ -45,6 +46,8 @@ class Case:
             parts.append(self.layout)
         if self.amplify != 1.0:
             parts.append(f"x{self.amplify:g}")
+        if self.sinks:
+            parts.append("sinks")
         if self.tag:
             parts.append(self.tag)
         return " ".join(parts)
@@ -71,6 +74,13 @@ def _make(shape_bhnd, layout: str, dtype, device, gen) -> torch.Tensor:
     return x.to(device=device, dtype=dtype)
 
 
+def make_sinks(on: bool, heads: int, seed: int, device) -> Optional[torch.Tensor]:
+    """fp32 [heads] sink logits of about the scores' size, from the case's seed; None for a case without."""
+    if not on:
+        return None
+    return (torch.randn(heads, generator=torch.Generator().manual_seed(seed ^ 0x5151)) * 2).to(device)
+
+
 def make_inputs(case: Case, device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(case.seed())
     dt = DTYPES[case.dtype]
@@ -86,7 +96,8 @@ def run_case(case: Case, device, attention=None) -> List[Verdict]:
     """Run `attention` (default vflash.attention) on the case; judge out and lse."""
     attention = attention or vflash.attention
     q, k, v = make_inputs(case, device)
-    opts = dict(causal=case.causal, scale=case.scale, window=case.window, softcap=case.softcap)
+    opts = dict(causal=case.causal, scale=case.scale, window=case.window, softcap=case.softcap,
+                sinks=make_sinks(case.sinks, case.Hq, case.seed(), device))
     with torch.no_grad():
         out, lse = attention(q, k, v, return_lse=True, **opts)
         ref_out, ref_lse = attention_explicit(q, k, v, compute_dtype=torch.float64, **opts)
@@ -186,6 +197,7 @@ class VarlenCase:
     causal: Union[bool, str] = False
     window: Optional[Tuple[int, int]] = None
     softcap: Optional[float] = None
+    sinks: bool = False
     tag: str = field(default="", compare=False)
 
     @property
@@ -196,6 +208,8 @@ class VarlenCase:
             parts.append(f"window={self.window[0]},{self.window[1]}")
         if self.softcap is not None:
             parts.append(f"softcap={self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
         return " ".join(parts + ([self.tag] if self.tag else []))
 
     def run(self, device, attention=None) -> List[Verdict]:
@@ -206,7 +220,8 @@ class VarlenCase:
         k, v = (torch.randn(tk, self.Hkv, self.D, generator=gen).to(dt).to(device) for _ in range(2))
         cq, ck = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
                   for lens in (self.lens_q, self.lens_k))
-        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap)
+        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap,
+                    sinks=make_sinks(self.sinks, self.Hq, zlib.crc32(self.name.encode()), device))
         out, lse = vflash.attention_varlen(q, k, v, cq, ck, max(self.lens_q), max(self.lens_k), return_lse=True,
                                            **opts)
         ref_o, ref_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float64, **opts)
@@ -233,6 +248,7 @@ class KVCacheCase:
     softcap: Optional[float] = None
     num_splits: Optional[int] = None
     batch_invariant: bool = False
+    sinks: bool = False
     tag: str = field(default="", compare=False)
 
     @property
@@ -248,6 +264,8 @@ class KVCacheCase:
             parts.append(f"splits={self.num_splits}")
         if self.batch_invariant:
             parts.append("batch-invariant")
+        if self.sinks:
+            parts.append("sinks")
         return " ".join(parts + ([self.tag] if self.tag else []))
 
     def run(self, device, attention=None) -> List[Verdict]:
@@ -267,7 +285,8 @@ class KVCacheCase:
         table = table.to(device)
         lens = torch.tensor(self.lens_k, dtype=torch.int32, device=device)
         cu = torch.tensor([0] + torch.tensor(self.lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
-        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap)
+        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap,
+                    sinks=make_sinks(self.sinks, self.Hq, zlib.crc32(self.name.encode()), device))
         out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, cu_seqlens_q=cu,
                                                  max_seqlen_q=max(self.lens_q), num_splits=self.num_splits,
                                                  batch_invariant=self.batch_invariant, return_lse=True, **opts)
@@ -359,9 +378,9 @@ class CacheWriteCase:
 
 @dataclass(frozen=True)
 class GradCase:
-    """The backward of `vflash.attention` on a Case's inputs: dq, dk, dv against fp64
-    autograd of the explicit reference, with the 3x rule (DESIGN.md: at most 3x the
-    same-dtype PyTorch error plus the floor)."""
+    """The backward of `vflash.attention` on a Case's inputs: dq, dk, dv (and dsinks, a case with
+    sinks) against fp64 autograd of the explicit reference, with the 3x rule (DESIGN.md: at most 3x
+    the same-dtype PyTorch error plus the floor; dsinks, an fp32 output, against fp32 PyTorch's)."""
     case: Case
 
     @property
@@ -376,14 +395,21 @@ class GradCase:
         gen = torch.Generator().manual_seed(c.seed() + 1)
         do = torch.randn(c.B, c.Hq, c.Nq, c.D, generator=gen).to(device=device, dtype=dt)
         opts = dict(causal=c.causal, scale=c.scale, window=c.window, softcap=c.softcap)
+        sinks = make_sinks(c.sinks, c.Hq, c.seed(), device)
 
-        def grads(fn, dtype):
+        def grads(fn, dtype, sinks_dtype):
             leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            if sinks is not None:
+                leaves.append(sinks.to(sinks_dtype).requires_grad_())
             out = fn(*leaves)
             out = out[0] if isinstance(out, tuple) else out
             return torch.autograd.grad(out, leaves, do.to(dtype))
-        got = grads(lambda a, b, x: attention(a, b, x, **opts), dt)
-        ref = grads(lambda a, b, x: attention_explicit(a, b, x, compute_dtype=torch.float64, **opts), torch.float64)
-        same = grads(lambda a, b, x: attention_explicit(a, b, x, compute_dtype=None, **opts), dt)
-        return [compare(name, g.cpu(), r.cpu(), s.cpu(), dt, factor=3.0)
-                for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same)]
+        got = grads(lambda a, b, x, *s: attention(a, b, x, sinks=s[0] if s else None, **opts), dt, torch.float32)
+        ref = grads(lambda a, b, x, *s: attention_explicit(a, b, x, sinks=s[0] if s else None,
+                                                           compute_dtype=torch.float64, **opts),
+                    torch.float64, torch.float64)
+        same = grads(lambda a, b, x, *s: attention_explicit(a, b, x, sinks=s[0] if s else None, compute_dtype=None,
+                                                            **opts), dt, torch.float32)
+        names = ("dq", "dk", "dv", "dsinks")
+        return [compare(name, g.cpu(), r.cpu(), s.cpu(), torch.float32 if name == "dsinks" else dt, factor=3.0)
+                for name, g, r, s in zip(names, got, ref, same)]

@@ -59,6 +59,15 @@ def cpu_matrix() -> list:
     cases += [GradCase(Case(Hq=4, Hkv=2, Nq=33, Nk=47, D=16, dtype="fp32", causal=True)),
               GradCase(Case(Nq=40, Nk=30, D=32, dtype="bf16", causal="top_left", window=(9, 4))),
               GradCase(Case(Hq=2, Hkv=1, Nq=25, Nk=25, D=24, dtype="fp16", softcap=3.0, layout="bnhd"))]
+    # attention sinks on every path: dense (rows with no key too), packed, a cache split and not, gradients
+    cases += [Case(Hq=4, Hkv=2, Nq=70, Nk=40, causal=True, sinks=True, tag="fully masked rows"),
+              Case(Nq=65, Nk=65, dtype="bf16", window=(16, 8), softcap=5.0, sinks=True),
+              VarlenCase((5, 0, 65, 1), (5, 3, 0, 1), causal=True, sinks=True),
+              KVCacheCase((1, 2, 1), (70, 17, 0), page=16, sinks=True, tag="decode"),
+              KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", sinks=True, tag="decode"),
+              KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, batch_invariant=True, sinks=True, tag="MQA"),
+              GradCase(Case(Hq=4, Hkv=2, Nq=33, Nk=47, D=16, dtype="fp32", causal=True, sinks=True)),
+              GradCase(Case(Hq=2, Hkv=1, Nq=25, Nk=25, D=24, dtype="bf16", window=(9, 4), sinks=True))]
     return cases
 
 
@@ -128,6 +137,20 @@ def gpu_matrix() -> list:
               GradCase(Case(B=1, Hq=4, Hkv=4, Nq=300, Nk=700, D=256, dtype="fp16", causal=True)),
               GradCase(Case(B=1, Hq=4, Hkv=2, Nq=500, Nk=500, D=96, window=(100, 20), softcap=30.0)),
               GradCase(Case(B=1, Hq=4, Hkv=4, Nq=700, Nk=300, D=64, causal=True, tag="fully masked rows"))]
+    # attention sinks (gpt-oss's shapes: 64 query heads, 8 KV heads, D 64, a window of 128 on alternate layers)
+    cases += [Case(B=2, Hq=64, Hkv=8, Nq=1000, Nk=1000, D=64, dtype="bf16", causal=True, sinks=True),
+              Case(B=2, Hq=64, Hkv=8, Nq=1000, Nk=1000, D=64, dtype="bf16", causal=True, window=(127, 0), sinks=True),
+              Case(B=2, Hq=4, Hkv=4, Nq=1024, Nk=300, D=128, causal=True, sinks=True, tag="fully masked rows"),
+              VarlenCase(lens, lens, Hq=64, Hkv=8, D=64, dtype="bf16", causal=True, sinks=True),
+              KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=64, Hkv=8, D=64, dtype="bf16", sinks=True,
+                          tag="chunked")]
+    for page, splits in itertools.product((16, 64), (None, 1, 8)):
+        cases.append(KVCacheCase(decode, kv, page=page, Hq=64, Hkv=8, D=64, dtype="bf16", num_splits=splits,
+                                 sinks=True, tag="decode"))
+    cases += [KVCacheCase(decode, kv, page=16, Hq=64, Hkv=8, D=64, dtype="bf16", batch_invariant=True, sinks=True,
+                          tag="decode"),
+              GradCase(Case(B=2, Hq=8, Hkv=2, Nq=1000, Nk=1000, D=64, dtype="bf16", causal=True, sinks=True)),
+              GradCase(Case(B=1, Hq=8, Hkv=1, Nq=600, Nk=600, D=128, window=(100, 0), causal=True, sinks=True))]
     return cases
 
 
