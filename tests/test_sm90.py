@@ -51,6 +51,10 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
              kv_cache=True, page_size=16),
         dict(head_dim=64, tiles=Sm90Tiles(192, 128, 2, q_buffers=2), varlen=True, kv_cache=True),
+        # attention sinks: each consumer reads its head's sink for its rows' finish (dense, and a paged cache)
+        dict(head_dim=64, tiles=Sm90Tiles(128, 128, 2), right_edge=True, sinks=True),
+        dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True,
+             kv_cache=True, page_size=16, sinks=True),
     ]
     for kw in variants:
         k = sm90.compile_sm90(**kw)
@@ -72,6 +76,9 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
             dense = sm90.compile_sm90(**dict(kw, varlen=False, top_left=False, kv_cache=False,
                                                page_size=0)).asm["ptx"]
             assert ptx.count("st.global") > dense.count("st.global"), kw
+        if kw.get("sinks"):  # one more global load than the same build without: the head's sink
+            plain = sm90.compile_sm90(**dict(kw, sinks=False)).asm["ptx"]
+            assert ptx.count("ld.global") > plain.count("ld.global"), kw
         assert len(k.asm["cubin"]) > 0, kw
 
 

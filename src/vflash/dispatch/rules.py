@@ -331,7 +331,7 @@ _16_BIT = (torch.float16, torch.bfloat16)
 # ahead there.
 REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32,), ("dense", "packed", "cache"),
                                ("dense", "packed"), ("softcap", "sinks"), _takes_any, _takes_any),
-            "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap",),
+            "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap", "sinks"),
                            sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)
 DTYPES = tuple(dict.fromkeys(d for k in REGISTRY.values() for d in k.dtypes))  # every family's, in order

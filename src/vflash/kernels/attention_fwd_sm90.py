@@ -117,6 +117,7 @@ if HAVE_GLUON:
         TOP_LEFT: gl.constexpr
         KV_CACHE: gl.constexpr
         PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
+        HAS_SINK: gl.constexpr
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
@@ -125,14 +126,14 @@ if HAVE_GLUON:
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE):
+                     PAGE_SIZE, HAS_SINK):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
-                                ("PAGE_SIZE", PAGE_SIZE)):
+                                ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK)):
                 setattr(self, name, gl.constexpr(value))
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
@@ -549,8 +550,8 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, t, kv, done, turn, call,
-                       C: gl.constexpr, cfg):
+    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, t, kv, done, turn,
+                       call, C: gl.constexpr, cfg):
         # Consumer warpgroup C's rows of work tile t; returns the ring tiles
         # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
@@ -636,7 +637,11 @@ if HAVE_GLUON:
             turn = _skip_tiles(smem, turn, kv, c_end, n_tiles, C, cfg)
         kv += n_tiles
 
-        inv_l, lse = softmax_finish(m_i, l_i)  # rows that saw no key: 0 and LSE -inf
+        if cfg.HAS_SINK:  # the head's sink logit (softmax_finish)
+            sink = gl.load(SINKS + tile.off_h)
+        else:
+            sink = 0.0
+        inv_l, lse = softmax_finish(m_i, l_i, sink, cfg.HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or sink)
         o = o * gl.convert_layout(inv_l, o_rows)[:, None]
         # The output rows go out by TMA from this tile's Q buffer (no MMA
         # reads it any more); rows past n_q are clipped by the TMA unit. The
@@ -673,8 +678,8 @@ if HAVE_GLUON:
         tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
 
     @gluon.jit
-    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call, C: gl.constexpr,
-                            cfg):
+    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                            C: gl.constexpr, cfg):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
@@ -683,8 +688,8 @@ if HAVE_GLUON:
         turn = 0  # PINGPONG turns taken so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, t, kv, done,
-                                      turn, call, C, cfg)
+            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, t, kv,
+                                      done, turn, call, C, cfg)
             done += 1
             if cfg.DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
                 qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
@@ -697,7 +702,7 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_sm90_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
-        cache_seqlens, block_table, kt_desc, vt_desc,
+        cache_seqlens, block_table, kt_desc, vt_desc, SINKS,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
         kv_seq_rows, table_stride, band, scales,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -705,7 +710,7 @@ if HAVE_GLUON:
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
-        PAGE_SIZE: gl.constexpr,
+        PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -767,7 +772,8 @@ if HAVE_GLUON:
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
                     anchor)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
-                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE)
+                     PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
+                     HAS_SINK)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).
@@ -775,26 +781,26 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(1), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
                                          gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

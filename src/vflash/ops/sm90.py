@@ -110,7 +110,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     run_descs = (keys(cache_rows(k)), keys(cache_rows(v))) if runs else (None, None)
     args = (
         *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *run_descs,
-        B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
+        score.sinks, B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
         (band.off, band.left, band.right), score_scales(score),
     )
     if varlen is None:
@@ -133,8 +133,10 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     slots += (Slot("LSE", "out" if lse is None else "lse"),)
     if tiles.dynamic:
         slots += (Slot("tile_counter", "tile_counter"),)
+    if score.sinks is not None:
+        slots += (Slot("SINKS", "sinks"),)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
-                             varlen is not None, top_left, cache is not None, page_size)
+                             varlen is not None, top_left, cache is not None, page_size, score.sinks is not None)
     return KernelLaunch(sm90.attention_fwd_sm90_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
@@ -142,7 +144,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
 
 def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, softcap: bool,
                 store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
-                page_size: int = 0) -> dict:
+                page_size: int = 0, sinks: bool = False) -> dict:
     """attention_fwd_sm90_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -151,12 +153,13 @@ def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, so
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
-                KV_CACHE=kv_cache, PAGE_SIZE=page_size)
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90Tiles = Sm90Tiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
-                 varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0):
+                 varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0,
+                 sinks: bool = False):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
     (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build;
     kv_cache (with varlen): keys from a cache, paged when page_size > 0. The launch is
@@ -168,7 +171,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
     def empty(*shape, dt=dtype):
         return torch.empty(shape, dtype=dt)
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
-    score = Score(head_dim ** -0.5, 30.0 if softcap else None)
+    score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None)
     counter = torch.zeros(1, dtype=torch.int32) if tiles.dynamic else None
     kv: dict = {}
     if not varlen:
