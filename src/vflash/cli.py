@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", default=None, help="with --shape: causal (bottom-right)")
     p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16,fp32 (default fp16)")
     p.add_argument("--methods", help="comma-separated subset of: explicit_fp32, explicit, tiled, vflash, "
-                                     "sdpa_flash, sdpa_cudnn, flex, fa4 (default: all that can run)")
+                                     "vflash_sinks (with a sink logit a head), sdpa_flash, sdpa_cudnn, flex, fa4 "
+                                     "(default: all that can run but vflash_sinks)")
     p.add_argument("--out", default="bench.csv", metavar="CSV",
                    help="results CSV, one row per shape, dtype and method (default bench.csv); the environment "
                         "record goes beside it with .env.json for .csv (bench.env.json)")

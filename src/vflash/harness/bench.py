@@ -41,7 +41,8 @@ CSV_COLUMNS = [
     "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "peak_mib", "out_lse_mib",
     "vs_sdpa_flash", "vs_sdpa_cudnn", "mode",
 ]
-METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
+METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "vflash_sinks", "sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
+OPT_IN = ("vflash_sinks",)  # methods a sweep runs only when --methods names them
 MODES = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # mode -> FLOPs as a multiple of the forward's
 TILED_MAX_N = 2048
 
@@ -119,6 +120,14 @@ def _vflash(q, k, v, causal):
     return lambda: vflash.attention(q, k, v, causal=causal)
 
 
+def _vflash_sinks(q, k, v, causal):
+    # the same call with a sink logit per query head (gpt-oss's), learnable where q is: the backward also
+    # makes its gradient
+    sinks = torch.randn(q.shape[1], device=q.device, generator=torch.Generator(q.device).manual_seed(1))
+    sinks.requires_grad_(q.requires_grad)
+    return lambda: vflash.attention(q, k, v, causal=causal, sinks=sinks)
+
+
 def _sdpa(backend_name: str):
     def prepare(q, k, v, causal):
         if q.device.type != "cuda":
@@ -173,7 +182,7 @@ def _fa4(q, k, v, causal):
 
 PREPARE: Dict[str, Callable] = {
     "explicit_fp32": _explicit(torch.float32), "explicit": _explicit(None), "tiled": _tiled,
-    "vflash": _vflash, "sdpa_flash": _sdpa("FLASH_ATTENTION"), "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "vflash": _vflash, "vflash_sinks": _vflash_sinks, "sdpa_flash": _sdpa("FLASH_ATTENTION"), "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex, "fa4": _fa4,
 }
 
@@ -189,7 +198,7 @@ def fa4_importable() -> bool:
 def default_methods(device: torch.device) -> List[str]:
     if device.type != "cuda":
         return ["explicit_fp32", "explicit", "tiled", "vflash"]
-    return [m for m in METHODS if m != "fa4" or fa4_importable()]
+    return [m for m in METHODS if m not in OPT_IN and (m != "fa4" or fa4_importable())]
 
 
 def error_text(exc: Exception) -> str:

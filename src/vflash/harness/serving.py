@@ -184,16 +184,17 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
         row = dict(method=method, B=B, Hq=Hq, Hkv=Hkv, Nq=1, Nk=KV, D=D, page="", status="ok")
         try:
             if method.startswith("vflash_paged"):
-                page_text, _, mode = method[len("vflash_paged"):].partition("_")
+                page_text, _, mode = method[len("vflash_paged"):].partition("_")  # _invariant, _sinks
                 page, invariant = int(page_text), mode == "invariant"
+                sinks = torch.randn(Hq, device=device) if mode == "sinks" else None
                 row["page"] = page
                 pages = -(-KV // page)
                 caches = [(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype),
                            torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
                 table = shuffled_table(B, pages, device)
                 calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(
-                    q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, check_metadata=False)
-                    for kc, vc in caches]
+                    q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, sinks=sinks,
+                    check_metadata=False) for kc, vc in caches]
                 if method == "vflash_paged16" and device.type == "cuda":
                     host, probe = _host_us(calls[0], device, rounds=HOST_ROUNDS)
                     row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
