@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old sm90_launcher sm90_variants profile_sm90 profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -154,6 +154,18 @@ for step in "$@"; do
                    ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} \
                    --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1
                  grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
+    check_sinks) timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match sinks --log "$R/check_gpu_sinks.log" \
+                   | tail -2 ;;
+    fa_sinks) # issue 53: the fa sweep's forward with and without sinks (vflash_sinks), beside cuDNN, one run
+              sampled fa_sinks timeout ${SWEEP_TIMEOUT:-200} python3 -m vflash bench --sweep fa --dtype bf16 \
+                --methods vflash,vflash_sinks,sdpa_cudnn --out "$R/fa_sinks.csv" | tail -3 ;;
+    bwd_sinks) sampled bwd_sinks timeout ${SWEEP_TIMEOUT:-300} python3 -m vflash bench --mode bwd --sweep fa \
+                 --dtype bf16 --methods vflash,vflash_sinks,sdpa_cudnn --out "$R/bwd_sinks.csv" | tail -3 ;;
+    decode_sinks) # paged decode with and without sinks (pages of 16 and 64), beside cuDNN, one run
+              sampled decode_sinks timeout ${SWEEP_TIMEOUT:-240} python3 -c "
+import torch; from vflash.harness.serving import run_serving
+run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vflash_paged16',
+            'vflash_paged16_sinks', 'vflash_paged64', 'vflash_paged64_sinks', 'sdpa_cudnn'])" | tail -3 ;;
     tests_some) # a part of the GPU suite: TESTS (pytest arguments, split on spaces), TESTS_K (a -k expression,
                 # spaces kept), TESTS_TIMEOUT seconds (default 300)
                 gpu_tests pytest_gpu_some.txt "${TESTS_TIMEOUT:-300}" $TESTS ${TESTS_K:+-k "$TESTS_K"} ;;

@@ -286,3 +286,32 @@ def test_sinks_written_in_place_are_checked_again(device):
     sinks[2] = float("nan")  # an in-place write bumps the version: the next call reads the values again
     with pytest.raises(ValueError, match="heads \\[2\\]"):
         vflash.attention(q, k, v, sinks=sinks)
+
+
+def test_opcheck_of_the_ops_with_sinks(device):
+    from vflash.library import attention_bwd, attention_fwd, attention_varlen_fwd
+    q, k, v, sinks = _dense(1, 2, 1, 9, 12, 16, F32, device, seed=17)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(attention_fwd, (*leaves[:3], 3, -1, 0, 0.25, None, leaves[3]), test_utils=tests)
+    out, lse = attention_fwd(q.detach(), k.detach(), v.detach(), 3, -1, 0, 0.25, None, sinks.detach())
+    torch.library.opcheck(attention_bwd, (torch.randn_like(out), None, q.detach(), k.detach(), v.detach(), out, lse,
+                                          3, -1, 0, 0.25, None, sinks.detach()),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    q, k, v, cq, ck, sinks = _packed([5, 0, 7], [6, 2, 7], 2, 1, 16, F32, device, seed=18)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    torch.library.opcheck(attention_varlen_fwd, (*leaves[:3], cq, ck, 7, 7, -1, 0, False, 0.25, None, leaves[3]),
+                          test_utils=tests)
+
+
+def test_torch_compile_fullgraph_with_learnable_sinks(device):
+    q, k, v, sinks = _dense(1, 4, 2, 12, 12, 16, F32, device, seed=19)
+
+    def step(a, b, c, s):
+        return vflash.attention(a, b, c, causal=True, sinks=s).square().sum()
+    eager = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    step(*eager).backward()
+    traced = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*traced).backward()
+    for a, b in zip(traced, eager):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)

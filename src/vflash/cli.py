@@ -77,11 +77,11 @@ def _custom_case(args):
         raise SystemExit(f"error: {exc}") from None
     return Case(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, dtype=args.dtype or "fp16",
                 causal=bool(args.causal) if args.causal is None else args.causal, window=args.window,
-                softcap=args.softcap, scale=args.scale, layout=args.layout or "bhnd")
+                softcap=args.softcap, scale=args.scale, layout=args.layout or "bhnd", sinks=bool(args.sinks))
 
 
 # The options of `check` that describe the one case --shape names.
-CHECK_SHAPE_OPTIONS = ("dtype", "causal", "window", "softcap", "scale", "layout")
+CHECK_SHAPE_OPTIONS = ("dtype", "causal", "window", "softcap", "scale", "layout", "sinks")
 
 
 def _only_with(args, flag: str, names) -> None:
@@ -100,11 +100,16 @@ def cmd_check(args) -> int:
                    CHECK_SHAPE_OPTIONS)
     device = _device(args.device)
     if args.shape:
+        if args.match:
+            args.subparser.error("--match picks cases of the matrix; it does not combine with --shape")
         cases, what = [_custom_case(args)], "your shape"
     elif device.type == "cuda":
         cases, what = gpu_matrix(), "full GPU matrix"
     else:
         cases, what = cpu_matrix(), "reduced CPU matrix through the Triton interpreter (a few minutes at most)"
+    if args.match:
+        cases = [c for c in cases if args.match in c.name]
+        what += f", the cases named with {args.match!r}"
     info = _env()
     header = f"vflash check on {device} ({info.get('gpu', 'CPU')}): {len(cases)} cases, {what}"
     log = open(args.log, "w") if args.log else None
@@ -244,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: CUDA when present, else the CPU through the Triton interpreter")
     p.add_argument("--log", metavar="FILE", help="also write the full record, with the environment, here")
     p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="check this one shape instead of the matrix")
+    p.add_argument("--match", metavar="WORD", help="only the matrix's cases whose name holds WORD (e.g. sinks, grad)")
     # The options below describe the --shape case; given without --shape they are a usage error.
     # Their defaults are None so that "not given" can be told apart; _custom_case fills them in.
     p.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], help="with --shape: input dtype (default fp16)")
@@ -255,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, help="with --shape: score scale (default 1/sqrt(D))")
     p.add_argument("--layout", choices=["bhnd", "bnhd", "sliced"],
                    help="with --shape: contiguous (default), [B,N,H,D] transposed view, or a strided slice")
+    p.add_argument("--sinks", action="store_true", default=None,
+                   help="with --shape: a sink logit per query head (fp32, random)")
     p.set_defaults(func=cmd_check, subparser=p)
 
     p = sub.add_parser("bench", help="latency, TFLOP/s and peak memory against SDPA flash/cuDNN (GPU)",
