@@ -315,3 +315,24 @@ def test_torch_compile_fullgraph_with_learnable_sinks(device):
     torch.compile(step, fullgraph=True, backend="aot_eager")(*traced).backward()
     for a, b in zip(traced, eager):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_planned_repeats_take_the_sinks_and_check_them_after_a_write(interpreted_plans):
+    # a decode loop through the recorded plan (the sinks a slot of it, as q is): the full path's bits; an
+    # in-place write of the sinks sends the next call down the full path, which checks the values again
+    q, kc, vc, seqlens, table, cq, sinks = _cache([40, 9], [1, 1], 4, 2, 16, 16, "cpu", seed=20)
+
+    def call(s):
+        return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, cu_seqlens_q=cq, max_seqlen_q=1,
+                                             sinks=s, num_splits=2)
+    first = call(sinks)
+    assert len(interpreted_plans._plans) >= 1
+    other = sinks + 1.0
+    again = call(sinks)
+    assert torch.equal(again, first)
+    assert not torch.equal(call(other), first)  # another sinks tensor through the same plan: its own values
+    ref, _ = attention_with_kvcache_reference(q, kc, vc, seqlens, table, cq, sinks=other, compute_dtype=F64)
+    _close(call(other), ref, F32)
+    sinks[1] = float("nan")
+    with pytest.raises(ValueError, match="heads \\[1\\]"):
+        call(sinks)
