@@ -14,7 +14,7 @@
 # (benchmarks/experiments/NAME.py; tune* run benchmarks/tune.py).
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
-  chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama ring_single_gpu ring_nccl ring_scaling
+  chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss ring_single_gpu ring_nccl ring_scaling
   launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
@@ -103,6 +103,8 @@ for step in "$@"; do
     hf_llama) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_llama --out "$R/hf_llama.csv" \
                 > "$R/hf_llama.txt" 2>&1
               grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
+    hf_gpt_oss) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_gpt_oss --out "$R/hf_gpt_oss.csv" \
+                  > "$R/hf_gpt_oss.txt" 2>&1; tail -9 "$R/hf_gpt_oss.txt" ;;
     ring_nccl) # issue 26: ring attention over NCCL on 2, 4 and 8 GPUs (as many as the host has), forward and
                # backward, against one GPU's vflash.attention on the full sequence
                VFLASH_TEST_DEVICE=cuda timeout ${RING_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "sm90_variants", "profile_sm90", "ncu_summary", "sass_schedule",
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
                 "ring_scaling", "check_cost", "bwd_host", "bwd_sm90", "bwd_tune", "decode_host", "decode_residency",
-                "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile"]
+                "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile", "hf_gpt_oss"]
 WITHOUT_OPTIONS = ["host_sm90", "launch_overhead"]
 # The library's modules a lab script may import: the public API and what vflash.harness.lab collects.
 PUBLIC = re.compile(r"vflash(\.(harness|dispatch|reference|integrations)(\.\w+)*|\.distributed|\.cli)?")

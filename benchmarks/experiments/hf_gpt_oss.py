@@ -1,0 +1,119 @@
+"""A gpt-oss-20b-shaped stack of a few layers (its attention: 64 query heads, 8 KV heads, D 64, a window
+of 128 keys on alternate layers, a learnable sink a head; its MoE: 32 experts, 4 a token; random weights,
+bf16) in Hugging Face transformers, with vflash (vflash.integrations.transformers, sinks as `s_aux`)
+against attn_implementation="eager" in the same run (transformers refuses "sdpa" for gpt-oss: SDPA has no
+sinks): prefill tokens/s (a left-padded batch of mixed lengths and an unpadded one), greedy decode
+tokens/s with the model's KV cache, and a training step in ms. Each measurement alternates the two,
+ROUNDS times, and keeps the median; the prefill logits' largest difference on real tokens is recorded.
+
+  PYTHONPATH=src:. python3 -m benchmarks.experiments.hf_gpt_oss --out hf_gpt_oss.csv [--layers 4]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import vflash.integrations.transformers as vt
+from benchmarks.experiments.common import write_rows
+
+ROUNDS = 3
+
+
+def _time(fn, reps=1):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def main() -> int:
+    import transformers
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="hf_gpt_oss.csv")
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args()
+    name = vt.register()
+    dev = torch.device("cuda")
+    cfg = transformers.GptOssConfig(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=args.layers,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128, num_local_experts=32,
+        num_experts_per_tok=4, layer_types=["sliding_attention", "full_attention"] * (args.layers // 2),
+        max_position_embeddings=131072)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = transformers.GptOssForCausalLM(cfg).to(torch.bfloat16).eval()
+        with torch.no_grad():  # sinks of a trained model's size (the init's ~0.02 are nearly no sink)
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {params / 1e9:.2f}B parameters, {args.layers} layers, transformers {transformers.__version__}",
+          flush=True)
+    g = torch.Generator(device=dev).manual_seed(1)
+    lengths = [2048, 1536, 1024, 512, 1800, 700, 1300, 256]
+    n = max(lengths)
+    ids = torch.randint(0, cfg.vocab_size, (len(lengths), n), device=dev, generator=g)
+    mask = torch.zeros_like(ids)
+    for b, length in enumerate(lengths):
+        mask[b, n - length:] = 1
+    dense = torch.randint(0, cfg.vocab_size, (4, 2048), device=dev, generator=g)
+    prompts = torch.randint(0, cfg.vocab_size, (8, 512), device=dev, generator=g)
+    new_tokens = 64
+    train_ids = torch.randint(0, cfg.vocab_size, (2, 1024), device=dev, generator=g)
+    impls = ("eager", name)
+    logits, timings = {}, {}
+
+    def generate():
+        return model.generate(prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    with torch.no_grad():
+        for impl in impls:  # warm-up (Triton compiles) and the agreement check
+            model.set_attn_implementation(impl)
+            logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
+            generate()
+        valid = mask.bool()
+        diff = (logits["eager"] - logits[name])[valid].abs().max().item()
+        print(f"prefill logits max |vflash - eager| {diff:.4f} (max |logit| "
+              f"{logits['eager'][valid].abs().max().item():.2f})", flush=True)
+        del logits
+        for _ in range(ROUNDS):
+            for impl in impls:
+                model.set_attn_implementation(impl)
+                timings.setdefault(("prefill_padded", impl), []).append(
+                    _time(lambda: model(input_ids=ids, attention_mask=mask)))
+                timings.setdefault(("prefill_dense", impl), []).append(_time(lambda: model(input_ids=dense)))
+                timings.setdefault(("prefill_prompts", impl), []).append(_time(lambda: model(input_ids=prompts)))
+                timings.setdefault(("generate", impl), []).append(_time(generate))
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=train_ids, labels=train_ids).loss.backward()
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        step()  # warm-up
+    for _ in range(ROUNDS):
+        for impl in impls:
+            model.set_attn_implementation(impl)
+            timings.setdefault(("train_step", impl), []).append(_time(step))
+    med = {k: statistics.median(v) for k, v in timings.items()}
+    rows = []
+    for impl in impls:
+        for what, seconds, tokens in (
+                ("prefill padded 8 x mixed", med[("prefill_padded", impl)], sum(lengths)),
+                ("prefill dense 4 x 2048", med[("prefill_dense", impl)], dense.numel()),
+                (f"decode 8 x {new_tokens} after 512", med[("generate", impl)] - med[("prefill_prompts", impl)],
+                 prompts.shape[0] * new_tokens),
+                ("forward + backward 2 x 1024", med[("train_step", impl)], train_ids.numel())):
+            rows.append(dict(what=what, impl=impl, ms=seconds * 1e3, tokens_per_s=tokens / seconds, params=params,
+                             layers=args.layers, logits_max_diff=diff))
+            print(f"{what:28s} {impl:12s} {seconds * 1e3:9.2f} ms {tokens / seconds:10.0f} tokens/s", flush=True)
+    write_rows(args.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
