@@ -382,6 +382,10 @@ def attention_kvcache_kernel(
     # and are never stored.
     offs_q = start_q + tl.minimum(rows // GROUP, QUERIES - 1)  # [BLOCK_M] query index in the sequence
     heads = off_hk * GROUP + rows % GROUP  # [BLOCK_M] query head
+    if HAS_SINK and not IS_SPLIT:  # loaded ahead of the key loop, which hides its latency
+        sink = tl.load(SINKS + heads)
+    else:
+        sink = 0.0
     row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_rows = Q + (q_start + offs_q) * stride_qm + heads * stride_qh  # [BLOCK_M] pointers
@@ -440,10 +444,6 @@ def attention_kvcache_kernel(
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
     # a split's partial carries no sink (no visible key in it: out 0, LSE -inf, merge weight 0)
-    if HAS_SINK and not IS_SPLIT:
-        sink = tl.load(SINKS + heads)
-    else:
-        sink = 0.0
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK and not IS_SPLIT)
     out = acc * inv_l[:, None]
     d_ok = offs_d < HEAD_DIM

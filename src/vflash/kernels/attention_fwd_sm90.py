@@ -562,6 +562,10 @@ if HAVE_GLUON:
         dtype: gl.constexpr = o_desc.dtype
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
+        if cfg.HAS_SINK:  # the head's sink logit for the finish, loaded ahead of the key loop to hide its latency
+            sink = gl.load(SINKS + tile.off_h)
+        else:
+            sink = 0.0
         lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
                                                      tile.off)
         row0 = tile.start_m + C * ROWS
@@ -637,10 +641,6 @@ if HAVE_GLUON:
             turn = _skip_tiles(smem, turn, kv, c_end, n_tiles, C, cfg)
         kv += n_tiles
 
-        if cfg.HAS_SINK:  # the head's sink logit (softmax_finish)
-            sink = gl.load(SINKS + tile.off_h)
-        else:
-            sink = 0.0
         inv_l, lse = softmax_finish(m_i, l_i, sink, cfg.HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or sink)
         o = o * gl.convert_layout(inv_l, o_rows)[:, None]
         # The output rows go out by TMA from this tile's Q buffer (no MMA
