@@ -443,13 +443,13 @@ def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backwa
     assert list(recorded) == ["k"]
     q2, k2, v2, do2, out2 = (torch.randn_like(q) for _ in range(5))
     lse2 = torch.randn_like(lse)
-    dq, dk, dv, returned_delta = recorded["k"](do2, None, q2, k2, v2, out2, lse2)
+    dq, dk, dv, dsinks = recorded["k"](do2, None, q2, k2, v2, out2, lse2, None)  # no sinks: an empty dsinks
     assert [c[0] for c in calls] == [bwd.attention_bwd_delta_kernel, bwd.attention_bwd_dkdv_kernel,
                                      bwd.attention_bwd_dq_kernel]
     delta_args, dkdv_args, dq_args = (c[1] for c in calls)
     assert delta_args[0] is out2 and delta_args[1] is do2 and delta_args[2] is None
     delta = delta_args[3]
-    assert delta.shape == lse.shape and delta.dtype == torch.float32 and returned_delta is delta
+    assert delta.shape == lse.shape and delta.dtype == torch.float32 and dsinks.shape == (0,)
     assert dkdv_args[:8] == (q2, k2, v2, do2, lse2, delta, dk, dv)
     assert dq_args[:7] == (q2, k2, v2, do2, lse2, delta, dq)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -473,7 +473,7 @@ def test_recorded_varlen_backward_plan_binds_cu_seqlens(fake_backward_launches):
                            tiles=tables.BACKWARD_INTERPRETER, varlen=(cu_q, cu_k, 7, 11, False), plan_key="kv")
     new = [torch.randn_like(t) for t in (do, q, k, v, out, lse)]
     cu_q2, cu_k2 = torch.tensor([0, 7, 12], dtype=torch.int32), torch.tensor([0, 11, 20], dtype=torch.int32)
-    dq, dk, dv, _ = recorded["kv"](new[0], None, *new[1:], cu_q2, cu_k2)
+    dq, dk, dv, _ = recorded["kv"](new[0], None, *new[1:], cu_q2, cu_k2, None)
     (_, delta_args), (_, dkdv_args), (_, dq_args) = calls
     assert dkdv_args[6] is dk and dkdv_args[7] is dv and dkdv_args[8] is cu_q2 and dkdv_args[9] is cu_k2
     assert dq_args[6] is dq and dq_args[7] is cu_q2 and dq_args[8] is cu_k2

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import vflash
-from vflash.library import sink_gradient
 from vflash.reference import attention_explicit, attention_varlen_reference, attention_with_kvcache_reference
 
 F32, F64 = torch.float32, torch.float64
@@ -232,13 +231,16 @@ def test_sink_gradient_is_bitwise_repeatable(device):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_sink_gradient_formula_skips_rows_with_neither_keys_nor_a_sink():
-    lse = torch.tensor([[0.5, float("-inf")], [float("-inf"), 1.0]])
-    delta = torch.tensor([[2.0, 3.0], [4.0, 5.0]])
-    sinks = torch.tensor([0.0, float("-inf")])
-    got = sink_gradient(sinks, lse, delta, heads=0)
-    assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, torch.tensor([-(math.exp(-0.5) * 2.0), 0.0]))
+def test_sink_gradient_of_rows_without_keys_and_of_a_minus_inf_sink(device):
+    # Nk = 0: out 0, lse = the sink (-inf for head 0, no sink); a loss on lse: dsink_h = the sum of its rows'
+    # dlse (their sink takes the whole softmax), 0 (never NaN) for the head without a sink
+    q, k, v, _ = _dense(2, 2, 1, 3, 0, 16, F32, device)
+    sinks = torch.tensor([float("-inf"), 0.5], device=device, requires_grad=True)
+    w = torch.randn(2, 3, generator=torch.Generator().manual_seed(21)).to(device)
+    out, lse = vflash.attention(q, k, v, sinks=sinks, return_lse=True)
+    (out.sum() + (lse[:, 1] * w).sum()).backward()
+    assert torch.equal(sinks.grad[0], torch.tensor(0.0, device=device))
+    torch.testing.assert_close(sinks.grad[1], w.sum())
 
 
 @pytest.mark.parametrize("bad,error,words", [
@@ -336,3 +338,17 @@ def test_planned_repeats_take_the_sinks_and_check_them_after_a_write(interpreted
     sinks[1] = float("nan")
     with pytest.raises(ValueError, match="heads \\[1\\]"):
         call(sinks)
+
+
+def test_the_backward_plan_replays_the_sink_gradient(interpreted_plans):
+    # the backward op's recorded plan (delta, dK / dV, dQ and the sinks' kernel) on a repeat: the same bits
+    q, k, v, sinks = _dense(1, 4, 2, 11, 13, 16, F32, "cpu", seed=22)
+    do = torch.randn(1, 4, 11, 16, generator=torch.Generator().manual_seed(23))
+    fn = lambda a, b, c, s: vflash.attention(a, b, c, causal=True, sinks=s)  # noqa: E731
+    first = _grads(fn, [(t, True) for t in (q, k, v, sinks)], do)
+    assert any(key[0] == "attention_bwd" for key in interpreted_plans._plans)
+    again = _grads(fn, [(t, True) for t in (q, k, v, sinks)], do)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    want = _grads(lambda a, b, c, s: attention_explicit(a, b, c, causal=True, sinks=s, compute_dtype=F64)[0],
+                  [(t.double(), True) for t in (q, k, v, sinks)], do.double())
+    torch.testing.assert_close(again[3].double(), want[3], atol=5e-5, rtol=5e-5)

@@ -309,13 +309,16 @@ class _RingAttention(torch.autograd.Function):
         kv = (k.contiguous(), v.contiguous())
         dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
-        deltas = [None] * len(qs)  # each query chunk's dO . O - dlse (any step's: they are the same)
+        # the steps' backward takes the sinks for their gradient alone (the kernels read P from the final
+        # LSE, which holds the sink): each query chunk's, the same from any of its pairs
+        score = ctx.score._replace(sinks=sinks.detach() if ctx.needs_input_grad[3] else None)
+        dsinks = [None] * len(qs)
         for step in range(R):
             pending = _ring_shift(kv, group, ring.rank, R) if step < R - 1 else None
             ks, vs = chunks.split(kv[0]), chunks.split(kv[1])
             for a, b, band in ring.pairs(step):
-                gq, gk, gv, deltas[a] = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a],
-                                                        band, ctx.score)
+                gq, gk, gv, dsinks[a] = chunks.backward(douts[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a],
+                                                        band, score)
                 chunks.add_into(dq, a, gq)
                 chunks.add_into(dkv[0], b, gk)
                 chunks.add_into(dkv[1], b, gv)
@@ -330,17 +333,20 @@ class _RingAttention(torch.autograd.Function):
             for r in reqs_dkv:
                 r.wait()
             dkv = tuple(recv_dkv)
-        dsinks = None
+        total = None
         if ctx.needs_input_grad[3]:  # this rank's rows' share; a replicated parameter's ranks sum theirs
-            dsinks = sum(library.sink_gradient(sinks, lses[a], _no_pair_delta(dlses[a], lses[a])
-                                               if deltas[a] is None else deltas[a], chunks.lse_heads)
-                         for a in range(len(qs)))
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks) + (None,) * 4
+            total = sum(_no_key_sink_gradient(sinks, lses[a], dlses[a], chunks.lse_heads) if d is None else d
+                        for a, d in enumerate(dsinks))
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), total) + (None,) * 4
 
 
-def _no_pair_delta(dlse, lse):
-    # delta of rows that saw no key on any step: out is 0, so dO . O - dlse = -dlse
-    return torch.zeros_like(lse) if dlse is None else -dlse
+def _no_key_sink_gradient(sinks, lse, dlse, heads: int):
+    # The sinks' gradient over a chunk whose rows saw no key on any step (no pair, no backward call): their
+    # LSE is the sink, so its share of each row is 1, and their delta is -dlse (out is 0).
+    if dlse is None:
+        return torch.zeros_like(sinks)
+    total = dlse.sum([d for d in range(lse.dim()) if d != heads])
+    return torch.where(sinks == float("-inf"), 0.0, total)  # no sink either: LSE -inf, no share
 
 
 def _dense_ring(rank: int, world_size: int, layout: str, n_q: int, n_k: int, causal_mode: Optional[str], left: int,

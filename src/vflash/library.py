@@ -89,9 +89,10 @@ def _backward_op(spec: Spec, dout, dlse, q, k, v, out, lse, *options):
     tensors = (dout, dlse, q, k, v, out, lse)
     key = _key(spec, tensors + options)
     plan = plans.lookup(key)
+    score = Score(*options[3:])
     if plan is not None:
-        return plan(*tensors)
-    call = Call(q, k, v, None, Band(*options[:3]), Score(*options[3:]), True)
+        return plan(*tensors, score.sinks)
+    call = Call(q, k, v, None, Band(*options[:3]), score, True)
     choice = dispatch.select_backward(dispatch.problem_of(call))
     return attention_backward(dout, q, k, v, out, lse, band=call.band, score=call.score, tiles=choice.tiles,
                               dlse=dlse, kernel=choice.kernel, plan_key=key)
@@ -122,7 +123,7 @@ def _varlen_backward(spec: Spec, dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu
     key = _key(spec, tensors + options)
     plan = plans.lookup(key)
     if plan is not None:
-        return plan(*tensors)
+        return plan(*tensors, Score(*options[len(_PACKED):]).sinks)
     call = _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, options, False)
     choice = dispatch.select_backward(dispatch.problem_of(call))
     layout = call.layout
@@ -133,7 +134,7 @@ def _varlen_backward(spec: Spec, dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu
 
 
 _PAIR = Tuple[Tensor, Tensor]
-_GRADIENTS = Tuple[Tensor, Tensor, Tensor, Tensor]  # dq, dk, dv and delta (ops.attention_bwd's)
+_GRADIENTS = Tuple[Tensor, Tensor, Tensor, Tensor]  # dq, dk, dv and dsinks (empty without sinks)
 _QKV = (("q", Tensor), ("k", Tensor), ("v", Tensor))
 attention_fwd = _op("attention_fwd", _QKV + _DENSE + _SCORE, _PAIR, _forward)
 attention_bwd = _op("attention_bwd", _GRADS + _SAVED + _DENSE + _SCORE, _GRADIENTS, _backward_op)
@@ -156,21 +157,21 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
 
 
 def _gradients_fake(dout, dlse, q, k, v, out, lse, *rest):
+    sinks = rest[-1]  # Score's last field, every backward op's last argument
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),
-            torch.empty_like(lse, memory_format=torch.contiguous_format))
+            lse.new_empty((0,) if sinks is None else tuple(sinks.shape), dtype=torch.float32))
 
 
 attention_bwd.register_fake(_gradients_fake)
 attention_varlen_bwd.register_fake(_gradients_fake)
 
 
-def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: int, lse_heads: int) -> None:
+def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: int) -> None:
     """Link a forward op (vflash::`name`) (its first `saved_inputs` arguments are tensors the backward takes after
     q, k, v, out, lse; then its `options`, the backward's own, then any it keeps to itself) to its
-    backward op: gradients for q, k, v and sinks, None for every other argument. lse_heads: the LSE's
-    head dimension."""
+    backward op: gradients for q, k, v and sinks, None for every other argument."""
     sinks_at = SPECS[name].names.index("sinks")  # the forward's argument
 
     def setup_context(ctx, inputs, output):
@@ -187,28 +188,17 @@ def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: in
         if dout is None:
             dout = torch.zeros_like(saved[3])
         options = tuple(sinks if i == sinks_at else x for i, x in enumerate(ctx.options, saved_inputs))
-        dq, dk, dv, delta = backward_op(dout, dlse, *saved, *options)
+        dq, dk, dv, dsinks = backward_op(dout, dlse, *saved, *options)
         grads = [dq, dk, dv] + [None] * (ctx.arguments - 3)
         if ctx.needs_input_grad[sinks_at]:
-            grads[sinks_at] = sink_gradient(sinks, saved[4], delta, lse_heads)
+            grads[sinks_at] = dsinks
         return tuple(grads)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-def sink_gradient(sinks: Tensor, lse: Tensor, delta: Tensor, heads: int) -> Tensor:
-    """dL/dsink_h = -sum over the rows i of head h of e^{sink_h - lse_i} * delta_i: the sink's share of
-    each row's softmax (lse holds its term) times the row's dO . O - dlse. fp32 [Hq]; torch's sum, the
-    same bits from run to run. A row with neither keys nor a sink (lse = -inf) adds 0."""
-    shape = [1] * lse.dim()
-    shape[heads] = -1
-    share = torch.exp(sinks.view(shape) - lse)
-    share = torch.where(lse == float("-inf"), 0.0, share)
-    return -(share * delta).sum([d for d in range(lse.dim()) if d != heads])
-
-
-_autograd("attention_fwd", attention_fwd, attention_bwd, 3, len(_DENSE + _SCORE), lse_heads=1)  # lse [B, Hq, Nq]
-_autograd("attention_varlen_fwd", attention_varlen_fwd, attention_varlen_bwd, 5, len(_PACKED + _SCORE), lse_heads=0)  # lse [Hq, total_q]
+_autograd("attention_fwd", attention_fwd, attention_bwd, 3, len(_DENSE + _SCORE))
+_autograd("attention_varlen_fwd", attention_varlen_fwd, attention_varlen_bwd, 5, len(_PACKED + _SCORE))
 
 
 def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:

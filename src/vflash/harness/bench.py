@@ -182,7 +182,8 @@ def _fa4(q, k, v, causal):
 
 PREPARE: Dict[str, Callable] = {
     "explicit_fp32": _explicit(torch.float32), "explicit": _explicit(None), "tiled": _tiled,
-    "vflash": _vflash, "vflash_sinks": _vflash_sinks, "sdpa_flash": _sdpa("FLASH_ATTENTION"), "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "vflash": _vflash, "vflash_sinks": _vflash_sinks, "sdpa_flash": _sdpa("FLASH_ATTENTION"),
+    "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex, "fa4": _fa4,
 }
 

@@ -7,7 +7,9 @@ probabilities from q, k and the forward's LSE, and never add into a shared outpu
   dK / dV tile and walks the query heads of its group, then their query tiles, in a
   fixed order (GQA/MQA sums without expanding K/V, and without atomics);
 - `attention_bwd_dq_kernel`: one program per (query tile, query head, batch) owns
-  its dQ tile and walks the key tiles its rows see.
+  its dQ tile and walks the key tiles its rows see;
+- `sink_grad_kernel` (calls with attention sinks): one program per query head sums
+  the sink's gradient over the head's rows in a fixed order.
 
 With P = softmax(S), dP = dO V^T and delta = rowsum(dO * O), dS = P * (dP - delta);
 the score is scale * q.k (or cap * tanh(scale * q.k / cap) with softcap, whose
@@ -276,3 +278,25 @@ def attention_bwd_dq_kernel(
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
              + offs_d[None, :] * stride_dqd, cast(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16),
              mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def sink_grad_kernel(SINKS, LSE, DELTA, DSINKS, n_batch, n_rows, stride_b, stride_h, BLOCK: tl.constexpr):
+    # grid = (Hq,): DSINKS[h] = -sum over the head's rows (n_batch blocks of n_rows, stride_b apart, its own
+    # stride_h in) of e^{SINKS[h] - LSE} * DELTA (fp32; LSE's layout, DELTA = dO . O - dlse): the sink's share
+    # of each row's softmax times the row's delta. A row with no key and no sink (LSE -inf) adds 0. One
+    # program a head, its rows in order: the same bits every run.
+    h = tl.program_id(0).to(tl.int64)
+    sink = tl.load(SINKS + h)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for b in range(n_batch):
+        base = b * stride_b + h * stride_h
+        for r0 in range(0, n_rows, BLOCK):
+            offs = r0 + tl.arange(0, BLOCK)
+            ok = offs < n_rows
+            lse = tl.load(LSE + base + offs, mask=ok, other=float("-inf"))
+            delta = tl.load(DELTA + base + offs, mask=ok, other=0.0)
+            share = tl.where(lse == float("-inf"), 0.0, tl.exp(sink - lse))
+            acc += share * delta
+    tl.store(DSINKS + h, -tl.sum(acc, 0))
+

@@ -234,7 +234,8 @@ def attention_kvcache_forward(
         part_strides, lse_part_stride = (0, 0, 0), 0
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        score.sinks, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides, (lse_part_stride, total_q),
+        score.sinks, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
+        (lse_part_stride, total_q),
         (band.left, band.right), score_scales(score),
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,

@@ -8,7 +8,8 @@ from typing import Hashable, Optional, Tuple
 import torch
 
 from vflash import _backend
-from vflash.kernels.attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from vflash.kernels.attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel,
+                                          attention_bwd_dq_kernel, sink_grad_kernel)
 from vflash.ops import sm90_bwd
 from vflash.ops import launch as launches
 from vflash.ops.attention import packed_strides
@@ -20,8 +21,9 @@ from vflash.ops.tma import tma_ready
 
 
 # A backward plan's inputs, in the order vflash.library's backward ops pass them (dlse may be None;
-# varlen adds cu_seqlens_q and cu_seqlens_k)
+# varlen adds cu_seqlens_q and cu_seqlens_k; then the sinks, None without)
 PLAN_INPUTS = ("do", "dlse", "q", "k", "v", "out", "lse")
+SINK_ROWS = 1024  # sink_grad_kernel's rows a step
 
 
 def attention_backward(
@@ -29,8 +31,8 @@ def attention_backward(
     band: Band, score: Score, tiles: BackwardTiles, dlse: Optional[torch.Tensor] = None,
     varlen: Optional[tuple] = None, kernel: str = "portable", plan_key: Optional[Hashable] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, delta): the gradients in the inputs' dtype and layout, contiguous, and delta, each row's
-    dO . O - dlse in lse's layout (fp32; the sinks' gradient is made from it), for do (any strides) and the
+    """(dq, dk, dv, dsinks): the gradients in the inputs' dtype and layout, contiguous, and with score.sinks
+    the sinks' (fp32 [Hq]; an empty fp32 tensor without), for do (any strides) and the
     forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
     [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q]. The kernels take
@@ -45,7 +47,10 @@ def attention_backward(
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     if q.numel() == 0 or k.numel() == 0:  # no key: out is 0, so delta is -dlse
         delta = torch.zeros(lse.shape, dtype=torch.float32, device=q.device) if dlse is None else -dlse.float()
-        return dq.zero_(), dk.zero_(), dv.zero_(), delta
+        dsinks, sink_launch = _sink_grad_launch(score.sinks, lse.float().contiguous(), delta, varlen is not None)
+        if sink_launch is not None:
+            launches.run(sink_launch, q.device)
+        return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
     if varlen is None:
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -103,10 +108,31 @@ def attention_backward(
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dq",) + cu_names)))
-    run = [(launch, launches.run(launch, q.device)) for launch in (delta_launch, *dkdv, dq_launch)]
+    dsinks, sink_launch = _sink_grad_launch(score.sinks, lse, delta, varlen is not None)
+    run = [(launch, launches.run(launch, q.device))
+           for launch in (delta_launch, *dkdv, dq_launch) + ((sink_launch,) if sink_launch else ())]
     if plan_key is not None and all(a is b for a, b in zip(given, (do, lse, dlse))):
         allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
-                  Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32))
-        launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names, allocs, ("dq", "dk", "dv", "delta"),
-                                 q.device.index)
-    return dq, dk, dv, delta
+                  Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32),
+                  Alloc("dsinks", tuple(dsinks.shape), torch.float32))
+        launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names + ("sinks",), allocs,
+                                 ("dq", "dk", "dv", "dsinks"), q.device.index)
+    return dq, dk, dv, dsinks
+
+
+def _sink_grad_launch(sinks: Optional[torch.Tensor], lse: torch.Tensor, delta: torch.Tensor, packed: bool):
+    """(dsinks, its launch of sink_grad_kernel or None): fp32 [Hq] from the LSE (fp32, contiguous: dense
+    [B, Hq, N], packed [Hq, total]) and delta of lse's layout; an empty tensor and no launch without sinks."""
+    if sinks is None:
+        return lse.new_empty((0,)), None
+    dsinks = torch.empty(sinks.shape, dtype=torch.float32, device=lse.device)
+    if packed:
+        n_batch, n_rows, stride_b, stride_h = 1, lse.shape[1], 0, lse.shape[1]
+    else:
+        n_batch, n_rows, stride_b, stride_h = lse.shape[0], lse.shape[2], lse.shape[1] * lse.shape[2], lse.shape[2]
+    launch = KernelLaunch(sink_grad_kernel, (sinks.shape[0], 1, 1),
+                          (sinks, lse, delta, dsinks, n_batch, n_rows, stride_b, stride_h),
+                          dict(BLOCK=SINK_ROWS), dict(num_warps=4),
+                          (Slot("SINKS", "sinks"), Slot("LSE", "lse"), Slot("DELTA", "delta"),
+                           Slot("DSINKS", "dsinks")))
+    return dsinks, launch

@@ -144,8 +144,9 @@ def compile_sm90_launch(launch: KernelLaunch):
     arguments: Triton's CompiledKernel (its .asm holds 'ptx' and 'cubin'). Tensors
     become 16-byte-aligned pointers of their dtype, None a constexpr, an int of 1 a constant, other ints
     i32 (marked divisible by 16 where they are), floats fp32, a tuple's elements each so (at its path), a
-    Gluon TMA descriptor its block and shared layout: the specializations Triton's JIT makes. The launch's num_warps, num_stages and maxnreg (the
-    Gluon forward's register cap at two or three CTAs an SM) are the compile's options."""
+    Gluon TMA descriptor its block and shared layout: the specializations Triton's JIT makes. The launch's
+    num_warps, num_stages and maxnreg (the Gluon forward's register cap at two or three CTAs an SM) are the
+    compile's options."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
