@@ -67,6 +67,11 @@ def _empty(*shape, dtype=F16) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype) if dtype in (I32, torch.int64) else torch.empty(shape, dtype=dtype)
 
 
+def _sinks(heads: int, on: bool) -> Optional[torch.Tensor]:
+    # a call's sinks (fp32 [Hq]) where the variant has them
+    return torch.zeros(heads) if on else None
+
+
 def _offsets(*lengths: int) -> torch.Tensor:
     # cu_seqlens of sequences of these lengths
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=I32)
@@ -75,7 +80,7 @@ def _offsets(*lengths: int) -> torch.Tensor:
 # --- the Gluon forward ---
 
 def gluon_dense(head_dim: int, tiles: Sm90Tiles, dtype=F16, right_edge=False, left_edge=False, softcap=False,
-                lse=True, heads=(8, 2)) -> Group:
+                lse=True, heads=(8, 2), sinks=False) -> Group:
     """The dense build: [B, H, N, D] tensors, B 2, N 1024, GQA unless heads are equal (kv_group 1, a constant
     to the JIT)."""
     def launches():
@@ -84,8 +89,8 @@ def gluon_dense(head_dim: int, tiles: Sm90Tiles, dtype=F16, right_edge=False, le
         counter = _empty(1, dtype=I32) if tiles.dynamic else None
         band = Band(0, 256 if left_edge else -1, 0 if right_edge else -1)
         return [lab.sm90_launch(q, k, k.clone(), torch.empty_like(q), _empty(2, hq, n, dtype=torch.float32)
-                                  if lse else None, counter, band, Score(head_dim ** -0.5, 20.0 if softcap else None),
-                                  tiles, SMS)]
+                                  if lse else None, counter, band, Score(head_dim ** -0.5, 20.0 if softcap else None,
+                                                                         _sinks(hq, sinks)), tiles, SMS)]
     return Group(launches, ("",), gluon=True)
 
 
@@ -151,14 +156,14 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
 # --- the portable forward and its KV-cache kernel ---
 
 def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_right: bool, softcap: bool,
-                   store_lse: bool, dtype=F16) -> Group:
+                   store_lse: bool, dtype=F16, sinks=False) -> Group:
     """attention_fwd_kernel's dense launch: [1, 2, 256, D]."""
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
         band = Band(0, 32 if has_left else -1, 0 if has_right else -1)
         return _captured(lambda: lab.attention_forward(
-            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None), return_lse=store_lse,
-                                                       tiles=tiles))
+            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks)),
+            return_lse=store_lse, tiles=tiles))
     return Group(launches, ("",))
 
 
@@ -176,7 +181,7 @@ def portable_varlen(head_dim: int, tiles: PortableTiles, causal: Optional[str], 
 
 
 def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q: int = 1, packed_q=False,
-                     window=(-1, -1), softcap=None, lse=False, heads=(32, 8), dtype=BF16) -> Group:
+                     window=(-1, -1), softcap=None, lse=False, heads=(32, 8), dtype=BF16, sinks=False) -> Group:
     """attention_kvcache_kernel: four sequences of n_q new queries (packed through cu_seqlens_q, or n_q a
     sequence) against caches of 4096 rows a sequence, contiguous (page_size 0) or paged; the query heads of a
     KV head packed into a tile's rows (GQA). tiles.num_splits > 1: split-KV, merged in the kernel."""
@@ -191,7 +196,7 @@ def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q
         cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=I32) if packed_q else None
         return _captured(lambda: lab.attention_kvcache_forward(
             q, k, k.clone(), _empty(batch, dtype=I32), table, cu_q, n_q, band=sequence_band("bottom_right", window),
-            score=Score(head_dim ** -0.5, softcap), return_lse=lse, tiles=tiles))
+            score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks)), return_lse=lse, tiles=tiles))
     return Group(launches, ("",))
 
 
@@ -245,6 +250,8 @@ GROUPS: Dict[str, Group] = {
     "d128_short": gluon_dense(128, Sm90Tiles(64, 64, 2, q_buffers=2, ctas_per_sm=2), right_edge=True),
     "d64_three": gluon_dense(64, Sm90Tiles(64, 64, 2, q_buffers=2, p_fp32=True, lazy_rescale=True, ctas_per_sm=3,
                                              dynamic=True), right_edge=True, heads=(4, 4)),
+    "d64_causal_sinks": gluon_dense(64, Sm90Tiles(192, 128, 2, pingpong=True, p_fp32=True, lazy_rescale=True,
+                                                    dynamic=True), right_edge=True, sinks=True),
     # the Gluon forward's varlen and KV-cache builds (the dispatch's D 128 causal tiles)
     "varlen_d128_causal": gluon_varlen(128, Sm90Tiles(128, 128, 2, dynamic=True)),
     "kvcache_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True)),
@@ -260,6 +267,7 @@ GROUPS: Dict[str, Group] = {
     "p_d128_split": portable_dense(128, PortableTiles(256, 64, 8, 3, True), False, False, False, False),
     "p_d64_window_softcap": portable_dense(64, PortableTiles(64, 64, 4, 3), True, True, True, True, BF16),
     "p_d96_padded": portable_dense(96, PortableTiles(128, 128, 8, 3), False, False, False, True),
+    "p_d64_causal_sinks": portable_dense(64, PortableTiles(64, 64, 4, 3), False, True, False, True, sinks=True),
     "p_varlen_d128_causal": portable_varlen(128, PortableTiles(128, 128, 8, 3), "bottom_right"),
     "p_varlen_d64_top_left_softcap": portable_varlen(64, PortableTiles(64, 64, 4, 3), "top_left", window=(64, -1),
                                                      softcap=30.0, dtype=BF16),
@@ -272,6 +280,11 @@ GROUPS: Dict[str, Group] = {
     "p_kvcache_contig_split_window": portable_kvcache(
         128, KVCacheTiles(16, 64, 4, 3, num_splits=4, split_chunk=4, merge_rows=8, one_loop=True), n_q=2,
         window=(1024, -1), softcap=30.0),
+    "p_kvcache_paged16_decode_sinks": portable_kvcache(
+        128, KVCacheTiles(16, 64, 4, 3, merge_rows=4, split_chunk=32), page_size=16, sinks=True),
+    "p_kvcache_paged16_split_sinks": portable_kvcache(
+        128, KVCacheTiles(16, 64, 4, 3, num_splits=8, split_chunk=8, merge_rows=4, one_loop=True), page_size=16,
+        lse=True, sinks=True),
     "p_kvcache_paged64_prefill": portable_kvcache(128, KVCacheTiles(128, 128, 8, 3, merge_rows=128), page_size=64,
                                                   n_q=256, packed_q=True, lse=True, dtype=F16),
     # the portable backward (the dispatch's BACKWARD tiles): delta, dK / dV, dQ
