@@ -11,7 +11,8 @@ launcher: what a GPU would compile for that call. The set covers
     varlen, and KV caches (contiguous, paged with pages of 16 and of 64: page runs, pages shorter than a tile);
   the Gluon backward's dQ and dK / dV, dense, varlen, and D 256's dK and dV apart;
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
-    in-kernel merge, paged and contiguous, chunked prefill), the portable backward (delta, dK / dV, dQ; dense
+    in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
+    portable forward, the KV-cache kernel unsplit and split), the portable backward (delta, dK / dV, dQ; dense
     and varlen), merge_states, write_kvcache and the sequence-metadata check.
 
 What is hashed: the PTX without its debug sections, .loc / .file lines, comments and the $L__tmp labels of
