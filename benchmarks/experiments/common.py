@@ -199,3 +199,42 @@ def write_rows(path: str, rows: Sequence[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+
+
+def wall_seconds(fn: Callable[[], object], reps: int = 1) -> float:
+    """Seconds a call of fn takes on the GPU, synchronized before and after reps calls (a model's forward,
+    generate or training step: many kernels and host work, so wall time, not CUDA events)."""
+    import time
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+class ModelInputs(NamedTuple):
+    """The transformers experiments' token batches (hf_llama, hf_gpt_oss)."""
+    lengths: List[int]  # the padded batch's real lengths
+    ids: torch.Tensor  # [8, 2048] left-padded to its longest
+    mask: torch.Tensor  # its attention mask
+    dense: torch.Tensor  # [4, 2048] unpadded
+    prompts: torch.Tensor  # [8, 512] greedy decode's prompts
+    train_ids: torch.Tensor  # [train_batch, 1024] a training step's
+
+
+def model_inputs(vocab: int, device: torch.device, train_batch: int) -> ModelInputs:
+    """Random tokens from seed 1 on `device`: a left-padded batch of mixed lengths, an unpadded one, prompts
+    and a training batch, drawn in that order."""
+    g = torch.Generator(device=device).manual_seed(1)
+    lengths = [2048, 1536, 1024, 512, 1800, 700, 1300, 256]
+    n = max(lengths)
+    ids = torch.randint(0, vocab, (len(lengths), n), device=device, generator=g)
+    mask = torch.zeros_like(ids)
+    for b, length in enumerate(lengths):
+        mask[b, n - length:] = 1
+    dense = torch.randint(0, vocab, (4, 2048), device=device, generator=g)
+    prompts = torch.randint(0, vocab, (8, 512), device=device, generator=g)
+    train_ids = torch.randint(0, vocab, (train_batch, 1024), device=device, generator=g)
+    return ModelInputs(lengths, ids, mask, dense, prompts, train_ids)
+

@@ -11,23 +11,13 @@ ROUNDS times, and keeps the median; the prefill logits' largest difference on re
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import vflash.integrations.transformers as vt
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import model_inputs, wall_seconds, write_rows
 
 ROUNDS = 3
-
-
-def _time(fn, reps=1):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
 
 
 def main() -> int:
@@ -53,17 +43,8 @@ def main() -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e9:.2f}B parameters, {args.layers} layers, transformers {transformers.__version__}",
           flush=True)
-    g = torch.Generator(device=dev).manual_seed(1)
-    lengths = [2048, 1536, 1024, 512, 1800, 700, 1300, 256]
-    n = max(lengths)
-    ids = torch.randint(0, cfg.vocab_size, (len(lengths), n), device=dev, generator=g)
-    mask = torch.zeros_like(ids)
-    for b, length in enumerate(lengths):
-        mask[b, n - length:] = 1
-    dense = torch.randint(0, cfg.vocab_size, (4, 2048), device=dev, generator=g)
-    prompts = torch.randint(0, cfg.vocab_size, (8, 512), device=dev, generator=g)
+    lengths, ids, mask, dense, prompts, train_ids = model_inputs(cfg.vocab_size, dev, train_batch=2)
     new_tokens = 64
-    train_ids = torch.randint(0, cfg.vocab_size, (2, 1024), device=dev, generator=g)
     impls = ("eager", name)
     logits, timings = {}, {}
 
@@ -83,10 +64,10 @@ def main() -> int:
             for impl in impls:
                 model.set_attn_implementation(impl)
                 timings.setdefault(("prefill_padded", impl), []).append(
-                    _time(lambda: model(input_ids=ids, attention_mask=mask)))
-                timings.setdefault(("prefill_dense", impl), []).append(_time(lambda: model(input_ids=dense)))
-                timings.setdefault(("prefill_prompts", impl), []).append(_time(lambda: model(input_ids=prompts)))
-                timings.setdefault(("generate", impl), []).append(_time(generate))
+                    wall_seconds(lambda: model(input_ids=ids, attention_mask=mask)))
+                timings.setdefault(("prefill_dense", impl), []).append(wall_seconds(lambda: model(input_ids=dense)))
+                timings.setdefault(("prefill_prompts", impl), []).append(wall_seconds(lambda: model(input_ids=prompts)))
+                timings.setdefault(("generate", impl), []).append(wall_seconds(generate))
     model.train()
 
     def step():
@@ -98,7 +79,7 @@ def main() -> int:
     for _ in range(ROUNDS):
         for impl in impls:
             model.set_attn_implementation(impl)
-            timings.setdefault(("train_step", impl), []).append(_time(step))
+            timings.setdefault(("train_step", impl), []).append(wall_seconds(step))
     med = {k: statistics.median(v) for k, v in timings.items()}
     rows = []
     for impl in impls:

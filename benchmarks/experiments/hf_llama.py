@@ -14,23 +14,13 @@ top logits, so greedy runs part ways after a few tokens whichever two kernels ru
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 
 import vflash.integrations.transformers as vt
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import model_inputs, wall_seconds, write_rows
 
 ROUNDS = 3
-
-
-def _time(fn, reps=1):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        out = fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps, out
 
 
 def main() -> int:
@@ -51,17 +41,8 @@ def main() -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e9:.2f}B parameters, {args.layers} layers, transformers {transformers.__version__}",
           flush=True)
-    g = torch.Generator(device=dev).manual_seed(1)
-    lengths = [2048, 1536, 1024, 512, 1800, 700, 1300, 256]
-    n = max(lengths)
-    ids = torch.randint(0, cfg.vocab_size, (len(lengths), n), device=dev, generator=g)
-    mask = torch.zeros_like(ids)
-    for b, length in enumerate(lengths):
-        mask[b, n - length:] = 1
-    dense = torch.randint(0, cfg.vocab_size, (4, 2048), device=dev, generator=g)
-    prompts = torch.randint(0, cfg.vocab_size, (8, 512), device=dev, generator=g)
+    lengths, ids, mask, dense, prompts, train_ids = model_inputs(cfg.vocab_size, dev, train_batch=4)
     new_tokens = 64
-    train_ids = torch.randint(0, cfg.vocab_size, (4, 1024), device=dev, generator=g)
 
     rows = []
 
@@ -100,13 +81,13 @@ def main() -> int:
             for impl in impls:
                 model.set_attn_implementation(impl)
                 timings.setdefault(("prefill_padded", impl), []).append(
-                    _time(lambda: model(input_ids=ids, attention_mask=mask), 3)[0])
+                    wall_seconds(lambda: model(input_ids=ids, attention_mask=mask), 3))
                 timings.setdefault(("prefill_dense", impl), []).append(
-                    _time(lambda: model(input_ids=dense), 3)[0])
+                    wall_seconds(lambda: model(input_ids=dense), 3))
                 timings.setdefault(("prefill_prompts", impl), []).append(
-                    _time(lambda: model(input_ids=prompts), 3)[0])
-                timings.setdefault(("generate", impl), []).append(_time(lambda: model.generate(
-                    prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False))[0])
+                    wall_seconds(lambda: model(input_ids=prompts), 3))
+                timings.setdefault(("generate", impl), []).append(wall_seconds(lambda: model.generate(
+                    prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
@@ -123,7 +104,7 @@ def main() -> int:
     for _ in range(ROUNDS):
         for impl in impls:
             model.set_attn_implementation(impl)
-            timings.setdefault(("train_step", impl), []).append(_time(step, 2)[0])
+            timings.setdefault(("train_step", impl), []).append(wall_seconds(step, 2))
     med = {k: statistics.median(v) for k, v in timings.items()}
     for impl in impls:
         record("prefill padded 8 x mixed", impl, med[("prefill_padded", impl)], sum(lengths))
