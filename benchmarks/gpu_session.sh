@@ -87,7 +87,7 @@ for step in "$@"; do
                      tests/test_sm90.py tests/test_dispatch.py tests/test_backward.py ;;
     tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
                   tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py \
-                  tests/test_distributed.py tests/test_validation.py tests/test_layers.py ;;
+                  tests/test_distributed.py tests/test_validation.py tests/test_layers.py tests/test_sinks.py ;;
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;
@@ -159,9 +159,11 @@ for step in "$@"; do
     check_sinks) timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match sinks --log "$R/check_gpu_sinks.log" \
                    | tail -2 ;;
     fa_sinks) # issue 53: the fa sweep's forward with and without sinks (vflash_sinks), beside cuDNN, one run
-              sampled fa_sinks timeout ${SWEEP_TIMEOUT:-200} python3 -m vflash bench --sweep fa --dtype bf16 \
+              sampled fa_sinks timeout ${SWEEP_TIMEOUT:-200} python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
+                --sweep fa --dtype bf16 \
                 --methods vflash,vflash_sinks,sdpa_cudnn --out "$R/fa_sinks.csv" | tail -3 ;;
-    bwd_sinks) sampled bwd_sinks timeout ${SWEEP_TIMEOUT:-300} python3 -m vflash bench --mode bwd --sweep fa \
+    bwd_sinks) sampled bwd_sinks timeout ${SWEEP_TIMEOUT:-300} python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
+                 --mode bwd --sweep fa \
                  --dtype bf16 --methods vflash,vflash_sinks,sdpa_cudnn --out "$R/bwd_sinks.csv" | tail -3 ;;
     decode_sinks) # paged decode with and without sinks (pages of 16 and 64), beside cuDNN, one run
               sampled decode_sinks timeout ${SWEEP_TIMEOUT:-240} python3 -c "
