@@ -248,6 +248,7 @@ def _sm90_cases():
             Case(B=1, Hq=4, Hkv=1, Nq=129, Nk=1037, D=d, causal=True),
             Case(B=1, Hq=4, Hkv=4, Nq=1037, Nk=129, D=d, causal="top_left"),
             Case(B=1, Hq=4, Hkv=4, Nq=1024, Nk=300, D=d, causal=True, tag="fully masked rows"),
+            Case(B=1, Hq=4, Hkv=4, Nq=1024, Nk=300, D=d, causal=True, sinks=True, tag="fully masked rows"),
             # Causal on a persistent grid (160 heads >= the coprime stride), with
             # work tiles that see no key among each CTA's tiles.
             Case(B=4, Hq=40, Hkv=8, Nq=512, Nk=200, D=d, causal=True, tag="persistent causal, empty tiles"),
@@ -276,11 +277,11 @@ def _schedules(d):
 
 def _assert_case_with(case, tiles):
     # The case through the launcher with the sm90 kernel's tiles and switches forced to `tiles`.
-    def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False):
+    def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, sinks=None, return_lse=False):
         assert all(map(tma.tma_ready, (q, k, v)))
         mode = {False: None, True: "bottom_right"}.get(causal, causal)
         band = mask_band(q.shape[2], k.shape[2], mode, window or (-1, -1))
-        score = Score(q.shape[-1] ** -0.5 if scale is None else scale, softcap)
+        score = Score(q.shape[-1] ** -0.5 if scale is None else scale, softcap, sinks)
         return ops.attention_forward(q, k, v, band=band, score=score, return_lse=return_lse, tiles=tiles, kernel="sm90")
     for v in case.run(torch.device("cuda"), attention):
         assert v.passed, f"{case.name}: {v.what} max err {v.max_err:.3e} > tol {v.tol:.3e} {v.note}"
