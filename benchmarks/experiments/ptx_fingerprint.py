@@ -12,8 +12,8 @@ launcher: what a GPU would compile for that call. The set covers
   the Gluon backward's dQ and dK / dV, dense, varlen, and D 256's dK and dV apart;
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
     in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
-    portable forward, the KV-cache kernel unsplit and split), the portable backward (delta, dK / dV, dQ; dense
-    and varlen), merge_states, write_kvcache and the sequence-metadata check.
+    portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), the
+    portable backward (delta, dK / dV, dQ; dense and varlen), merge_states, write_kvcache and the sequence-metadata check.
 
 What is hashed: the PTX without its debug sections, .loc / .file lines, comments and the $L__tmp labels of
 inlined scopes, so that arranging the source differently changes nothing; and, unless --no-normalise-names,
@@ -133,9 +133,10 @@ def gluon_kvcache(head_dim: int, tiles: Sm90Tiles, page_size: int = 0, lse=True,
 # --- the backward: delta, then dK / dV and dQ, portable or Gluon ---
 
 def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causal: Optional[str] = "bottom_right",
-             window=(-1, -1), softcap=None, varlen=False, heads=(8, 2)) -> Group:
+             window=(-1, -1), softcap=None, varlen=False, heads=(8, 2), sinks=False) -> Group:
     """lab.attention_backward's launches: dense [B 2, H, N 1024, D], or varlen packed sequences. The Gluon
-    groups leave the delta launch (a portable kernel) to the portable ones."""
+    groups leave the delta launch (a portable kernel) to the portable ones. sinks: the delta launch with the
+    sinks' parts and the sink gradient's launch (the dK / dV and dQ launches are the ones without)."""
     def launches():
         hq, hkv = heads
         if varlen:
@@ -149,8 +150,10 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
             packed = None
         return _captured(lambda: lab.attention_backward(
             torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band,
-            score=Score(head_dim ** -0.5, softcap), tiles=tiles, varlen=packed, kernel=kernel))
+            score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks)), tiles=tiles, varlen=packed, kernel=kernel))
     mains = ("dk", "dv") if tiles.dkdv_apart else ("dkdv",)
+    if sinks:
+        return Group(launches, ("delta", *(None for _ in mains), None, "dsinks"), gluon=kernel == "sm90")
     return Group(launches, (None if kernel == "sm90" else "delta", *mains, "dq"), gluon=kernel == "sm90")
 
 
@@ -290,6 +293,8 @@ GROUPS: Dict[str, Group] = {
                                                   n_q=256, packed_q=True, lse=True, dtype=F16),
     # the portable backward (the dispatch's BACKWARD tiles): delta, dK / dV, dQ
     "p_bwd_d128_causal": backward(128, BackwardTiles(_B(64, 64, 4, 2), _B(128, 32, 4, 3)), "portable"),
+    "p_bwd_d128_causal_sinks": backward(128, BackwardTiles(_B(64, 64, 4, 2), _B(128, 32, 4, 3)), "portable",
+                                        sinks=True),
     "p_bwd_varlen_d64_window": backward(64, BackwardTiles(_B(32, 64, 4, 3), _B(64, 64, 4, 3)), "portable", F16,
                                         causal=None, window=(200, 100), softcap=30.0, varlen=True),
     # the small kernels

@@ -142,6 +142,7 @@ def gpu_matrix() -> list:
               Case(B=2, Hq=64, Hkv=8, Nq=1000, Nk=1000, D=64, dtype="bf16", causal=True, window=(127, 0), sinks=True),
               Case(B=2, Hq=4, Hkv=4, Nq=1024, Nk=300, D=128, causal=True, sinks=True, tag="fully masked rows"),
               VarlenCase(lens, lens, Hq=64, Hkv=8, D=64, dtype="bf16", causal=True, sinks=True),
+              VarlenCase(lens, lens, Hq=64, Hkv=8, D=64, dtype="bf16", causal=True, window=(127, 0), sinks=True),
               KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=64, Hkv=8, D=64, dtype="bf16", sinks=True,
                           tag="chunked")]
     for page, splits in itertools.product((16, 64), (None, 1, 8)):

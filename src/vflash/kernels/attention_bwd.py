@@ -2,14 +2,15 @@
 probabilities from q, k and the forward's LSE, and never add into a shared output.
 
 - `attention_bwd_delta_kernel`: delta = rowsum(dO * O) (minus dLSE when the LSE has a
-  gradient), one fp32 per query row;
+  gradient), one fp32 per query row, and with attention sinks each program's part of its head's
+  sink gradient;
 - `attention_bwd_dkdv_kernel`: one program per (key tile, KV head, batch) owns its
   dK / dV tile and walks the query heads of its group, then their query tiles, in a
   fixed order (GQA/MQA sums without expanding K/V, and without atomics);
 - `attention_bwd_dq_kernel`: one program per (query tile, query head, batch) owns
   its dQ tile and walks the key tiles its rows see;
 - `sink_grad_kernel` (calls with attention sinks): one program per query head sums
-  the sink's gradient over the head's rows in a fixed order.
+  the head's parts in a fixed order.
 
 With P = softmax(S), dP = dO V^T and delta = rowsum(dO * O), dS = P * (dP - delta);
 the score is scale * q.k (or cap * tanh(scale * q.k / cap) with softcap, whose
@@ -72,12 +73,17 @@ def row_stats(lse_base, delta_base, offs_m, n_q, MASKED: tl.constexpr):
 
 @triton.jit
 def attention_bwd_delta_kernel(
-    O, DO, DLSE, DELTA, o_strides, do_strides, n_heads, n_rows,
+    O, DO, DLSE, DELTA, LSE, SINKS, SINK_PART, o_strides, do_strides, n_heads, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     # grid = (cdiv(n_rows, BLOCK_M), H, B): DELTA[(b * H + h) * n_rows + m] = sum_d dO * O
     # (- DLSE, the same layout), fp32: LSE's layout, [B, H, N] dense or [H, total] packed
     # (B = 1, n_rows the total). Strides: (batch, head, row, dim) tuples (packed: batch 0).
+    # HAS_SINK: the program's share of its head's sink gradient, sum over its rows of e^{SINKS[h] - LSE} *
+    # DELTA (the sink's share of each row's softmax times the row's delta; a fixed tree), into
+    # SINK_PART[(h * B + b) * programs + program] fp32: a head's parts contiguous, summed in order by
+    # sink_grad_kernel.
     stride_ob, stride_oh, stride_om, stride_od = o_strides
     stride_dob, stride_doh, stride_dom, stride_dod = do_strides
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,6 +99,11 @@ def attention_bwd_delta_kernel(
     if HAS_DLSE:
         delta -= tl.load(DLSE + rows, mask=offs_m < n_rows, other=0.0)
     tl.store(DELTA + rows, delta, mask=offs_m < n_rows)
+    if HAS_SINK:
+        lse = tl.load(LSE + rows, mask=offs_m < n_rows, other=float("-inf"))
+        share = tl.where(lse == float("-inf"), 0.0, tl.exp(tl.load(SINKS + off_h) - lse))  # no key, no sink: 0
+        part = (off_h * tl.num_programs(2) + off_b) * tl.num_programs(0) + tl.program_id(0)
+        tl.store(SINK_PART + part, tl.sum(share * delta, 0))
 
 
 @triton.jit
@@ -281,22 +292,12 @@ def attention_bwd_dq_kernel(
 
 
 @triton.jit
-def sink_grad_kernel(SINKS, LSE, DELTA, DSINKS, n_batch, n_rows, stride_b, stride_h, BLOCK: tl.constexpr):
-    # grid = (Hq,): DSINKS[h] = -sum over the head's rows (n_batch blocks of n_rows, stride_b apart, its own
-    # stride_h in) of e^{SINKS[h] - LSE} * DELTA (fp32; LSE's layout, DELTA = dO . O - dlse): the sink's share
-    # of each row's softmax times the row's delta. A row with no key and no sink (LSE -inf) adds 0. One
-    # program a head, its rows in order: the same bits every run.
+def sink_grad_kernel(SINK_PART, DSINKS, n_parts, BLOCK: tl.constexpr):
+    # grid = (Hq,): DSINKS[h] = -sum of the head's n_parts contiguous parts (attention_bwd_delta_kernel's
+    # SINK_PART, [Hq, n_parts] fp32), in order: the same bits every run.
     h = tl.program_id(0).to(tl.int64)
-    sink = tl.load(SINKS + h)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for b in range(n_batch):
-        base = b * stride_b + h * stride_h
-        for r0 in range(0, n_rows, BLOCK):
-            offs = r0 + tl.arange(0, BLOCK)
-            ok = offs < n_rows
-            lse = tl.load(LSE + base + offs, mask=ok, other=float("-inf"))
-            delta = tl.load(DELTA + base + offs, mask=ok, other=0.0)
-            share = tl.where(lse == float("-inf"), 0.0, tl.exp(sink - lse))
-            acc += share * delta
+    for r0 in range(0, n_parts, BLOCK):
+        offs = r0 + tl.arange(0, BLOCK)
+        acc += tl.load(SINK_PART + h * n_parts + offs, mask=offs < n_parts, other=0.0)
     tl.store(DSINKS + h, -tl.sum(acc, 0))
-

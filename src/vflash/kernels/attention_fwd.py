@@ -177,8 +177,15 @@ def _attend_tiles_split(
 
 
 @triton.jit
-def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, sink,
+def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
                 HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, HAS_SINK: tl.constexpr):
+    # The head's sink is loaded here, after the key loops, not ahead of them: a value held across the loops
+    # takes registers from them (64 x 64 tiles at D 64: 128 -> 132, one CTA fewer an SM), and a CTA's
+    # finish overlaps the other CTAs' loops.
+    if HAS_SINK:
+        sink = tl.load(SINKS + off_h)
+    else:
+        sink = 0.0
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or the sink)
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
@@ -244,11 +251,6 @@ def attention_fwd_kernel(
     else:
         lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
-    if HAS_SINK:
-        sink = tl.load(SINKS + off_h)
-    else:
-        sink = 0.0
-
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
     if SPLIT:
@@ -277,10 +279,10 @@ def attention_fwd_kernel(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
-                    STORE_LSE, EMULATE_BF16, HAS_SINK)
-        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
-                    STORE_LSE, EMULATE_BF16, HAS_SINK)
+        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
+                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
+        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
+                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -301,8 +303,8 @@ def attention_fwd_kernel(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, sink, HEAD_DIM,
-                    STORE_LSE, EMULATE_BF16, HAS_SINK)
+        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
+                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
 
 
 @triton.jit
@@ -382,7 +384,11 @@ def attention_kvcache_kernel(
     # and are never stored.
     offs_q = start_q + tl.minimum(rows // GROUP, QUERIES - 1)  # [BLOCK_M] query index in the sequence
     heads = off_hk * GROUP + rows % GROUP  # [BLOCK_M] query head
-    if HAS_SINK and not IS_SPLIT:  # loaded ahead of the key loop, which hides its latency
+    # the sinks, loaded ahead of the key loop, which hides their latency: the rows' own for the unsplit
+    # finish, the merge rows' (below) for a split's merge
+    if HAS_SINK and IS_SPLIT:
+        sink = tl.load(SINKS + off_hk * GROUP + tl.arange(0, MERGE_ROWS) % GROUP)
+    elif HAS_SINK:
         sink = tl.load(SINKS + heads)
     else:
         sink = 0.0
@@ -463,12 +469,8 @@ def attention_kvcache_kernel(
             c_heads = off_hk * GROUP + c % GROUP
             c_ok = (c < QUERIES * GROUP) & (c_q < n_q)
             c_lse = c_heads * stride_lh + q_start + c_q
-            if HAS_SINK:
-                c_sink = tl.load(SINKS + c_heads)
-            else:
-                c_sink = 0.0
             merged, merged_lse = fold_splits(O_PART + (q_start + c_q) * stride_pm + c_heads * stride_ph,
-                                             LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, c_sink,
+                                             LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, sink,
                                              MERGE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK, HAS_SINK)
             c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
             tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, cast(merged, O.dtype.element_ty, EMULATE_BF16),

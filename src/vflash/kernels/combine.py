@@ -74,12 +74,17 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     # of them rescales by exactly 1, so a sequence's result does not depend on how many empty splits
     # the grid has beyond its own (batch invariance). The loads bypass L1 (.cg): other programs wrote
     # the partials during this kernel. HAS_SINK: sink [ROWS] (natural log; -inf: none) enters the merged
-    # row's denominator once, as a last part of output 0 (the partials carry none).
+    # row's denominator once, as a first part of output 0 (the partials carry none): no step after the
+    # loop, and a row with no key keeps m = sink, total 1, so its LSE is the sink exactly.
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
-    m_run = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([ROWS], dtype=tl.float32)
+    if HAS_SINK:  # the sink as a first part: weight e^sink, output 0 (-inf: no sink, weight 0)
+        m_run = sink + tl.zeros([ROWS], dtype=tl.float32)
+        total = tl.where(m_run == float("-inf"), 0.0, 1.0)
+    else:
+        m_run = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         split = (s0 + offs_s).to(tl.int64)  # [SPLIT_CHUNK]
@@ -96,13 +101,6 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
         # a split that saw no key has weight 0 and a zero partial (every split of the tile writes its
         # own, an empty one zeros; splits past num_splits load zeros): it adds an exact zero, no select
         acc = acc * scale[:, None] + tl.sum(part * w[:, :, None], 1)
-        m_run = m_new
-    if HAS_SINK:
-        m_new = tl.maximum(m_run, sink)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp(m_run - m_ref)
-        total = total * scale + tl.exp(sink - m_ref)
-        acc = acc * scale[:, None]
         m_run = m_new
     empty = m_run == float("-inf")
     out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]

@@ -23,7 +23,7 @@ from vflash.ops.tma import tma_ready
 # A backward plan's inputs, in the order vflash.library's backward ops pass them (dlse may be None;
 # varlen adds cu_seqlens_q and cu_seqlens_k; then the sinks, None without)
 PLAN_INPUTS = ("do", "dlse", "q", "k", "v", "out", "lse")
-SINK_ROWS = 1024  # sink_grad_kernel's rows a step
+SINK_PARTS = 1024  # sink_grad_kernel's parts a step
 
 
 def attention_backward(
@@ -46,10 +46,12 @@ def attention_backward(
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     if q.numel() == 0 or k.numel() == 0:  # no key: out is 0, so delta is -dlse
-        delta = torch.zeros(lse.shape, dtype=torch.float32, device=q.device) if dlse is None else -dlse.float()
-        dsinks, sink_launch = _sink_grad_launch(score.sinks, lse.float().contiguous(), delta, varlen is not None)
-        if sink_launch is not None:
-            launches.run(sink_launch, q.device)
+        # out is 0, so delta = -dlse, and a row's LSE is the sink: its share of the softmax e^0 = 1 (0 where the
+        # sink is -inf: none), so dsink_h = the sum of the head's dlse
+        dsinks = lse.new_empty((0,), dtype=torch.float32)
+        if score.sinks is not None:
+            dsinks = torch.zeros(score.sinks.shape, dtype=torch.float32, device=q.device) if dlse is None else \
+                torch.where(lse == float("-inf"), 0.0, dlse.float()).sum((0, 2) if varlen is None else (1,))
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
     if varlen is None:
         B, Hq, Nq, D = q.shape
@@ -82,11 +84,21 @@ def attention_backward(
     scalars = ((band.off, band.left, band.right), (qk_scale, score.scale, softcap_in, softcap_out))
     names = ("q", "k", "v", "do", "lse", "delta")
     cu_names = () if varlen is None else ("cu_seqlens_q", "cu_seqlens_k")  # right after the outputs
+    # with sinks: each delta program's part of its head's sink gradient, [Hq, batches * programs], then
+    # sink_grad_kernel's sum of a head's parts in order
+    sinks = score.sinks
+    parts = torch.empty((Hq, batches * delta_grid[0]) if sinks is not None else (0,), dtype=torch.float32,
+                        device=q.device)
     delta_launch = KernelLaunch(
-        attention_bwd_delta_kernel, delta_grid, (out, do, dlse, delta, strides[4], strides[3], Hq, Nq),
-        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None),
+        attention_bwd_delta_kernel, delta_grid,
+        (out, do, dlse, delta, lse if sinks is not None else None, sinks, parts if sinks is not None else None,
+         strides[4], strides[3], Hq, Nq),
+        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None,
+             HAS_SINK=sinks is not None),
         dict(num_warps=4), (Slot("O", "out"), Slot("DO", "do"), *([] if dlse is None else [Slot("DLSE", "dlse")]),
-                            Slot("DELTA", "delta")))
+                            Slot("DELTA", "delta"),
+                            *([] if sinks is None else [Slot("LSE", "lse"), Slot("SINKS", "sinks"),
+                                                        Slot("SINK_PART", "sink_part")])))
     if kernel == "sm90":
         do = do if tma_ready(do) else do.contiguous()
         packed = None if varlen is None else (*cu, rows_q, rows_k, top_left)
@@ -108,31 +120,26 @@ def attention_backward(
             dict(common, BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n),
             dict(num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages),
             tuple(Slot(i, n) for i, n in enumerate(names + ("dq",) + cu_names)))
-    dsinks, sink_launch = _sink_grad_launch(score.sinks, lse, delta, varlen is not None)
+    dsinks, sink_launch = _sink_grad_launch(sinks, parts)
     run = [(launch, launches.run(launch, q.device))
            for launch in (delta_launch, *dkdv, dq_launch) + ((sink_launch,) if sink_launch else ())]
     if plan_key is not None and all(a is b for a, b in zip(given, (do, lse, dlse))):
         allocs = (Alloc("dq", tuple(q.shape), q.dtype), Alloc("dk", tuple(k.shape), k.dtype),
                   Alloc("dv", tuple(v.shape), v.dtype), Alloc("delta", tuple(lse.shape), torch.float32),
+                  Alloc("sink_part", tuple(parts.shape), torch.float32),
                   Alloc("dsinks", tuple(dsinks.shape), torch.float32))
         launches.record_sequence(plan_key, run, PLAN_INPUTS + cu_names + ("sinks",), allocs,
                                  ("dq", "dk", "dv", "dsinks"), q.device.index)
     return dq, dk, dv, dsinks
 
 
-def _sink_grad_launch(sinks: Optional[torch.Tensor], lse: torch.Tensor, delta: torch.Tensor, packed: bool):
-    """(dsinks, its launch of sink_grad_kernel or None): fp32 [Hq] from the LSE (fp32, contiguous: dense
-    [B, Hq, N], packed [Hq, total]) and delta of lse's layout; an empty tensor and no launch without sinks."""
+def _sink_grad_launch(sinks: Optional[torch.Tensor], parts: torch.Tensor):
+    """(dsinks, its launch of sink_grad_kernel or None): fp32 [Hq], minus the sum of each head's parts (fp32
+    [Hq, n], attention_bwd_delta_kernel's); an empty tensor and no launch without sinks."""
     if sinks is None:
-        return lse.new_empty((0,)), None
-    dsinks = torch.empty(sinks.shape, dtype=torch.float32, device=lse.device)
-    if packed:
-        n_batch, n_rows, stride_b, stride_h = 1, lse.shape[1], 0, lse.shape[1]
-    else:
-        n_batch, n_rows, stride_b, stride_h = lse.shape[0], lse.shape[2], lse.shape[1] * lse.shape[2], lse.shape[2]
-    launch = KernelLaunch(sink_grad_kernel, (sinks.shape[0], 1, 1),
-                          (sinks, lse, delta, dsinks, n_batch, n_rows, stride_b, stride_h),
-                          dict(BLOCK=SINK_ROWS), dict(num_warps=4),
-                          (Slot("SINKS", "sinks"), Slot("LSE", "lse"), Slot("DELTA", "delta"),
-                           Slot("DSINKS", "dsinks")))
+        return parts.new_empty((0,)), None
+    dsinks = torch.empty(sinks.shape, dtype=torch.float32, device=parts.device)
+    launch = KernelLaunch(sink_grad_kernel, (sinks.shape[0], 1, 1), (parts, dsinks, parts.shape[1]),
+                          dict(BLOCK=SINK_PARTS), dict(num_warps=4),
+                          (Slot("SINK_PART", "sink_part"), Slot("DSINKS", "dsinks")))
     return dsinks, launch
