@@ -365,6 +365,8 @@ KVOPS = "benchmarks/results/2026-12-04-h200-s36"
 BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv", "bwd_fp16.csv")),
             ("benchmarks/results/2026-12-04-h200-s33-backward", ("bwd_d256.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
+# The run of the gpt-oss-shaped model (attention sinks) in transformers against eager (issue 53).
+GPT_OSS = "benchmarks/results/2026-12-06-h100-s44-sinks"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -583,6 +585,9 @@ def run_report(folder):
     out += serving
     backward, backward_csvs = backward_text(folder, base)
     hf, hf_csvs = transformers_text(folder, base)
+    oss, oss_csvs = gpt_oss_text(folder, base)
+    hf += oss
+    hf_csvs += oss_csvs
     ring, ring_csvs = ring_text(folder, base)
     scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
@@ -600,7 +605,7 @@ def run_report(folder):
 
 
 def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
-          scaling=RING_SCALING):
+          scaling=RING_SCALING, gpt_oss=GPT_OSS):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -643,6 +648,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += backward_gaps(backward, base)
     out += kvops_text(kvops, base)[0] if kvops else []
     out += transformers_text(hf, base)[0] if hf else []
+    out += gpt_oss_text(gpt_oss, base)[0] if gpt_oss else []
     out += ring_text(ring, base)[0] if ring else []
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
@@ -939,6 +945,43 @@ def transformers_text(folder, base=""):
                          f"tokens (random bf16 weights leave near-ties between top logits; the first differing "
                          f"position of each row, 0 where identical: {r0['first_divergence']}).") + "\n")
     return out, [os.path.basename(p) for p in csvs]
+
+
+def gpt_oss_text(folder, base=""):
+    """A run's hf_gpt_oss.csv (benchmarks/experiments/hf_gpt_oss.py): a gpt-oss-shaped model (attention sinks)
+    in transformers with vflash against eager in the same run; returns (lines, CSV names)."""
+    path = os.path.join(folder, "hf_gpt_oss.csv")
+    if not os.path.exists(path):
+        return [], []
+    rows = _read(path)
+    by = defaultdict(dict)
+    for r in rows:
+        by[r["what"]][r["impl"]] = r
+    r0 = rows[0]
+    out = [f"## gpt-oss in Hugging Face transformers, attention sinks (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/hf_gpt_oss.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): gpt-oss-20b's shape ({r0['layers']} layers, "
+                 f"{int(r0['params']) / 1e9:.2f}B parameters with the MoE; 64 query heads, 8 KV heads, D 64, a "
+                 "window of 128 on alternate layers, a learnable sink a head) with random weights, bf16, "
+                 "`attn_implementation` vflash (sinks as `s_aux`) and `\"eager\"` alternated in one run, medians of "
+                 "three rounds (transformers refuses `\"sdpa\"` for gpt-oss: SDPA has no sinks). Decode is "
+                 "`generate` less the prefill of its prompts.") + "\n",
+           "| measurement | eager ms | vflash ms | eager tokens/s | vflash tokens/s | vflash / eager |",
+           "|---|---|---|---|---|---|"]
+    for what, m in by.items():
+        ref, vf = m.get("eager"), next((v for k, v in m.items() if k != "eager"), None)
+        if ref and vf:
+            out.append(f"| {what} | {float(ref['ms']):.1f} | {float(vf['ms']):.1f} | {float(ref['tokens_per_s']):.0f} | "
+                       f"{float(vf['tokens_per_s']):.0f} | {float(ref['ms']) / float(vf['ms']):.2f}x |")
+    out.append("")
+    more = ""
+    if r0.get("attention_max_diff"):  # the runs with the per-layer comparison
+        more = (f", mean {float(r0['logits_mean_diff']):.4f}, the same top-1 token on "
+                f"{float(r0['same_top1']):.2%} of them; each layer's attention output against eager's (layer 0 on "
+                f"identical inputs), largest difference: {r0['attention_max_diff']}")
+    out.append(_wrap(f"Prefill logits: largest difference from eager on real tokens {float(r0['logits_max_diff']):.2f}"
+                     f"{more} (bf16, random weights; the run's NOTE.md says what it does and does not tell).") + "\n")
+    return out, ["hf_gpt_oss.csv"]
 
 
 def ring_text(folder, base=""):

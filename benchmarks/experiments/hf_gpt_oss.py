@@ -73,15 +73,17 @@ def main() -> int:
             generate()
         for h in hooks:
             h.remove()
+        layer_diffs = []
         for i in range(args.layers):
             ref, got = attn_out[("eager", i)], attn_out[(name, i)]
-            print(f"layer {i} attention output: max |vflash - eager| {(ref - got).abs().max().item():.4f}, "
+            layer_diffs.append((ref - got).abs().max().item())
+            print(f"layer {i} attention output: max |vflash - eager| {layer_diffs[-1]:.4f}, "
                   f"mean {(ref - got).abs().mean().item():.5f} (max |out| {ref.abs().max().item():.3f})", flush=True)
         attn_out.clear()
         err = (logits["eager"] - logits[name]).abs()
-        diff = err.max().item()
+        diff, mean_diff = err.max().item(), err.mean().item()
         same_top1 = (logits["eager"].argmax(-1) == logits[name].argmax(-1)).float().mean().item()
-        print(f"prefill logits max |vflash - eager| {diff:.4f}, mean {err.mean().item():.5f} (max |logit| "
+        print(f"prefill logits max |vflash - eager| {diff:.4f}, mean {mean_diff:.5f} (max |logit| "
               f"{logits['eager'].abs().max().item():.2f}); same top-1 token on {same_top1:.2%} of "
               f"{err.shape[0]} tokens", flush=True)
         del logits, err
@@ -115,7 +117,8 @@ def main() -> int:
                  prompts.shape[0] * new_tokens),
                 ("forward + backward 2 x 1024", med[("train_step", impl)], train_ids.numel())):
             rows.append(dict(what=what, impl=impl, ms=seconds * 1e3, tokens_per_s=tokens / seconds, params=params,
-                             layers=args.layers, logits_max_diff=diff))
+                             layers=args.layers, logits_max_diff=diff, logits_mean_diff=mean_diff,
+                             same_top1=same_top1, attention_max_diff=" ".join(f"{d:.4f}" for d in layer_diffs)))
             print(f"{what:28s} {impl:12s} {seconds * 1e3:9.2f} ms {tokens / seconds:10.0f} tokens/s", flush=True)
     write_rows(args.out, rows)
     return 0
