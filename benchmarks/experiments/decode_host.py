@@ -36,14 +36,16 @@ def main() -> int:
     for row in args.rows:
         b, kv = (int(x) for x in row.split(":"))
         q, kc, vc, table, seqlens = decode_inputs(b, kv, args.page, DECODE_HEADS, dev, dtype)
-        # causal, window, scale, softcap, num_splits, batch_invariant, return_lse, check_metadata, out: the API's
-        opts = (True, None, None, None, None, False, False, False, None)
+        # the key of the call below: its arguments by vflash.call.ATTENTION_KVCACHE's names (None where unset)
+        given = dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=seqlens, block_table=table, causal=True,
+                     batch_invariant=False, return_lse=False, check_metadata=False)
+        key_args = tuple(given.get(name) for name in lab.ATTENTION_KVCACHE.names)
 
         def call():
             return vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
 
         def key():
-            return lab.kvcache_plan_key(q, kc, vc, seqlens, table, None, None, *opts)
+            return lab.kvcache_plan_key(*key_args)
 
         out = torch.empty_like(q)
 
@@ -63,12 +65,12 @@ def main() -> int:
         scratch = fetch()
         pieces = [("call", call), ("call_out", call_out), ("key", key),
                   ("key_lookup", lambda: lab.lookup_plan(key())),
-                  ("plan", lambda: plan(q, kc, vc, seqlens, table, None, None, *opts)),
+                  ("plan", lambda: plan(*key_args)),
                   ("allocs", lambda: [q.new_empty(a.shape, dtype=a.dtype) for a in plan.allocs]),
                   ("new_empty_q", lambda: q.new_empty(q.shape, dtype=q.dtype)),  # out as plans allocated it
                   ("empty_like_q", lambda: torch.empty_like(q)),  # as they do now where out is q's like
                   ("scratch", fetch),
-                  ("launches", lambda: plan.launch(q, kc, vc, seqlens, table, None, None, *opts, *made, *scratch))]
+                  ("launches", lambda: plan.launch(*key_args, *made, *scratch))]
         rec = dict(B=b, KV=kv, page=args.page, allocs=len(plan.allocs),
                    splits=scratch[0].shape[0] if scratch else 1)
         for name, fn in pieces:

@@ -46,9 +46,10 @@ def main() -> int:
             row("  ... Triton's runner instead of the direct launch", per_call_us(lambda: vflash.attention(q, q, q)))
         lab.clear_plans()
         vflash.attention(q, q, q)
-        key = lab.plan_key(q, q, q, False, None, None, None, False)  # vflash.call.ATTENTION's order
+        key_args = tuple(dict(q=q, k=q, v=q, causal=False, return_lse=False).get(n) for n in lab.ATTENTION.names)
+        key = lab.plan_key(*key_args)  # vflash.call.ATTENTION's arguments, None where unset
         out = torch.empty_like(q)
-        row("  plan_key", per_call_us(lambda: lab.plan_key(q, q, q, False, None, None, None, False)))
+        row("  plan_key", per_call_us(lambda: lab.plan_key(*key_args)))
         row("  lookup", per_call_us(lambda: lab.lookup_plan(key)))
         row("  q.new_empty(out shape)", per_call_us(lambda: q.new_empty(plan.allocs[0].shape)))
         args = (q, q, q, False, None, None, None, False)  # the plan's inputs: the API's arguments in order

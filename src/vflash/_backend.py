@@ -44,8 +44,12 @@ _forms = {}  # id(JITFunction) -> its interpreted form (JITFunctions hash by the
 
 
 def emulates_bf16(t: torch.Tensor) -> bool:
-    """Whether the kernels on `t` do bf16 by hand (their EMULATE_BF16, kernels/tile.py): bf16 under
-    Triton's interpreter, whose numpy has no bf16 (wrong products, truncating conversions)."""
+    """Whether the kernels on `t` do bf16 or FP8 by hand (their EMULATE_BF16, kernels/tile.py): bf16 under
+    Triton's interpreter, whose numpy has no bf16 (wrong products, truncating conversions); FP8 (e4m3) there
+    too (its fp32 -> e4m3 conversion is wrong) and on GPUs without FP8 products (before sm_89)."""
+    if t.dtype == torch.float8_e4m3fn:
+        props = None if interpreted(t.device) else device_properties(t.device.index)
+        return props is None or (props.major, props.minor) < (8, 9)
     return t.dtype == torch.bfloat16 and interpreted(t.device)
 
 

@@ -20,6 +20,7 @@ from vflash.call import ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN, Band, Ca
 from vflash.ops import plans
 
 SUPPORTED_DTYPES = dispatch.DTYPES  # the input dtypes some kernel family takes (vflash.dispatch.REGISTRY)
+FP8_DTYPES = (torch.float8_e4m3fn,)  # FP8 inputs (forward only, attention and attention_varlen)
 _DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -73,7 +74,9 @@ def _check_tensor(name: str, t, ndim: int, layout: str, hint: str = "") -> None:
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}{hint}")
     if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: {_DTYPE_NAMES}")
+        fp8 = ("; FP8 inputs are e4m3 (torch.float8_e4m3fn, FlashAttention-3's), with descales"
+               if t.dtype.is_floating_point and t.dtype.itemsize == 1 else "")
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {_DTYPE_NAMES}{fp8}")
     if t.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
 
@@ -82,7 +85,9 @@ def _check_tensors(q, k, v, ndim: int, layout: str, kv_layout: str, hint: str) -
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, ndim, layout, hint)
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
+        fp8 = (" (FP8: all three float8_e4m3fn, each with its descale)"
+               if any(t.dtype in FP8_DTYPES for t in (q, k, v)) else "")
+        raise TypeError(f"q, k and v must share one dtype{fp8}, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
                         f"cast them with .to(dtype)")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
@@ -211,6 +216,7 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError("out_a must be [..., head_dim], got a 0-d tensor")
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have one shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
+    check_no_fp8("merge_states", out_a=out_a, out_b=out_b)
     if out_a.dtype not in SUPPORTED_DTYPES or out_a.dtype != out_b.dtype:
         raise TypeError(f"out_a and out_b must share one of {_DTYPE_NAMES}, got out_a {out_a.dtype}, "
                         f"out_b {out_b.dtype}")
@@ -235,6 +241,7 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. The values are
     checked next to the launch (vflash.ops.metadata.check_cache)."""
     packed = cu_seqlens_q is not None
+    check_no_fp8("attention_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
     _check_tensor("q", q, 3 if packed else 4, "[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed
                   else "[batch, seq_len, heads, head_dim]")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -438,6 +445,7 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if k_new.dim() != 3 or k_new.shape != v_new.shape:
         raise ValueError(f"k_new and v_new must both be [tokens, Hkv, D], got {tuple(k_new.shape)} and "
                          f"{tuple(v_new.shape)}")
+    check_no_fp8("write_kvcache", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
     num_blocks, block_size, H, D = k_cache.shape
     if k_new.shape[1:] != (H, D):
         raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
@@ -635,22 +643,80 @@ def _values_readable(t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def check_score(scale, softcap, sinks, q: torch.Tensor, heads_q: int) -> Score:
+def check_no_fp8(entry: str, **tensors) -> None:
+    """A TypeError for FP8 tensors where `entry` takes none yet."""
+    fp8 = [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES]
+    if fp8:
+        raise TypeError(f"{entry} takes no FP8 (float8_e4m3fn) tensors yet, got {', '.join(fp8)} in FP8; FP8 "
+                        "inputs run through vflash.attention and vflash.attention_varlen")
+
+
+def check_descales(descales, q: torch.Tensor, batch: int, heads_kv: int):
+    """FP8 inputs' (q_descale, k_descale, v_descale): each None, or float32 0-d or [B, Hkv] on q's device;
+    with other inputs all None. The values (positive and finite: the kernels fold q's and k's into the score's
+    scale, which must stay positive) are read on CPU tensors only, where it costs nothing next to the
+    interpreted kernel; on a GPU, a device sync a call would be."""
+    names = ("q_descale", "k_descale", "v_descale")
+    if q.dtype not in FP8_DTYPES:
+        given = [n for n, d in zip(names, descales) if d is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to FP8 (float8_e4m3fn) inputs; q is {q.dtype}")
+        return descales
+    for name, d in zip(names, descales):
+        if d is None:
+            continue
+        if not isinstance(d, torch.Tensor):
+            raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d or [B, Hkv], got "
+                            f"{_describe(d)}{_as_tensor_hint(d)}")
+        if d.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {d.dtype}; pass {name}.float()")
+        if tuple(d.shape) not in ((), (batch, heads_kv)):
+            raise ValueError(f"{name} must be 0-d (one per tensor) or [B, Hkv] = [{batch}, {heads_kv}] (one per "
+                             f"sequence and KV head), got shape {list(d.shape)}")
+        if d.device != q.device:
+            raise ValueError(f"{name} is on {d.device}, q on {q.device}; pass them on one device")
+        if interpreted(q.device) and _values_readable(d) and not bool(((d > 0) & torch.isfinite(d)).all()):
+            raise ValueError(f"{name} must be positive and finite (a real value is stored * descale), got "
+                             f"{d.flatten()[:8].tolist()}")
+    return descales
+
+
+def check_out_dtype(out_dtype, q: torch.Tensor) -> Optional[torch.dtype]:
+    """The output dtype: FP8 inputs' bfloat16 (None) or float16; other inputs' own (None or the same)."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"out_dtype must be None or a torch.dtype, got {_describe(out_dtype)}")
+    if q.dtype in FP8_DTYPES:
+        if out_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"out_dtype for FP8 inputs must be torch.bfloat16 (the default) or torch.float16, "
+                             f"got {out_dtype}")
+        return out_dtype or torch.bfloat16
+    if out_dtype not in (None, q.dtype):
+        raise ValueError(f"out_dtype applies to FP8 inputs; the output of {q.dtype} inputs is {q.dtype} (got "
+                         f"{out_dtype}): cast it after the call")
+    return None
+
+
+def check_score(scale, softcap, sinks, q: torch.Tensor, heads_q: int, descales=(None, None, None), batch: int = 0,
+                heads_kv: int = 0) -> Score:
     """The score options every attention entry point shares, checked (vflash.call.Score)."""
-    return Score(check_scale(scale, q.shape[-1]), check_softcap(softcap), check_sinks(sinks, heads_q, q))
+    return Score(check_scale(scale, q.shape[-1]), check_softcap(softcap), check_sinks(sinks, heads_q, q),
+                 *check_descales(descales, q, batch, heads_kv))
 
 
-def attention_call(q, k, v, causal, window, scale, softcap, sinks, return_lse) -> Call:
+def attention_call(q, k, v, causal, window, scale, softcap, sinks, q_descale, k_descale, v_descale, out_dtype,
+                   return_lse) -> Call:
     """vflash.attention's arguments (vflash.call.ATTENTION's order) as a Call: q [B, Hq, Nq, D],
     k / v [B, Hkv, Nk, D], the band folded from the lengths."""
     check_qkv(q, k, v)
     band = mask_band(q.shape[2], k.shape[2], resolve_causal(causal), check_window(window))
-    return Call(q, k, v, None, band, check_score(scale, softcap, sinks, q, q.shape[1]),
-                check_flag("return_lse", return_lse))
+    score = check_score(scale, softcap, sinks, q, q.shape[1], (q_descale, k_descale, v_descale), q.shape[0],
+                        k.shape[1])
+    return Call(q, k, v, None, band, score, check_flag("return_lse", return_lse),
+                out_dtype=check_out_dtype(out_dtype, q))
 
 
 def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
-                sinks, return_lse, check_metadata) -> Call:
+                sinks, q_descale, k_descale, v_descale, out_dtype, return_lse, check_metadata) -> Call:
     """vflash.attention_varlen's arguments (vflash.call.ATTENTION_VARLEN's order) as a Call of layout
     Packed (check_metadata forced on under the interpreter: check_metadata_on)."""
     check_metadata = check_metadata_on(check_flag("check_metadata", check_metadata), q)
@@ -658,12 +724,15 @@ def varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     causal_mode = resolve_causal(causal)
     layout = Packed(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal_mode == "top_left",
                     check_metadata)
-    return Call(q, k, v, layout, sequence_band(causal_mode, check_window(window)),
-                check_score(scale, softcap, sinks, q, q.shape[1]), check_flag("return_lse", return_lse))
+    score = check_score(scale, softcap, sinks, q, q.shape[1], (q_descale, k_descale, v_descale),
+                        cu_seqlens_q.numel() - 1, k.shape[1])
+    return Call(q, k, v, layout, sequence_band(causal_mode, check_window(window)), score,
+                check_flag("return_lse", return_lse), out_dtype=check_out_dtype(out_dtype, q))
 
 
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale,
-                 softcap, sinks, num_splits, batch_invariant, return_lse, check_metadata, out) -> Call:
+                 softcap, sinks, q_descale, k_descale, v_descale, num_splits, batch_invariant, return_lse,
+                 check_metadata, out) -> Call:
     """vflash.attention_with_kvcache's arguments (vflash.call.ATTENTION_KVCACHE's order) as a Call of
     layout Cache: dense q [B, Nq, Hq, D] (and out) as rows [B * Nq, Hq, D], views where the strides
     merge (else q a copy; out must merge)."""

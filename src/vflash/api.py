@@ -19,6 +19,10 @@ def attention(
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     sinks: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact softmax attention, fused in one Triton kernel.
@@ -50,12 +54,19 @@ def attention(
             capped: out_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij}).
             A -inf entry is no sink for that head; NaN or +inf is refused. Its
             gradient flows when it requires grad (an nn.Parameter).
+        q_descale, k_descale, v_descale: FP8 inputs' float32 descales
+            (FlashAttention-3's names and convention): a real value is stored *
+            descale. Each is a 0-d tensor (per tensor) or [B, Hkv] (per sequence and
+            KV head; q's applies to the query heads of that KV head); None means 1.
+            Positive and finite (checked on CPU tensors only). Only with FP8 inputs.
+        out_dtype: the output's dtype: None for the inputs' (bfloat16 for FP8
+            inputs), or with FP8 inputs torch.float16 / torch.bfloat16.
         return_lse: also return the natural-log log-sum-exp of the scaled (and
             capped) scores, [B, Hq, Nq] fp32, for merging partial results; with
             sinks, log(e^{sink_h} + sum_j e^{s_ij}).
 
     Returns:
-        out [B, Hq, Nq, D] in the inputs' dtype, contiguous; or (out, lse).
+        out [B, Hq, Nq, D] in the inputs' dtype (out_dtype), contiguous; or (out, lse).
         A query row that sees no key (fully masked, or Nk = 0) gets out = 0 and
         lse = -inf (with sinks: lse = sink_h).
 
@@ -64,7 +75,9 @@ def attention(
     output is 0 and whose LSE is the sink (docs/features.md, "Attention sinks").
 
     dtypes: float16, bfloat16, float32 (fp32 products); under torch.autocast, fp32
-    inputs run in the autocast dtype. Head dims 8..256, any multiple of 8. CPU
+    inputs run in the autocast dtype. float8_e4m3fn (FP8, all three, forward only:
+    no autograd, not under torch.compile): q.k in FP8 with fp32 sums, P rounded to
+    e4m3 after its row max is scaled to 256, P.V in FP8 with fp32 sums (docs/features.md). Head dims 8..256, any multiple of 8. CPU
     tensors run the same kernel through Triton's interpreter (slow; see README).
     Which kernel and tiles run: vflash.dispatch.
 
@@ -76,7 +89,8 @@ def attention(
     """
     q, k, v = _autocast(q, k, v)
     autograd = _through_library(q, k, v, sinks)
-    out, lse = pipeline.attention(ATTENTION, (q, k, v, causal, window, scale, softcap, sinks, return_lse), autograd)
+    out, lse = pipeline.attention(ATTENTION, (q, k, v, causal, window, scale, softcap, sinks, q_descale, k_descale,
+                                              v_descale, out_dtype, return_lse), autograd)
     return (out, lse) if return_lse else out
 
 
@@ -109,6 +123,10 @@ def attention_varlen(
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     sinks: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
     return_lse: bool = False,
     check_metadata: bool = True,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -126,6 +144,8 @@ def attention_varlen(
         causal, scale, window, softcap, sinks: as in `vflash.attention`, with the
             band rule applied to each sequence's own lengths (bottom-right alignment
             puts a sequence's last query on its last key).
+        q_descale, k_descale, v_descale, out_dtype: FP8 inputs, as in
+            `vflash.attention`; a [B, Hkv] descale's B is the sequence count.
         return_lse: also return the natural-log LSE, [Hq, total_q] fp32.
         check_metadata: check cu_seqlens' values against the packed lengths and
             max_seqlen before launching (one small kernel and one host sync for CUDA
@@ -135,7 +155,7 @@ def attention_varlen(
             (as True): it costs nothing next to the interpreted kernel.
 
     Returns:
-        out [total_q, Hq, D] in the inputs' dtype; or (out, lse). Rows that see
+        out [total_q, Hq, D] in the inputs' dtype (out_dtype); or (out, lse). Rows that see
         no key (a sequence with no keys, say) get 0 and lse = -inf.
 
     On sm_90 the sm90 kernel takes it where the longest sequence is long enough
@@ -145,7 +165,7 @@ def attention_varlen(
     """
     q, k, v = _autocast(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
-            sinks, return_lse, check_metadata)
+            sinks, q_descale, k_descale, v_descale, out_dtype, return_lse, check_metadata)
     autograd = _through_library(q, k, v, sinks)
     out, lse = pipeline.attention(ATTENTION_VARLEN, args, autograd)
     return (out, lse) if return_lse else out
@@ -275,7 +295,7 @@ def attention_with_kvcache(
     # cache_seqlens' values are not part of a plan's key: a generation loop's growing lengths keep one plan
     result, lse = pipeline.attention(ATTENTION_KVCACHE, (
         q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale, softcap,
-        sinks, num_splits, batch_invariant, return_lse, check_metadata, out))
+        sinks, None, None, None, num_splits, batch_invariant, return_lse, check_metadata, out))
     return _kvcache_result(result if out is None else out, lse, q.shape, cu_seqlens_q is None, return_lse)
 
 

@@ -48,6 +48,12 @@ class Score(NamedTuple):
     # fp32 [Hq]: one more logit per query head in every row's softmax denominator (an attention sink,
     # gpt-oss's), never softcapped, with no value row; None: off
     sinks: Optional[torch.Tensor] = None
+    # fp32 descales of FP8 (e4m3) inputs, each 0-d (the tensor's) or [B, Hkv] (a sequence's KV head's; q's
+    # for the query heads of a KV head, FlashAttention-3's convention): a real value is stored * descale;
+    # None: 1. q's and k's multiply the scores before the scale (and the softcap), v's the output.
+    q_descale: Optional[torch.Tensor] = None
+    k_descale: Optional[torch.Tensor] = None
+    v_descale: Optional[torch.Tensor] = None
 
 
 class Packed(NamedTuple):
@@ -90,6 +96,12 @@ class Call(NamedTuple):
     score: Score
     return_lse: bool
     out: Optional[torch.Tensor] = None  # where to write the output (else allocated)
+    out_dtype: Optional[torch.dtype] = None  # the output's dtype; None: q's (FP8 inputs: set by validation)
+
+    @property
+    def dtype_out(self) -> torch.dtype:
+        """The output's dtype."""
+        return self.out_dtype or self.q.dtype
 
     @property
     def dense(self) -> bool:
@@ -163,11 +175,12 @@ _SCORE_OPTIONS = tuple((name, "tensor" if Score.__annotations__[name] == Optiona
                        for name in Score._fields)
 
 ATTENTION = Spec("attention", (("q", "tensor"), ("k", "tensor"), ("v", "tensor"), ("causal", "option"),
-                               ("window", "pair"), *_SCORE_OPTIONS, ("return_lse", "option")))
+                               ("window", "pair"), *_SCORE_OPTIONS, ("out_dtype", "option"),
+                               ("return_lse", "option")))
 ATTENTION_VARLEN = Spec("attention_varlen", (
     ("q", "tensor"), ("k", "tensor"), ("v", "tensor"), ("cu_seqlens_q", "tensor"), ("cu_seqlens_k", "tensor"),
     ("max_seqlen_q", "option"), ("max_seqlen_k", "option"), ("causal", "option"), ("window", "pair"),
-    *_SCORE_OPTIONS, ("return_lse", "option"), ("check_metadata", "flag")))
+    *_SCORE_OPTIONS, ("out_dtype", "option"), ("return_lse", "option"), ("check_metadata", "flag")))
 ATTENTION_KVCACHE = Spec("attention_with_kvcache", (
     ("q", "tensor"), ("k_cache", "tensor"), ("v_cache", "tensor"), ("cache_seqlens", "tensor"),
     ("block_table", "tensor"), ("cu_seqlens_q", "tensor"), ("max_seqlen_q", "option"), ("causal", "option"),

@@ -416,7 +416,9 @@ def ring_attention(
         (out, lse). Differentiable: the backward passes dK / dV around the ring.
     """
     rank, world = _group(group)
-    call = _validate.attention_call(q, k, v, causal, window, scale, softcap, sinks, return_lse)  # a shard's band
+    _validate.check_no_fp8("ring_attention", q=q, k=k, v=v)
+    call = _validate.attention_call(q, k, v, causal, window, scale, softcap, sinks, None, None, None, None,
+                                    return_lse)  # a shard's band
     ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], _validate.resolve_causal(causal),
                        *_validate.check_window(window))
     out, lse = _RingAttention.apply(q, k, v, call.score.sinks, ring, group, call.score._replace(sinks=None),
@@ -454,8 +456,9 @@ def ring_attention_varlen(
         out [total_local, Hq, D], or (out, lse [Hq, total_local] fp32).
     """
     rank, world = _group(group)
+    _validate.check_no_fp8("ring_attention_varlen", q=q, k=k, v=v)
     call = _validate.varlen_call(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, None, scale,
-                                 softcap, sinks, return_lse, True)
+                                 softcap, sinks, None, None, None, None, return_lse, True)
     check, _ = metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))
     check(cu_seqlens, cu_seqlens)
     causal_mode = _validate.resolve_causal(causal)

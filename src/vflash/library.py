@@ -205,6 +205,9 @@ def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:
     """An entry point's dense or packed call (its arguments in `spec`'s order), validated, through its
     custom op: (out, lse)."""
     call = _validate.call_of(spec, args)
+    if call.q.dtype in _validate.FP8_DTYPES:
+        raise TypeError("FP8 inputs run forward only, outside autograd and torch.compile: call vflash.attention "
+                        "on them under torch.no_grad() (inputs that do not require grad), outside the compiled region")
     layout = call.layout
     if layout is None:
         return attention_fwd(call.q, call.k, call.v, *call.band, *call.score)

@@ -326,11 +326,12 @@ def _takes_any(p: Problem) -> Optional[str]:
 
 
 _16_BIT = (torch.float16, torch.bfloat16)
-# The portable Triton kernels take every call (any device Triton runs on, the interpreter included); the sm_90
-# Gluon ones 16-bit inputs and where their refusals say. select() prefers sm90 where it can take a call and is
-# ahead there.
-REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32,), ("dense", "packed", "cache"),
-                               ("dense", "packed"), ("softcap", "sinks"), _takes_any, _takes_any),
+_DESCALES = ("q_descale", "k_descale", "v_descale")
+# The portable Triton kernels take every call (any device Triton runs on, the interpreter included; FP8 inputs
+# forward only, vflash._validate says so first); the sm_90 Gluon ones 16-bit inputs and where their refusals
+# say. select() prefers sm90 where it can take a call and is ahead there.
+REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32, torch.float8_e4m3fn), ("dense", "packed", "cache"),
+                               ("dense", "packed"), ("softcap", "sinks") + _DESCALES, _takes_any, _takes_any),
             "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap", "sinks"),
                            sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)

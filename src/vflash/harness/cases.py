@@ -7,9 +7,10 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 import vflash
-from vflash.harness.oracle import Verdict, compare
+from vflash.harness.oracle import Verdict, compare, compare_rms
 from vflash.reference import (attention_explicit, attention_varlen_reference, attention_with_kvcache_reference,
                               write_kvcache_reference)
+from vflash.reference.fp8 import attention_fp8_yardstick, dequantize, quantize
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -229,6 +230,106 @@ class VarlenCase:
         _, same_l = attention_varlen_reference(q, k, v, cq, ck, compute_dtype=torch.float32, **opts)
         return [compare("out", out.cpu(), ref_o.cpu(), same_o.cpu(), dt),
                 compare("lse", lse.cpu(), ref_l.cpu(), same_l.cpu(), torch.float32)]
+
+
+@dataclass(frozen=True)
+class Fp8Case:
+    """FP8 (e4m3) inputs with their descales through `vflash.attention`, or packed through
+    `vflash.attention_varlen` when `lens` gives each sequence's (n_q, n_k): the fp64 oracle on the dequantized
+    inputs, the explicit FP8 pipeline (vflash.reference.fp8) as the yardstick, max error and RMSE within twice
+    the yardstick's plus the output dtype's floor (oracle.compare_rms); the LSE against fp32 explicit attention
+    on the dequantized inputs."""
+    B: int = 1
+    Hq: int = 2
+    Hkv: int = 2
+    Nq: int = 64
+    Nk: int = 64
+    D: int = 64
+    causal: Union[bool, str] = False
+    window: Optional[Tuple[int, int]] = None
+    softcap: Optional[float] = None
+    sinks: bool = False
+    descale: str = "tensor"  # "tensor" (0-d), "head" ([B, Hkv]) or "none" (None: the values stored as they are)
+    out_dtype: str = "bf16"
+    lens: Optional[Tuple[Tuple[int, int], ...]] = None
+    tag: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        shape = (f"varlen[{','.join(f'{a}x{b}' for a, b in self.lens)}]" if self.lens else
+                 f"B{self.B} N{self.Nq}x{self.Nk}")
+        parts = ["fp8", shape, f"H{self.Hq}/{self.Hkv}", f"D{self.D}", f"causal={self.causal}"]
+        if self.window is not None:
+            parts.append(f"window={self.window[0]},{self.window[1]}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
+        parts += [f"descale={self.descale}", f"out={self.out_dtype}"]
+        return " ".join(parts + ([self.tag] if self.tag else []))
+
+    def _descale(self, x: torch.Tensor, group: int) -> Optional[torch.Tensor]:
+        # the descale that maps x's largest magnitude (of the tensor, or of each sequence's KV head) to 448
+        if self.descale == "none":
+            return None
+        if self.descale == "tensor":
+            return (x.abs().amax() / 448.0).clamp_min(2.0**-20).float()
+        b, h = x.shape[0], x.shape[1] // group
+        return (x.reshape(b, h, -1).abs().amax(-1) / 448.0).clamp_min(2.0**-20).float()  # an empty sequence: any
+
+    def run(self, device, attention=None) -> List[Verdict]:
+        seed = zlib.crc32(self.name.encode())
+        gen = torch.Generator().manual_seed(seed)
+        seqs = self.lens or ((self.Nq, self.Nk),) * self.B
+        group = self.Hq // self.Hkv
+        # real values of about unit size (x4 where the descale is none: the stored values are the real ones)
+        size = 1.0 if self.descale != "none" else 4.0
+        dense = [tuple(torch.randn(1, h, n, self.D, generator=gen) * size for h, n in
+                       ((self.Hq, nq), (self.Hkv, nk), (self.Hkv, nk))) for nq, nk in seqs]
+        if self.lens is None:
+            real = [torch.cat([s[i] for s in dense]) for i in range(3)]
+        else:  # one [B, H, n_max, D] batch only to size the per-sequence descales
+            real = [torch.cat([torch.nn.functional.pad(s[i], (0, 0, 0, max(x[i].shape[2] for x in dense)
+                                                              - s[i].shape[2])) for s in dense]) for i in range(3)]
+        descales = [self._descale(x, g) for x, g in zip(real, (group, 1, 1))]
+        sinks = make_sinks(self.sinks, self.Hq, seed, "cpu")
+        opts = dict(causal=self.causal, window=self.window, softcap=self.softcap)
+        out_dt = DTYPES[self.out_dtype]
+        stored, refs = [], []
+        for b, seq in enumerate(dense):  # each sequence's e4m3 tensors, oracle, yardstick and LSE yardstick
+            d_b = [None if d is None else (d if d.dim() == 0 else d[b:b + 1]) for d in descales]
+            q8, k8, v8 = (quantize(x, d, g) for x, d, g in zip(seq, d_b, (group, 1, 1)))
+            real_b = [dequantize(x, d, g) for x, d, g in zip((q8, k8, v8), d_b, (group, 1, 1))]
+            ref_o, ref_l = attention_explicit(*real_b, compute_dtype=torch.float64, sinks=sinks, **opts)
+            _, f32_l = attention_explicit(*real_b, compute_dtype=torch.float32, sinks=sinks, **opts)
+            yard = attention_fp8_yardstick(q8, k8, v8, *d_b, sinks=sinks, out_dtype=out_dt, **opts)
+            stored.append((q8, k8, v8))
+            refs.append((ref_o, ref_l, f32_l, yard))
+        dev = [None if d is None else d.to(device) for d in descales]
+        kwargs = dict(q_descale=dev[0], k_descale=dev[1], v_descale=dev[2], out_dtype=out_dt, return_lse=True,
+                      sinks=None if sinks is None else sinks.to(device), **opts)
+        with torch.no_grad():
+            if self.lens is None:
+                q8, k8, v8 = (torch.cat([s[i] for s in stored]).to(device) for i in range(3))
+                out, lse = (attention or vflash.attention)(q8, k8, v8, **kwargs)
+                out, lse = out.cpu(), lse.cpu()
+            else:  # packed [total, H, D]
+                q8, k8, v8 = (torch.cat([s[i][0].transpose(0, 1) for s in stored]).to(device) for i in range(3))
+                cu = [torch.tensor([0] + torch.tensor([s[j] for s in seqs]).cumsum(0).tolist(), dtype=torch.int32,
+                                   device=device) for j in (0, 1)]
+                out, lse = vflash.attention_varlen(q8, k8, v8, cu[0], cu[1], max(s[0] for s in seqs),
+                                                   max(s[1] for s in seqs), **kwargs)
+                # back to [B, H, n, D] pieces, sequence by sequence
+                starts = cu[0].tolist()
+                out = [out[a:z].transpose(0, 1)[None].cpu() for a, z in zip(starts, starts[1:])]
+                lse = [lse[:, a:z][None].cpu() for a, z in zip(starts, starts[1:])]
+        if out_dt != (out.dtype if self.lens is None else out[0].dtype):
+            return [Verdict("out", float("nan"), float("nan"), 0.0, False, f"out dtype is not {out_dt}")]
+        ref_o, ref_l, f32_l, yard = (torch.cat([r[i].reshape(-1) for r in refs]) for i in range(4))
+        got_o = out.reshape(-1) if self.lens is None else torch.cat([o.reshape(-1) for o in out])
+        got_l = lse.reshape(-1) if self.lens is None else torch.cat([x.reshape(-1) for x in lse])
+        return [compare_rms("out", got_o, ref_o, yard, out_dt),
+                compare("lse", got_l, ref_l, f32_l, torch.float32)]
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ floor is a quarter of the output dtype's ulp at 1.0, times the reference's
 magnitude when that exceeds 1: it only matters where PyTorch itself is exact
 (one visible key, say). Everything must be finite, and -inf LSE entries (rows
 that see no key) must sit exactly where the reference has them.
+
+FP8 inputs (`compare_rms`): the reference is fp64 attention on the dequantized
+inputs, the yardstick the explicit FP8 pipeline (vflash.reference.fp8), and the
+RMSE must also be within twice the yardstick's plus the floor.
 """
 
 from dataclasses import dataclass
@@ -48,3 +52,18 @@ def compare(what: str, got: torch.Tensor, ref: torch.Tensor, same_dtype: torch.T
     tol = factor * same_err + FLOORS[floor_dtype] * magnitude
     max_err = err.max().item()
     return Verdict(what, max_err, err.mean().item(), tol, max_err <= tol)
+
+
+def compare_rms(what: str, got: torch.Tensor, ref: torch.Tensor, yardstick: torch.Tensor,
+                floor_dtype: torch.dtype, factor: float = 2.0) -> Verdict:
+    """`compare`'s rule on the max error, and the same rule on the RMSE (the FP8 rule)."""
+    verdict = compare(what, got, ref, yardstick, floor_dtype, factor)
+    if not verdict.passed or not torch.isfinite(ref.double()).any():
+        return verdict
+    fin = torch.isfinite(ref.double())
+    ref_d = ref.double()[fin]
+    rms = (got.double()[fin] - ref_d).pow(2).mean().sqrt().item()
+    yard_rms = (yardstick.double()[fin] - ref_d).pow(2).mean().sqrt().item()
+    rms_tol = factor * yard_rms + FLOORS[floor_dtype] * max(1.0, ref_d.abs().max().item())
+    note = f"rmse {rms:.3e} tol {rms_tol:.3e}"
+    return Verdict(what, verdict.max_err, verdict.mean_err, verdict.tol, rms <= rms_tol, note)

@@ -21,7 +21,7 @@ from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import page_ids, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import cast, dot, load_at, load_rows, load_tile, scores
+from vflash.kernels.tile import P_E4M3_SCALE, cast, dot, load_at, load_rows, load_tile, scores, to_e4m3
 
 
 @triton.jit
@@ -37,7 +37,12 @@ def _online_update(
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, False)
     acc = acc * alpha[:, None]
-    p = cast(p, v.dtype, EMULATE_BF16)  # P is rounded to the input dtype for the PV product, as in FlashAttention
+    # P is rounded to the input dtype for the PV product, as in FlashAttention; e4m3 (FP8 V) after its
+    # scaling by P_E4M3_SCALE (row max 256: the normals' top binade), which the finish divides out
+    if v.dtype == tl.float8e4nv:
+        p = to_e4m3(p * P_E4M3_SCALE, EMULATE_BF16)
+    else:
+        p = cast(p, v.dtype, EMULATE_BF16)
     acc = dot(p, v, acc, EMULATE_BF16, DOT_PRECISION)
     return acc, l_i, m_new
 
@@ -177,8 +182,9 @@ def _attend_tiles_split(
 
 
 @triton.jit
-def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, HAS_SINK: tl.constexpr):
+def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h, out_scale,
+                HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, HAS_SINK: tl.constexpr,
+                IS_FP8: tl.constexpr):
     # The head's sink is loaded here, after the key loops, not ahead of them: a value held across the loops
     # takes registers from them (64 x 64 tiles at D 64: 128 -> 132, one CTA fewer an SM), and a CTA's
     # finish overlaps the other CTAs' loops.
@@ -187,6 +193,8 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
     else:
         sink = 0.0
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or the sink)
+    if IS_FP8:  # v's descale and P's e4m3 scale (the kernel's out_scale)
+        inv_l = inv_l * out_scale
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
@@ -197,18 +205,21 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
 
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SINKS,
-    q_strides, k_strides, v_strides, o_strides,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE,
+    q_strides, k_strides, v_strides, o_strides, descale_strides,
     n_heads_q, kv_group, n_q, n_k, band, scales,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr, HAS_SINK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr, HAS_SINK: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B): tiles vary fastest, then heads, then batch. HAS_SINK: SINKS
-    # [Hq] fp32, each head's sink logit (softmax_finish).
+    # [Hq] fp32, each head's sink logit (softmax_finish). IS_FP8: Q, K, V e4m3 and the descales (fp32, each
+    # None for 1, else read at (batch, KV head) with descale_strides' pair for it: 0, 0 for one a tensor):
+    # q's and k's scale the raw scores (the softmax's scale and the softcap's input), v's the output, which
+    # P.V's e4m3 P (P_E4M3_SCALE times the probabilities) also divides.
     # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
     # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
@@ -229,6 +240,19 @@ def attention_fwd_kernel(
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // kv_group
+    out_scale = 1.0
+    if IS_FP8:
+        qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
+        qk_descale = 1.0
+        if Q_DESCALE is not None:
+            qk_descale = qk_descale * tl.load(Q_DESCALE + off_b * qd_b + off_hk * qd_h)
+        if K_DESCALE is not None:
+            qk_descale = qk_descale * tl.load(K_DESCALE + off_b * kd_b + off_hk * kd_h)
+        qk_scale = qk_scale * qk_descale
+        softcap_in = softcap_in * qk_descale
+        out_scale = 1.0 / P_E4M3_SCALE
+        if V_DESCALE is not None:
+            out_scale = out_scale * tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
@@ -280,9 +304,9 @@ def attention_fwd_kernel(
             offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
+                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
         _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
+                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -304,7 +328,7 @@ def attention_fwd_kernel(
             offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK)
+                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
 
 
 @triton.jit

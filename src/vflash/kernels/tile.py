@@ -7,7 +7,9 @@ no bf16, and the interpreter gets it wrong both ways. A bf16 product is wrong un
 tiles are fp32 first, and fp32 -> bf16 truncates where the GPU rounds to nearest even,
 which shrinks every output toward zero (about 0.45 % on average: small CPU cases then
 fail the accuracy rule). `dot` and `cast` do both by hand there; on a GPU the flag is off
-and they compile to the plain tl.dot and .to()."""
+and they compile to the plain tl.dot and .to(). FP8 (e4m3) inputs take the same flag where the
+interpreter runs them or the GPU has no FP8 product (before sm_89): their tiles go to fp32
+exactly, and `to_e4m3` rounds P on its bits."""
 
 import triton
 import triton.language as tl
@@ -46,15 +48,37 @@ def load_rows(base, offs_m, offs_d, stride_m, stride_d, n_q, HEAD_DIM: tl.conste
 
 @triton.jit
 def cast(x, dtype: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    # fp32 x -> dtype, rounded to nearest even. EMULATE_BF16 (dtype is bf16): the rounding done on the
+    # fp32 x -> dtype, rounded to nearest even. EMULATE_BF16 and dtype bf16: the rounding done on the
     # bits, ties to even, a carry running into the exponent (to inf past bf16's largest), subnormals
     # exact; the top 16 bits are the bf16 value. NaN goes through the plain conversion.
-    if EMULATE_BF16:
+    if EMULATE_BF16 and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         return tl.where(x != x, x.to(dtype), bits.to(tl.uint16).to(dtype, bitcast=True))
     else:
         return x.to(dtype)
+
+
+E4M3_MAX: tl.constexpr = 448.0  # e4m3fn's largest finite value
+P_E4M3_SCALE: tl.constexpr = 256.0  # P [0, 1] times this before its rounding to e4m3: the row max in e4m3's top
+# binade, its other values in the normals down to 2^-14 (FlashAttention-3's choice); the finish divides it out
+
+
+@triton.jit
+def to_e4m3(x, EMULATE: tl.constexpr):
+    # fp32 x -> the nearest e4m3fn value (ties to even, saturated at +-448, NaN kept): an e4m3 tile for
+    # tl.dot; EMULATE (the interpreter, or a GPU without an FP8 product): the value in fp32, rounded on its
+    # bits, since the interpreter's fp32 -> e4m3 conversion is wrong (ties away from zero, no saturation,
+    # lost carries). Normals (>= 2^-6) keep 3 mantissa bits, a carry running into the exponent; subnormals
+    # are multiples of 2^-9, rounded by an fp32 add of 2^14 (whose ulp is 2^-9: ties to even).
+    if EMULATE:
+        a = tl.minimum(tl.abs(x), E4M3_MAX)
+        bits = a.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        r = tl.where(a < 0.015625, (a + 16384.0) - 16384.0, normal)
+        return tl.where(x != x, x, tl.where(x < 0, -r, r))
+    else:
+        return x.to(tl.float8e4nv)
 
 
 @triton.jit

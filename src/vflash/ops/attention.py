@@ -41,7 +41,7 @@ def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, pla
     common = dict(band=call.band, score=call.score, return_lse=call.return_lse, tiles=choice.tiles,
                   kernel=choice.kernel, plan_key=plan_key, plan_inputs=plan_inputs)
     if layout is None:
-        return attention_forward(call.q, call.k, call.v, **common)
+        return attention_forward(call.q, call.k, call.v, out_dtype=call.out_dtype, **common)
     admit = None
     if layout.check_metadata:
         check, names = metadata.checker(call, check_tiles)
@@ -49,7 +49,8 @@ def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, pla
         admit = _admit(check, plan_inputs, names)
     if isinstance(layout, Packed):
         return attention_varlen_forward(call.q, call.k, call.v, layout.cu_seqlens_q, layout.cu_seqlens_k,
-                                        layout.max_seqlen_q, top_left=layout.top_left, plan_admit=admit, **common)
+                                        layout.max_seqlen_q, top_left=layout.top_left, plan_admit=admit,
+                                        out_dtype=call.out_dtype, **common)
     if layout.out_guard is not None:
         admit = _guarded(admit, layout.out_guard, plan_inputs, KVCACHE_INPUTS)
     return attention_kvcache_forward(call.q, call.k, call.v, layout.cache_seqlens, layout.block_table,
@@ -91,8 +92,9 @@ def attention_forward(
     tiles: Union[PortableTiles, Sm90Tiles], kernel: str,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
     plan_key: Optional[Hashable] = None, plan_inputs: Optional[Sequence[str]] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 (or None).
+    """out [B, Hq, Nq, D] in out_dtype (None: q's), lse [B, Hq, Nq] fp32 (or None).
 
     `kernel` (vflash.dispatch's Choice.kernel: "portable", the Triton kernel, or "sm90",
     the Gluon one) and its `tiles` are dispatch's choice. `out` (any strides) and `lse` (contiguous) may be passed
@@ -103,8 +105,9 @@ def attention_forward(
     fresh_out = out is None
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
+    out_dtype = out_dtype or q.dtype
     if out is None:
-        out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
+        out = torch.empty((B, Hq, Nq, D), dtype=out_dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -115,7 +118,7 @@ def attention_forward(
             _no_key_lse(lse, score, 1)
         return out, lse
 
-    allocs = [Alloc("out", tuple(out.shape), q.dtype)]
+    allocs = [Alloc("out", tuple(out.shape), out_dtype)]
     if lse is not None:
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
@@ -143,8 +146,9 @@ def attention_varlen_forward(
     tiles: Union[PortableTiles, Sm90Tiles], kernel: str, out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
     plan_inputs: Optional[Sequence[str]] = None, plan_admit: Optional[Callable[..., bool]] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Packed sequences: out [total_q, Hq, D] in q's dtype, lse [Hq, total_q] fp32
+    """Packed sequences: out [total_q, Hq, D] in out_dtype (None: q's), lse [Hq, total_q] fp32
     (or None). `band` is `_validate.sequence_band`'s; each sequence's offset comes
     from its own lengths (Nk - Nq, or 0 with `top_left`). `kernel` and `tiles` as in
     attention_forward. `out` (any strides; unit last stride for sm90)
@@ -153,8 +157,9 @@ def attention_varlen_forward(
     run before each repeat (plans.LaunchPlan.admit)."""
     fresh_out = out is None
     total_q, Hq, D = q.shape
+    out_dtype = out_dtype or q.dtype
     if out is None:
-        out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+        out = torch.empty((total_q, Hq, D), dtype=out_dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -165,7 +170,7 @@ def attention_varlen_forward(
             _no_key_lse(lse, score, 0)
         return out, lse
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, top_left)
-    allocs = [Alloc("out", tuple(out.shape), q.dtype)]
+    allocs = [Alloc("out", tuple(out.shape), out_dtype)]
     if lse is not None:
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
@@ -290,6 +295,12 @@ def _dot_flags(q: torch.Tensor) -> dict:
     return dict(EMULATE_BF16=_backend.emulates_bf16(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
+def _descale_strides(descales) -> Tuple[int, ...]:
+    # FP8 descales' (batch, KV head) strides, q's, k's and v's in turn: 0, 0 for a 0-d one (or one not given:
+    # the kernel reads none)
+    return tuple(s for d in descales for s in (d.stride() if d is not None and d.dim() == 2 else (0, 0)))
+
+
 def packed_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     # A packed [total, H, D] tensor's strides as the kernel's (batch, head, row,
     # dim): batch 0, each sequence's first row comes from cu_seqlens.
@@ -314,9 +325,12 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         B = cu_q.numel() - 1
         cu_seqlens = (cu_q, cu_k)
         strides = (packed_strides(q), packed_strides(k), packed_strides(v), packed_strides(out))
+    descales = (score.q_descale, score.k_descale, score.v_descale)
+    fp8 = q.dtype == torch.float8_e4m3fn
     args = (
-        q, k, v, out, lse if lse is not None else out, *cu_seqlens, score.sinks, *strides,
-        Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right), score_scales(score),
+        q, k, v, out, lse if lse is not None else out, *cu_seqlens, score.sinks, *descales, *strides,
+        _descale_strides(descales) if fp8 else None, Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right),
+        score_scales(score),
     )
     constexprs = dict(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
@@ -324,6 +338,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,
         **_dot_flags(q), IS_VARLEN=varlen is not None, TOP_LEFT=top_left, HAS_SINK=score.sinks is not None,
+        IS_FP8=fp8,
     )
     slots = (Slot("Q", "q"), Slot("K", "k"), Slot("V", "v"), Slot("O", "out"),
              Slot("LSE", "out" if lse is None else "lse"))
@@ -331,6 +346,8 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         slots += (Slot("CU_SEQLENS_Q", "cu_seqlens_q"), Slot("CU_SEQLENS_K", "cu_seqlens_k"))
     if score.sinks is not None:
         slots += (Slot("SINKS", "sinks"),)
+    slots += tuple(Slot(name.upper(), name) for name, d in zip(("q_descale", "k_descale", "v_descale"), descales)
+                   if d is not None)
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

@@ -10,6 +10,7 @@ the kernels and never import them.
 - `merge_states_reference`: two partial results merged from the formula.
 - `write_kvcache_reference`: new tokens scattered into a paged cache, token by token.
 - `attention_with_kvcache_reference`: each sequence's keys gathered from its pages, then explicit.
+- `fp8`: FP8 inputs' dequantization (the oracle's inputs) and their explicit FP8 pipeline, the yardstick.
 """
 
 from vflash.reference.explicit import attention_explicit, visible_mask
