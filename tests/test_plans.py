@@ -19,7 +19,14 @@ from vflash.reference import attention_explicit
 from vflash.call import Score
 
 
-_attention_key = plans.key_function(ATTENTION)  # (q, k, v, causal, window, scale, softcap, sinks, return_lse)
+_KEY = plans.key_function(ATTENTION)
+
+
+def _attention_key(q, k, v, causal, window, scale, softcap, sinks, return_lse, **more):
+    # vflash.attention's key of these arguments (the others, by name in `more`, else None: ATTENTION's order)
+    given = dict(q=q, k=k, v=v, causal=causal, window=window, scale=scale, softcap=softcap, sinks=sinks,
+                 return_lse=return_lse, **more)
+    return _KEY(*(given.get(name) for name in ATTENTION.names))
 
 
 @pytest.fixture
@@ -49,6 +56,14 @@ def test_key_tells_apart_what_validation_tells_apart(keyed):
     assert key(True, None, None, None, False, sinks) != base  # sinks given: a kernel of its own
     assert key(True, None, None, None, False, sinks) == key(True, None, None, None, False, torch.ones(2))
     assert key(True, None, None, None, False, sinks) != key(True, None, None, None, False, torch.zeros(3))
+    # FP8's options: an out dtype, a descale given (its shape, not its value)
+    q, _ = keyed
+    plain = _attention_key(q, q, q, True, None, None, None, None, False)
+    assert _attention_key(q, q, q, True, None, None, None, None, False, out_dtype=torch.float16) != plain
+    one = _attention_key(q, q, q, True, None, None, None, None, False, q_descale=torch.ones(()))
+    assert one != plain and one == _attention_key(q, q, q, True, None, None, None, None, False,
+                                                  q_descale=torch.full((), 2.0))
+    assert one != _attention_key(q, q, q, True, None, None, None, None, False, q_descale=torch.ones(1, 2))
 
 
 def test_key_covers_metadata_and_alignment(keyed):
@@ -420,14 +435,14 @@ def test_op_key_covers_metadata_options_and_dlse(monkeypatch):
     other_op = plans.key_function(library.SPECS["attention_bwd"]._replace(name="other"))
 
     def key(do=q, dlse=None, off=0, left=-1, right=0, scale=0.25, softcap=None, sinks=None, op=backward_key):
-        return op(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap, sinks)
+        return op(do, dlse, q, q, q, q, lse, off, left, right, scale, softcap, sinks, None, None, None)
     base = key()
     assert base is not None and base == key()
     for other in (key(dlse=lse), key(do=q.transpose(2, 3).contiguous().transpose(2, 3)), key(right=-1),
                   key(left=4), key(off=3), key(scale=0.5), key(softcap=30.0), key(scale=1), key(op=other_op),
                   key(sinks=torch.zeros(2))):
         assert other != base
-    assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None, None) is None
+    assert backward_key(q, None, "q", q, q, q, lse, 0, -1, 0, 0.25, None, None, None, None, None) is None
 
 
 def test_recorded_backward_plan_binds_its_three_launches_to_the_call(fake_backward_launches):

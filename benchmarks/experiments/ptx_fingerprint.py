@@ -12,7 +12,8 @@ launcher: what a GPU would compile for that call. The set covers
   the Gluon backward's dQ and dK / dV, dense, varlen, and D 256's dK and dV apart;
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
     in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
-    portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), the
+    portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), FP8
+    inputs (the portable forward), the
     portable backward (delta, dK / dV, dQ; dense and varlen), merge_states, write_kvcache and the sequence-metadata check.
 
 What is hashed: the PTX without its debug sections, .loc / .file lines, comments and the $L__tmp labels of
@@ -161,13 +162,15 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
 
 def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_right: bool, softcap: bool,
                    store_lse: bool, dtype=F16, sinks=False) -> Group:
-    """attention_fwd_kernel's dense launch: [1, 2, 256, D]."""
+    """attention_fwd_kernel's dense launch: [1, 2, 256, D]; FP8 (dtype e4m3) with [B, Hkv] descales and a bf16
+    out."""
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
         band = Band(0, 32 if has_left else -1, 0 if has_right else -1)
+        descales = [torch.ones(1, 2)] * 3 if dtype == torch.float8_e4m3fn else []
         return _captured(lambda: lab.attention_forward(
-            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks)),
-            return_lse=store_lse, tiles=tiles))
+            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks), *descales),
+            return_lse=store_lse, tiles=tiles, out_dtype=BF16 if descales else None))
     return Group(launches, ("",))
 
 
@@ -271,6 +274,7 @@ GROUPS: Dict[str, Group] = {
     "p_d128_split": portable_dense(128, PortableTiles(256, 64, 8, 3, True), False, False, False, False),
     "p_d64_window_softcap": portable_dense(64, PortableTiles(64, 64, 4, 3), True, True, True, True, BF16),
     "p_d96_padded": portable_dense(96, PortableTiles(128, 128, 8, 3), False, False, False, True),
+    "p_d128_fp8": portable_dense(128, PortableTiles(128, 128, 8, 3), False, False, False, True, torch.float8_e4m3fn),
     "p_d64_causal_sinks": portable_dense(64, PortableTiles(64, 64, 4, 3), False, True, False, True, sinks=True),
     "p_varlen_d128_causal": portable_varlen(128, PortableTiles(128, 128, 8, 3), "bottom_right"),
     "p_varlen_d64_top_left_softcap": portable_varlen(64, PortableTiles(64, 64, 4, 3), "top_left", window=(64, -1),

@@ -21,6 +21,8 @@ from vflash.ops import plans
 
 SUPPORTED_DTYPES = dispatch.DTYPES  # the input dtypes some kernel family takes (vflash.dispatch.REGISTRY)
 FP8_DTYPES = (torch.float8_e4m3fn,)  # FP8 inputs (forward only, attention and attention_varlen)
+# the dtypes of the entry points that take no FP8 (merge_states, write_kvcache)
+_PLAIN_DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES if d not in FP8_DTYPES)
 _DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -218,7 +220,7 @@ def check_merge(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError(f"out_a and out_b must have one shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
     check_no_fp8("merge_states", out_a=out_a, out_b=out_b)
     if out_a.dtype not in SUPPORTED_DTYPES or out_a.dtype != out_b.dtype:
-        raise TypeError(f"out_a and out_b must share one of {_DTYPE_NAMES}, got out_a {out_a.dtype}, "
+        raise TypeError(f"out_a and out_b must share one of {_PLAIN_DTYPE_NAMES}, got out_a {out_a.dtype}, "
                         f"out_b {out_b.dtype}")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
         if lse.shape != out_a.shape[:-1]:
@@ -450,7 +452,7 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if k_new.shape[1:] != (H, D):
         raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
     if len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"caches and new keys / values must share one of {_DTYPE_NAMES}, got k_cache "
+        raise TypeError(f"caches and new keys / values must share one of {_PLAIN_DTYPE_NAMES}, got k_cache "
                         f"{k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping must be a 1-D int32 or int64 tensor [tokens], got {_describe(slot_mapping)}")

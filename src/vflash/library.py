@@ -28,7 +28,9 @@ from vflash.ops.attention_bwd import attention_backward
 
 Tensor = torch.Tensor
 
-_SCORE = tuple((name, Score.__annotations__[name]) for name in Score._fields)
+# the score's fields, those with a default (None: off) keeping it, so callers may leave the later ones out
+_SCORE = tuple((name, Score.__annotations__[name], *((Score._field_defaults[name],) if name in Score._field_defaults
+                                                      else ())) for name in Score._fields)
 _DENSE = (("off", int), ("left", int), ("right", int))
 _PACKED = (("max_seqlen_q", int), ("max_seqlen_k", int), ("left", int), ("right", int), ("top_left", bool))
 _GRADS = (("dout", Tensor), ("dlse", typing.Optional[Tensor]))
@@ -156,16 +158,20 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
 
 
-def _gradients_fake(dout, dlse, q, k, v, out, lse, *rest):
-    sinks = rest[-1]  # Score's last field, every backward op's last argument
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format),
-            lse.new_empty((0,) if sinks is None else tuple(sinks.shape), dtype=torch.float32))
+def _gradients_fake(name: str):
+    sinks_at = SPECS[name].names.index("sinks")
+
+    def fake(dout, dlse, q, k, v, out, lse, *rest):
+        sinks = (dout, dlse, q, k, v, out, lse, *rest)[sinks_at] if sinks_at < 7 + len(rest) else None
+        return (torch.empty_like(q, memory_format=torch.contiguous_format),
+                torch.empty_like(k, memory_format=torch.contiguous_format),
+                torch.empty_like(v, memory_format=torch.contiguous_format),
+                lse.new_empty((0,) if sinks is None else tuple(sinks.shape), dtype=torch.float32))
+    return fake
 
 
-attention_bwd.register_fake(_gradients_fake)
-attention_varlen_bwd.register_fake(_gradients_fake)
+attention_bwd.register_fake(_gradients_fake("attention_bwd"))
+attention_varlen_bwd.register_fake(_gradients_fake("attention_varlen_bwd"))
 
 
 def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: int) -> None:
@@ -173,8 +179,11 @@ def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: in
     q, k, v, out, lse; then its `options`, the backward's own, then any it keeps to itself) to its
     backward op: gradients for q, k, v and sinks, None for every other argument."""
     sinks_at = SPECS[name].names.index("sinks")  # the forward's argument
+    params = len(SPECS[name].names)
 
     def setup_context(ctx, inputs, output):
+        # trailing arguments left at their defaults (None) may be left out of `inputs`
+        inputs = tuple(inputs) + (None,) * (params - len(inputs))
         q, k, v = inputs[:3]
         sinks = inputs[sinks_at]
         ctx.save_for_backward(q, k, v, *output, *inputs[3:saved_inputs], sinks)  # sinks saved as a tensor
@@ -190,9 +199,9 @@ def _autograd(name: str, forward_op, backward_op, saved_inputs: int, options: in
         options = tuple(sinks if i == sinks_at else x for i, x in enumerate(ctx.options, saved_inputs))
         dq, dk, dv, dsinks = backward_op(dout, dlse, *saved, *options)
         grads = [dq, dk, dv] + [None] * (ctx.arguments - 3)
-        if ctx.needs_input_grad[sinks_at]:
+        if sinks_at < len(ctx.needs_input_grad) and ctx.needs_input_grad[sinks_at]:
             grads[sinks_at] = dsinks
-        return tuple(grads)
+        return tuple(grads[:len(ctx.needs_input_grad)])
 
     forward_op.register_autograd(backward, setup_context=setup_context)
 

@@ -6,6 +6,8 @@ Methods (a method that cannot run here is left out or gets a status row):
   explicit       materialised attention in the inputs' dtype (eager PyTorch)
   tiled          tiled PyTorch online softmax; stopped above N = 2048 (skipped_slow)
   vflash         vflash.attention
+  vflash_sinks   the same call with a sink logit a head (opt-in: --methods)
+  vflash_fp8     the same shape in FP8 (e4m3 q / k / v, a descale each, bf16 out; forward; opt-in)
   sdpa_flash     SDPA restricted to FLASH_ATTENTION (fails rather than falling back)
   sdpa_cudnn     SDPA restricted to CUDNN_ATTENTION
   flex           torch.compile(flex_attention), when it compiles
@@ -41,8 +43,9 @@ CSV_COLUMNS = [
     "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "peak_mib", "out_lse_mib",
     "vs_sdpa_flash", "vs_sdpa_cudnn", "mode",
 ]
-METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "vflash_sinks", "sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
-OPT_IN = ("vflash_sinks",)  # methods a sweep runs only when --methods names them
+METHODS = ["explicit_fp32", "explicit", "tiled", "vflash", "vflash_sinks", "vflash_fp8", "sdpa_flash", "sdpa_cudnn",
+           "flex", "fa4"]
+OPT_IN = ("vflash_sinks", "vflash_fp8")  # methods a sweep runs only when --methods names them
 MODES = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # mode -> FLOPs as a multiple of the forward's
 TILED_MAX_N = 2048
 
@@ -128,6 +131,21 @@ def _vflash_sinks(q, k, v, causal):
     return lambda: vflash.attention(q, k, v, causal=causal, sinks=sinks)
 
 
+def _vflash_fp8(q, k, v, causal):
+    # the same shape in FP8: q, k, v stored as e4m3 with a descale each (0-d, the tensor's amax at 448), out
+    # bf16; the quantization is the caller's work, done once here (forward only)
+    if q.requires_grad:
+        raise Unavailable("unavailable: FP8 inputs run forward only")
+    stored, descales = [], []
+    for x in (q, k, v):
+        d = (x.detach().abs().amax().float() / 448.0).clamp_min(2.0**-20)
+        stored.append((x.detach().float() / d).clamp(-448.0, 448.0).to(torch.float8_e4m3fn))
+        descales.append(d)
+    q8, k8, v8 = stored
+    qd, kd, vd = descales
+    return lambda: vflash.attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
 def _sdpa(backend_name: str):
     def prepare(q, k, v, causal):
         if q.device.type != "cuda":
@@ -182,7 +200,7 @@ def _fa4(q, k, v, causal):
 
 PREPARE: Dict[str, Callable] = {
     "explicit_fp32": _explicit(torch.float32), "explicit": _explicit(None), "tiled": _tiled,
-    "vflash": _vflash, "vflash_sinks": _vflash_sinks, "sdpa_flash": _sdpa("FLASH_ATTENTION"),
+    "vflash": _vflash, "vflash_sinks": _vflash_sinks, "vflash_fp8": _vflash_fp8, "sdpa_flash": _sdpa("FLASH_ATTENTION"),
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex, "fa4": _fa4,
 }

@@ -4,7 +4,8 @@ import itertools
 import time
 from typing import Callable, Iterable, Optional, TextIO
 
-from vflash.harness.cases import (BaselineCheck, CacheWriteCase, Case, GradCase, KVCacheCase, MergeCase, TiledCheck,
+from vflash.harness.cases import (BaselineCheck, CacheWriteCase, Case, Fp8Case, GradCase, KVCacheCase, MergeCase,
+                                  TiledCheck,
                                   VarlenCase)
 
 CAUSAL_MODES = (False, True, "top_left")
@@ -68,6 +69,13 @@ def cpu_matrix() -> list:
               KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, batch_invariant=True, sinks=True, tag="MQA"),
               GradCase(Case(Hq=4, Hkv=2, Nq=33, Nk=47, D=16, dtype="fp32", causal=True, sinks=True)),
               GradCase(Case(Hq=2, Hkv=1, Nq=25, Nk=25, D=24, dtype="bf16", window=(9, 4), sinks=True))]
+    # FP8 inputs: descales per tensor, per (sequence, KV head) and none; both outputs; the band, softcap, sinks,
+    # GQA, packed sequences (an empty one too)
+    cases += [Fp8Case(Hq=4, Hkv=2, Nq=40, Nk=70, D=32, causal=True, descale="head"),
+              Fp8Case(Nq=50, Nk=30, D=16, causal="top_left", window=(8, 2), tag="fully masked rows"),
+              Fp8Case(D=32, softcap=5.0, sinks=True, out_dtype="fp16", descale="none"),
+              Fp8Case(Hq=4, Hkv=1, D=32, lens=((5, 9), (0, 3), (17, 17), (3, 0)), causal=True, descale="head",
+                      sinks=True)]
     return cases
 
 
@@ -152,6 +160,13 @@ def gpu_matrix() -> list:
                           tag="decode"),
               GradCase(Case(B=2, Hq=8, Hkv=2, Nq=1000, Nk=1000, D=64, dtype="bf16", causal=True, sinks=True)),
               GradCase(Case(B=1, Hq=8, Hkv=1, Nq=600, Nk=600, D=128, window=(100, 0), causal=True, sinks=True))]
+    # FP8 inputs at the head dims the sm_90 kernels take, tile edges, GQA, the band, packed sequences
+    for d, causal in itertools.product((64, 128, 256), (False, True)):
+        cases.append(Fp8Case(B=2, Hq=8, Hkv=2, Nq=1000, Nk=1000, D=d, causal=causal, descale="head"))
+    cases += [Fp8Case(B=1, Hq=4, Hkv=4, Nq=1024, Nk=300, D=128, causal=True, tag="fully masked rows"),
+              Fp8Case(B=2, Hq=4, Hkv=2, Nq=700, Nk=700, D=128, window=(100, 20), softcap=30.0, out_dtype="fp16"),
+              Fp8Case(Hq=64, Hkv=8, D=64, lens=tuple(zip(lens, lens)), causal=True, window=(127, 0), sinks=True,
+                      descale="head")]
     return cases
 
 

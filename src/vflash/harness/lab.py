@@ -35,6 +35,7 @@ Device functions for prototype kernels
 """
 
 import contextlib
+import types
 from typing import Callable, Iterator, List
 from unittest import mock
 
@@ -162,8 +163,14 @@ def compiled_path():
     forms, no bf16 done by hand): with capturing_launches, a launcher called on CPU tensors with its tiles
     given then builds the launches a GPU would compile. Nothing may run inside but captured launches, and
     nothing that asks the dispatch (the public API does): it would look for the GPU it chooses for.
-    A context manager."""
-    return mock.patch.object(_backend, "interpreted", lambda device: False)
+    A context manager; the device's properties are an H100's (sm_90, 132 SMs), what the launches compile for."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(_backend, "interpreted", lambda device: False))
+    stack.enter_context(mock.patch.object(_backend, "device_properties", lambda index: _SM90_PROPERTIES))
+    return stack
+
+
+_SM90_PROPERTIES = types.SimpleNamespace(major=9, minor=0, multi_processor_count=132)
 
 
 # (launch): a captured launch compiled for sm_90 without a GPU, from its own arguments (Triton's CompiledKernel)
