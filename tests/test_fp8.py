@@ -1,7 +1,9 @@
 """FP8 (e4m3) inputs with FlashAttention-3's descales: every option against the fp64 oracle on the dequantized
 inputs, with the explicit FP8 pipeline as the yardstick (max error and RMSE within twice its own plus the floor:
 vflash.harness.cases.Fp8Case); the kernels' e4m3 rounding against torch's conversion; every element written;
-the descales read per call, not baked into a plan; and the bad inputs, refused before any launch."""
+the descales read per call, not baked into a plan; and the bad inputs, refused before any launch. FP8 KV
+caches: attention_with_kvcache on them (KVCacheCase's fp8: the oracle on the dequantized cache, the yardstick
+explicit attention in q's dtype on it), and write_kvcache quantizing into them bit for bit as vLLM's write."""
 
 import pytest
 import torch
@@ -11,11 +13,13 @@ import triton.language as tl
 import vflash
 from vflash import _backend
 from vflash.call import Band, Score
-from vflash.harness.cases import Fp8Case
+from vflash.harness.cases import Fp8Case, KVCacheCase
 from vflash.kernels.tile import to_e4m3
 from vflash.ops.attention import attention_forward
 from vflash.ops.tiles import PortableTiles
+from vflash.reference import attention_explicit
 from vflash.reference.fp8 import dequantize, quantize
+from vflash.reference.fp8 import to_e4m3 as e4m3_of
 
 E4M3 = torch.float8_e4m3fn
 
@@ -154,7 +158,102 @@ def test_fp8_is_forward_only_and_not_taken_elsewhere_yet(device):
     rows = q.transpose(1, 2)  # [B, N, H, D]
     cache = k.transpose(1, 2)
     lens = torch.full((2,), 33, dtype=torch.int32, device=device)
-    with pytest.raises(TypeError, match="attention_with_kvcache takes no FP8"):
+    with pytest.raises(TypeError, match="float16 / bfloat16 q"):
         vflash.attention_with_kvcache(rows, cache, cache, lens)
     with pytest.raises(TypeError, match="merge_states takes no FP8"):
         vflash.merge_states(rows[0], torch.zeros(33, 4, device=device), rows[0], torch.zeros(33, 4, device=device))
+
+
+KV_CASES = [
+    KVCacheCase((1, 1, 1), (70, 1, 33), page=16, dtype="bf16", fp8="tensor", tag="decode"),
+    KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", fp8="head", tag="decode"),
+    KVCacheCase((9, 0, 20), (40, 5, 20), page=16, window=(12, 0), fp8="seq", tag="chunked"),
+    KVCacheCase((1, 3), (60, 30), page=8, Hq=8, Hkv=1, softcap=5.0, batch_invariant=True, fp8="seq", sinks=True,
+                tag="MQA"),
+]
+
+
+@pytest.mark.parametrize("case", KV_CASES, ids=lambda c: c.name.replace(" ", "_"))
+def test_fp8_cache_matches_the_oracle_on_the_dequantized_cache(case, device):
+    for verdict in case.run(device):
+        assert verdict.passed, f"{verdict.what}: max {verdict.max_err:.3e} tol {verdict.tol:.3e} {verdict.note}"
+
+
+def _fp8_contiguous_cache(device, B=2, n=40, Hkv=2, D=16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    real = [torch.randn(B, n, Hkv, D, generator=g) for _ in range(2)]
+    descales = [x.abs().amax((0, 1, 3)) / 448 for x in real]  # [Hkv]
+    stored = [e4m3_of(x / d[None, None, :, None]) for x, d in zip(real, descales)]
+    deq = [s.double() * d.double()[None, None, :, None] for s, d in zip(stored, descales)]
+    return [s.to(device) for s in stored], [d.to(device) for d in descales], deq
+
+
+def test_fp8_contiguous_cache_is_attention_on_the_dequantized_cache(device):
+    # a contiguous [B, max_len, Hkv, D] e4m3 cache, [Hkv] descales, two new queries a sequence
+    (kc, vc), (kd, vd), (k_real, v_real) = _fp8_contiguous_cache(device)
+    q = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(device)
+    lens = torch.tensor([40, 23], dtype=torch.int32, device=device)
+    out = vflash.attention_with_kvcache(q, kc, vc, lens, k_descale=kd, v_descale=vd)
+    for b, n in enumerate(lens.tolist()):
+        ref, _ = attention_explicit(q[b:b + 1].transpose(1, 2).double().cpu(),
+                                    k_real[b:b + 1, :n].transpose(1, 2), v_real[b:b + 1, :n].transpose(1, 2),
+                                    causal=True, compute_dtype=torch.float64)
+        torch.testing.assert_close(out[b:b + 1].transpose(1, 2).double().cpu(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_write_kvcache_quantizes_as_vllm_bit_for_bit(device):
+    # stored = saturate_e4m3(x / descale), round to nearest even: values past 448 x descale clamp to 448
+    g = torch.Generator().manual_seed(5)
+    kc = torch.zeros(4, 8, 2, 16, dtype=E4M3, device=device)
+    vc = torch.zeros_like(kc)
+    kn = (torch.randn(5, 2, 16, generator=g) * 3).bfloat16().to(device)
+    vn = (torch.randn(5, 2, 16, generator=g) * 300).bfloat16().to(device)
+    slots = torch.tensor([0, 9, -1, 31, 17], device=device)
+    kd, vd = torch.tensor([0.5, 2.0], device=device), torch.tensor(0.25, device=device)
+    vflash.write_kvcache(kc, vc, kn, vn, slots, k_descale=kd, v_descale=vd)
+    assert (vn.float() / vd).abs().max() > 448  # some values saturate
+    for t, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        block, row = divmod(slot, 8)
+        want_k = e4m3_of(kn[t].float().cpu() / kd.cpu()[:, None])
+        want_v = e4m3_of(vn[t].float().cpu() / vd.cpu())
+        assert torch.equal(kc[block, row].cpu().view(torch.uint8), want_k.view(torch.uint8))
+        assert torch.equal(vc[block, row].cpu().view(torch.uint8), want_v.view(torch.uint8))
+    untouched = torch.ones(4 * 8, dtype=torch.bool)
+    untouched[[0, 9, 31, 17]] = False
+    assert (kc.view(32, -1)[untouched].float() == 0).all()
+
+
+@pytest.mark.parametrize("change,error,words", [
+    (dict(k_cache="bf16"), TypeError, "both be float8_e4m3fn"),
+    (dict(k_descale=torch.ones(3)), ValueError, "[Hkv] = [2]"),
+    (dict(k_descale=torch.ones(2, dtype=torch.float64)), TypeError, "float32"),
+    (dict(q_fp8=True), TypeError, "float16 / bfloat16 q"),
+])
+def test_bad_fp8_cache_calls_are_refused(change, error, words, device):
+    (kc, vc), (kd, vd), _ = _fp8_contiguous_cache(device)
+    q = torch.randn(2, 1, 4, 16).to(torch.bfloat16).to(device)
+    lens = torch.tensor([40, 23], dtype=torch.int32, device=device)
+    kwargs = dict(k_descale=kd, v_descale=vd)
+    if change.get("k_cache") == "bf16":
+        kc = kc.float().to(torch.bfloat16)
+    for name in ("k_descale",):
+        if name in change:
+            kwargs[name] = change[name].to(device)
+    if change.get("q_fp8"):
+        q = q.float().to(E4M3)
+    with pytest.raises(error) as info:
+        vflash.attention_with_kvcache(q, kc, vc, lens, **kwargs)
+    assert words in str(info.value), str(info.value)
+
+
+def test_cache_descales_apply_to_fp8_caches_only(device):
+    kc = torch.randn(2, 8, 2, 16, device=device)
+    q = torch.randn(2, 1, 4, 16, device=device)
+    lens = torch.full((2,), 8, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="apply to FP8"):
+        vflash.attention_with_kvcache(q, kc, kc, lens, k_descale=torch.ones((), device=device))
+    with pytest.raises(ValueError, match="apply to FP8"):
+        vflash.write_kvcache(kc, kc.clone(), kc[0], kc[0], torch.arange(8, device=device),
+                             v_descale=torch.ones((), device=device))

@@ -174,7 +174,7 @@ def test_unchecked_slots_outside_the_cache_are_skipped(device):
     if device.type == "cpu":
         with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 16 is outside"):
             vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
-        write_kvcache_forward(kc, vc, kn, vn, slots, dispatch.cache_write_tiles())
+        write_kvcache_forward(kc, vc, kn, vn, slots, tiles=dispatch.cache_write_tiles())
     else:
         vflash.write_kvcache(kc, vc, kn, vn, slots, check_metadata=False)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)

@@ -44,9 +44,9 @@ def write_calls(T, dev):
             kc.zero_()
             vc.zero_()
             k, v, s = news[0]
-            write_kvcache_forward(kc, vc, k, v, s, tiles)
+            write_kvcache_forward(kc, vc, k, v, s, tiles=tiles)
             return kc.view(-1, Hkv, D)[s].clone(), vc.view(-1, Hkv, D)[s].clone(), int((kc != 0).any(-1).any(-1).sum())
-        return [lambda k=k, v=v, s=s: write_kvcache_forward(kc, vc, k, v, s, tiles) for k, v, s in news], check
+        return [lambda k=k, v=v, s=s: write_kvcache_forward(kc, vc, k, v, s, tiles=tiles) for k, v, s in news], check
     return make, moved
 
 

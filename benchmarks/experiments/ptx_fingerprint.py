@@ -13,7 +13,7 @@ launcher: what a GPU would compile for that call. The set covers
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
     in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
     portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), FP8
-    inputs (the portable forward), the
+    inputs (the portable forward) and caches (the KV-cache kernel split, the cache write), the
     portable backward (delta, dK / dV, dQ; dense and varlen), merge_states, write_kvcache and the sequence-metadata check.
 
 What is hashed: the PTX without its debug sections, .loc / .file lines, comments and the $L__tmp labels of
@@ -188,22 +188,26 @@ def portable_varlen(head_dim: int, tiles: PortableTiles, causal: Optional[str], 
 
 
 def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q: int = 1, packed_q=False,
-                     window=(-1, -1), softcap=None, lse=False, heads=(32, 8), dtype=BF16, sinks=False) -> Group:
+                     window=(-1, -1), softcap=None, lse=False, heads=(32, 8), dtype=BF16, sinks=False,
+                     fp8=False) -> Group:
     """attention_kvcache_kernel: four sequences of n_q new queries (packed through cu_seqlens_q, or n_q a
     sequence) against caches of 4096 rows a sequence, contiguous (page_size 0) or paged; the query heads of a
     KV head packed into a tile's rows (GQA). tiles.num_splits > 1: split-KV, merged in the kernel."""
     def launches():
         (hq, hkv), batch, rows = heads, 4, 4096
         q = _empty(batch * n_q, hq, head_dim, dtype=dtype)
+        kv_dtype = torch.float8_e4m3fn if fp8 else dtype
         if page_size:
-            k = _empty(batch * rows // page_size, page_size, hkv, head_dim, dtype=dtype)
+            k = _empty(batch * rows // page_size, page_size, hkv, head_dim, dtype=kv_dtype)
             table = _empty(batch, rows // page_size, dtype=I32)
         else:
-            k, table = _empty(batch, rows, hkv, head_dim, dtype=dtype), None
+            k, table = _empty(batch, rows, hkv, head_dim, dtype=kv_dtype), None
         cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=I32) if packed_q else None
         return _captured(lambda: lab.attention_kvcache_forward(
             q, k, k.clone(), _empty(batch, dtype=I32), table, cu_q, n_q, band=sequence_band("bottom_right", window),
-            score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks)), return_lse=lse, tiles=tiles))
+            score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks), None,
+                        *((torch.ones(batch, hkv), torch.ones(())) if fp8 else ())),
+            return_lse=lse, tiles=tiles))
     return Group(launches, ("",))
 
 
@@ -217,13 +221,16 @@ def merge(head_dim: int, dtype=BF16) -> Group:
     return Group(launches, ("",))
 
 
-def cache_write(head_dim: int, page_size=16, dtype=BF16) -> Group:
-    """write_kvcache_kernel: 64 tokens' K and V into paged caches, int64 slots (the dispatch's CACHE_WRITE)."""
+def cache_write(head_dim: int, page_size=16, dtype=BF16, fp8=False) -> Group:
+    """write_kvcache_kernel: 64 tokens' K and V into paged caches, int64 slots (the dispatch's CACHE_WRITE);
+    fp8: e4m3 caches, a descale a head for K, one for V."""
     def launches():
-        cache = _empty(256, page_size, 8, head_dim, dtype=dtype)
+        cache = _empty(256, page_size, 8, head_dim, dtype=torch.float8_e4m3fn if fp8 else dtype)
         new = _empty(64, 8, head_dim, dtype=dtype)
+        descales = (torch.ones(8), torch.ones(())) if fp8 else (None, None)
         return _captured(lambda: lab.write_kvcache_forward(cache, cache.clone(), new, new.clone(),
-                                                           _empty(64, dtype=torch.int64), CacheWriteTiles(8, 4)))
+                                                           _empty(64, dtype=torch.int64), *descales,
+                                                           tiles=CacheWriteTiles(8, 4)))
     return Group(launches, ("",))
 
 
@@ -293,6 +300,9 @@ GROUPS: Dict[str, Group] = {
     "p_kvcache_paged16_split_sinks": portable_kvcache(
         128, KVCacheTiles(16, 64, 4, 3, num_splits=8, split_chunk=8, merge_rows=4, one_loop=True), page_size=16,
         lse=True, sinks=True),
+    "p_kvcache_paged16_split_fp8": portable_kvcache(
+        128, KVCacheTiles(16, 64, 4, 3, num_splits=8, split_chunk=8, merge_rows=4, one_loop=True), page_size=16,
+        fp8=True),
     "p_kvcache_paged64_prefill": portable_kvcache(128, KVCacheTiles(128, 128, 8, 3, merge_rows=128), page_size=64,
                                                   n_q=256, packed_q=True, lse=True, dtype=F16),
     # the portable backward (the dispatch's BACKWARD tiles): delta, dK / dV, dQ
@@ -304,6 +314,7 @@ GROUPS: Dict[str, Group] = {
     # the small kernels
     "p_merge_d128": merge(128),
     "p_cache_write_d128": cache_write(128),
+    "p_cache_write_d128_fp8": cache_write(128, fp8=True),
     "p_metadata_kvcache": metadata(kvcache=True),
     "p_metadata_varlen": metadata(kvcache=False),
 }

@@ -243,14 +243,19 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     int32 block_table [B, max_pages]; cache_seqlens int32 [B]. Returns B. The values are
     checked next to the launch (vflash.ops.metadata.check_cache)."""
     packed = cu_seqlens_q is not None
-    check_no_fp8("attention_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
     _check_tensor("q", q, 3 if packed else 4, "[total_q, heads, head_dim] (packed, with cu_seqlens_q)" if packed
                   else "[batch, seq_len, heads, head_dim]")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t, 4, "[pages or batch, rows, Hkv, D]")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q and the caches must share one dtype, got q {q.dtype}, k_cache {k_cache.dtype}, "
-                        f"v_cache {v_cache.dtype}")
+    if q.dtype in FP8_DTYPES:
+        raise TypeError(f"attention_with_kvcache takes a float16 / bfloat16 q (FP8 caches hold the keys and "
+                        f"values), got q {q.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, *FP8_DTYPES):
+        raise TypeError(f"the caches must share q's dtype, or both be float8_e4m3fn (an FP8 cache, with "
+                        f"k_descale / v_descale) beside a float16 / bfloat16 q; got q {q.dtype}, k_cache "
+                        f"{k_cache.dtype}, v_cache {v_cache.dtype}")
+    if k_cache.dtype in FP8_DTYPES and q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"an FP8 cache takes a float16 / bfloat16 q, got q {q.dtype}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
@@ -430,7 +435,7 @@ def _check_caches_apart(k_cache, v_cache) -> None:
                          "apart (separate tensors, or disjoint slices of one buffer such as kv[:, 0] and kv[:, 1])")
 
 
-def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata) -> bool:
+def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_descale, v_descale, check_metadata) -> bool:
     """Validate a paged cache [num_blocks, block_size, Hkv, D] pair (no two slots sharing memory),
     the new tokens [T, Hkv, D] and their slots [T] (int32 / int64); returns check_metadata, forced on
     under the interpreter (check_metadata_on). The slots' values are checked next to the launch
@@ -447,11 +452,31 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, check_meta
     if k_new.dim() != 3 or k_new.shape != v_new.shape:
         raise ValueError(f"k_new and v_new must both be [tokens, Hkv, D], got {tuple(k_new.shape)} and "
                          f"{tuple(v_new.shape)}")
-    check_no_fp8("write_kvcache", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
+    check_no_fp8("write_kvcache", k_new=k_new, v_new=v_new)
     num_blocks, block_size, H, D = k_cache.shape
     if k_new.shape[1:] != (H, D):
         raise ValueError(f"k_new's heads and head dim {tuple(k_new.shape[1:])} must be the cache's {(H, D)}")
-    if len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if fp8 and (v_cache.dtype != k_cache.dtype or k_new.dtype != v_new.dtype
+                or k_new.dtype not in (torch.float16, torch.bfloat16)):
+        raise TypeError(f"an FP8 cache pair (both float8_e4m3fn) takes float16 / bfloat16 new keys and values of "
+                        f"one dtype, got k_cache {k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, "
+                        f"v_new {v_new.dtype}")
+    if fp8:
+        for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
+            if d is None:
+                continue
+            if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
+                raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d or [Hkv], got {_describe(d)}")
+            if tuple(d.shape) not in ((), (H,)):
+                raise ValueError(f"{name} must be 0-d or [Hkv] = [{H}] (a slot's sequence is not known here), got "
+                                 f"shape {list(d.shape)}")
+            if d.device != k_cache.device:
+                raise ValueError(f"{name} is on {d.device}, the caches on {k_cache.device}; pass them on one device")
+            _check_descale_values(name, d)
+    elif k_descale is not None or v_descale is not None:
+        raise ValueError(f"k_descale / v_descale apply to FP8 (float8_e4m3fn) caches; the caches are {k_cache.dtype}")
+    elif len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"caches and new keys / values must share one of {_PLAIN_DTYPE_NAMES}, got k_cache "
                         f"{k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
@@ -677,10 +702,48 @@ def check_descales(descales, q: torch.Tensor, batch: int, heads_kv: int):
                              f"sequence and KV head), got shape {list(d.shape)}")
         if d.device != q.device:
             raise ValueError(f"{name} is on {d.device}, q on {q.device}; pass them on one device")
-        if interpreted(q.device) and _values_readable(d) and not bool(((d > 0) & torch.isfinite(d)).all()):
-            raise ValueError(f"{name} must be positive and finite (a real value is stored * descale), got "
-                             f"{d.flatten()[:8].tolist()}")
+        _check_descale_values(name, d)
     return descales
+
+
+def check_cache_descales(descales, k_cache: torch.Tensor, batch: int):
+    """An FP8 cache's (k_descale, v_descale): each None, or float32 0-d, [Hkv] or [B, Hkv] on the cache's
+    device (values as check_descales says); a 16-bit cache takes none. Returns them as 0-d or [B, Hkv]
+    (an [Hkv] one as a [1, Hkv] view broadcast over the batch: stride 0)."""
+    names = ("k_descale", "v_descale")
+    heads = k_cache.shape[2]
+    if k_cache.dtype not in FP8_DTYPES:
+        given = [n for n, d in zip(names, descales) if d is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to FP8 (float8_e4m3fn) caches; the caches are "
+                             f"{k_cache.dtype}")
+        return descales
+    shaped = []
+    for name, d in zip(names, descales):
+        if d is not None:
+            if not isinstance(d, torch.Tensor):
+                raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d, [Hkv] or [B, Hkv], got "
+                                f"{_describe(d)}{_as_tensor_hint(d)}")
+            if d.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32, got {d.dtype}; pass {name}.float()")
+            if tuple(d.shape) not in ((), (heads,), (batch, heads)):
+                raise ValueError(f"{name} must be 0-d, [Hkv] = [{heads}] or [B, Hkv] = [{batch}, {heads}], got "
+                                 f"shape {list(d.shape)}")
+            if d.device != k_cache.device:
+                raise ValueError(f"{name} is on {d.device}, the caches on {k_cache.device}; pass them on one "
+                                 "device")
+            _check_descale_values(name, d)
+            if d.dim() == 1:
+                d = d.view(1, heads).expand(batch, heads)
+        shaped.append(d)
+    return tuple(shaped)
+
+
+def _check_descale_values(name: str, d: torch.Tensor) -> None:
+    # positive and finite, read on CPU tensors only (check_descales)
+    if interpreted(d.device) and _values_readable(d) and not bool(((d > 0) & torch.isfinite(d)).all()):
+        raise ValueError(f"{name} must be positive and finite (a real value is stored * descale), got "
+                         f"{d.flatten()[:8].tolist()}")
 
 
 def check_out_dtype(out_dtype, q: torch.Tensor) -> Optional[torch.dtype]:
@@ -745,7 +808,12 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, 
         raise ValueError("causal='top_left' does not apply to a KV cache: the new queries are the last tokens of "
                          "their sequence (bottom-right alignment); pass causal=True")
     window = check_window(window)
-    score = check_score(scale, softcap, sinks, q, q.shape[-2])
+    if q_descale is not None:
+        raise ValueError("q_descale does not apply to attention_with_kvcache: q is float16 / bfloat16; an FP8 "
+                         "cache takes k_descale and v_descale")
+    score = check_score(scale, softcap, sinks, q, q.shape[-2])._replace(
+        **dict(zip(("k_descale", "v_descale"), check_cache_descales((k_descale, v_descale), k_cache,
+                                                                     cache_seqlens.numel()))))
     batch_invariant = check_num_splits(num_splits, batch_invariant)
     return_lse = check_flag("return_lse", return_lse)
     check_no_grad((q, k_cache, v_cache, sinks), "attention_with_kvcache")

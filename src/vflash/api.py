@@ -198,7 +198,8 @@ def merge_states(
 
 def write_kvcache(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-    slot_mapping: torch.Tensor, *, check_metadata: bool = True,
+    slot_mapping: torch.Tensor, *, k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None, check_metadata: bool = True,
 ) -> None:
     """Write new tokens' keys and values into a paged KV cache, in place, in one
     kernel (vLLM's `reshape_and_cache_flash`; layouts: docs/layouts.md).
@@ -209,9 +210,13 @@ def write_kvcache(
             destination whose elements overlap is refused), k_cache's memory apart from
             v_cache's. A contiguous cache [B, max_len, Hkv, D] is the case
             block_size = max_len, slot = b * max_len + position.
-        k_new, v_new: [T, Hkv, D], the cache's dtype.
+        k_new, v_new: [T, Hkv, D], the cache's dtype; or float16 / bfloat16 into an FP8
+            (float8_e4m3fn) cache pair, stored as saturate_e4m3(x / descale) (vLLM's FP8
+            cache write: rounded to nearest even, clamped at +-448).
         slot_mapping: int32 or int64 [T]: token t goes to slot
             slot_mapping[t] = block_id * block_size + offset; -1 skips the token (padding).
+        k_descale, v_descale: an FP8 cache's float32 descales, 0-d or [Hkv] (None: 1),
+            the ones `attention_with_kvcache` then reads it with.
         check_metadata: check every slot is -1 or a distinct slot of the cache before
             the launch (one host sync for CUDA tensors). Unchecked, a slot outside the
             cache is skipped like -1 (never written out of bounds) and a slot given twice
@@ -219,7 +224,7 @@ def write_kvcache(
             call recorded (after the slots' check where it is on). CPU tensors are always
             checked (as True): it costs nothing next to the interpreted kernel.
     """
-    pipeline.write_kvcache((k_cache, v_cache, k_new, v_new, slot_mapping, check_metadata))
+    pipeline.write_kvcache((k_cache, v_cache, k_new, v_new, slot_mapping, k_descale, v_descale, check_metadata))
 
 
 def attention_with_kvcache(
@@ -236,6 +241,8 @@ def attention_with_kvcache(
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     sinks: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
     batch_invariant: bool = False,
     return_lse: bool = False,
@@ -253,7 +260,8 @@ def attention_with_kvcache(
             heads has that shape too): pass a one-head model's queries packed.
         k_cache, v_cache: contiguous [B, max_len, Hkv, D], or paged
             [num_pages, page_size, Hkv, D] with `block_table`; any page size >= 1,
-            pages may be shared between sequences.
+            pages may be shared between sequences. q's dtype, or float8_e4m3fn (an FP8
+            cache, half the bytes decode reads) with `k_descale` / `v_descale`.
         cache_seqlens: int32 [B], the valid keys of each sequence, the new queries'
             own keys included (written before the call, e.g. by `write_kvcache`).
         block_table: int32 [B, max_pages]: sequence b's key j is row j % page_size of
@@ -262,6 +270,10 @@ def attention_with_kvcache(
             of their sequence (bottom-right alignment); "top_left" is refused.
         scale, window, softcap, sinks: as in `vflash.attention`, per sequence; the sink
             enters once, at the merged result of a split sequence, never in a split's partial.
+        k_descale, v_descale: an FP8 cache's float32 descales (a real value is stored *
+            descale): 0-d (the cache's), [Hkv] (a KV head's) or [B, Hkv] (a sequence's KV
+            head's); None means 1. The keys and values are read in FP8 and widened to q's
+            dtype in registers (exact); `write_kvcache` with the same descales fills such a cache.
         num_splits: split-KV: each sequence's keys are split across this many programs
             and their partial results merged through their LSEs (deterministic: a
             fixed-order combine, the same bits from run to run). None picks it from
@@ -295,7 +307,7 @@ def attention_with_kvcache(
     # cache_seqlens' values are not part of a plan's key: a generation loop's growing lengths keep one plan
     result, lse = pipeline.attention(ATTENTION_KVCACHE, (
         q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, causal, window, scale, softcap,
-        sinks, None, None, None, num_splits, batch_invariant, return_lse, check_metadata, out))
+        sinks, None, k_descale, v_descale, num_splits, batch_invariant, return_lse, check_metadata, out))
     return _kvcache_result(result if out is None else out, lse, q.shape, cu_seqlens_q is None, return_lse)
 
 

@@ -189,4 +189,5 @@ ATTENTION_KVCACHE = Spec("attention_with_kvcache", (
 MERGE_STATES = Spec("merge_states", (("out_a", "tensor"), ("lse_a", "tensor"), ("out_b", "tensor"),
                                      ("lse_b", "tensor")))
 WRITE_KVCACHE = Spec("write_kvcache", (("k_cache", "tensor"), ("v_cache", "tensor"), ("k_new", "tensor"),
-                                       ("v_new", "tensor"), ("slot_mapping", "tensor"), ("check_metadata", "flag")))
+                                       ("v_new", "tensor"), ("slot_mapping", "tensor"), ("k_descale", "tensor"),
+                                       ("v_descale", "tensor"), ("check_metadata", "flag")))

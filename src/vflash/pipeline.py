@@ -77,4 +77,4 @@ def write_kvcache(args: tuple) -> None:
         plan(*args[:-1])
         return
     check = _validate.check_kvcache_write(*args)
-    write_kvcache_forward(*args[:-1], dispatch.cache_write_tiles(), check, plan_key=key)
+    write_kvcache_forward(*args[:-1], tiles=dispatch.cache_write_tiles(), check_metadata=check, plan_key=key)

@@ -36,6 +36,7 @@ class Problem:
     # sequence count and the longest lengths (a cache's capacity)
     layout: str = "dense"
     options: Tuple[str, ...] = ()  # the score options set beside the scale (vflash.call.Score's fields)
+    kv_dtype: Optional[torch.dtype] = None  # k's and v's dtype where it is not q's (an FP8 KV cache)
 
     @property
     def varlen(self) -> bool:
@@ -71,7 +72,8 @@ def problem_of(call: Call) -> Problem:
         tma = all(map(tma_ready, given + (call.k, call.v)))
     options = tuple(name for name in Score._fields[1:] if getattr(call.score, name) is not None)
     return Problem(q.dtype, call.head_dim, call.batch, call.heads_q, call.n_q, call.n_k, call.band, q.device, tma,
-                   "dense" if layout is None else "cache" if isinstance(layout, Cache) else "packed", options)
+                   "dense" if layout is None else "cache" if isinstance(layout, Cache) else "packed", options,
+                   None if call.k.dtype == q.dtype else call.k.dtype)
 
 
 def choose(call: Call, kernel: Optional[str] = None) -> Choice:
@@ -317,6 +319,7 @@ class Kernel(NamedTuple):
     layouts: Tuple[str, ...]  # the forward's: "dense", "packed", "cache"
     backward_layouts: Tuple[str, ...]  # the backward's ("cache": no backward)
     options: Tuple[str, ...]  # vflash.call.Score fields beside the scale it takes when set
+    cache_dtypes: Tuple[torch.dtype, ...]  # KV caches of another dtype than q's it takes (FP8 caches)
     forward_refusal: Callable[[Problem], Optional[str]]
     backward_refusal: Callable[[Problem], Optional[str]]
 
@@ -331,9 +334,10 @@ _DESCALES = ("q_descale", "k_descale", "v_descale")
 # forward only, vflash._validate says so first); the sm_90 Gluon ones 16-bit inputs and where their refusals
 # say. select() prefers sm90 where it can take a call and is ahead there.
 REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32, torch.float8_e4m3fn), ("dense", "packed", "cache"),
-                               ("dense", "packed"), ("softcap", "sinks") + _DESCALES, _takes_any, _takes_any),
+                               ("dense", "packed"), ("softcap", "sinks") + _DESCALES, (torch.float8_e4m3fn,),
+                               _takes_any, _takes_any),
             "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap", "sinks"),
-                           sm90_refusal, sm90_backward_refusal)}
+                           (), sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)
 DTYPES = tuple(dict.fromkeys(d for k in REGISTRY.values() for d in k.dtypes))  # every family's, in order
 
@@ -344,6 +348,8 @@ def refusal(kernel: str, p: Problem, backward: bool = False) -> Optional[str]:
     k = REGISTRY[kernel]
     if p.dtype not in k.dtypes:
         return f"it takes {' / '.join(str(d).replace('torch.', '') for d in k.dtypes)}, not {p.dtype}"
+    if p.kv_dtype is not None and p.kv_dtype not in k.cache_dtypes:
+        return f"it takes no {str(p.kv_dtype).replace('torch.', '')} keys and values beside {p.dtype} queries"
     layouts = k.backward_layouts if backward else k.layouts
     if p.layout not in layouts:
         return f"its {'backward' if backward else 'forward'} takes {' / '.join(layouts)} calls, not {p.layout}"

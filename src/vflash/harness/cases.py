@@ -10,7 +10,7 @@ import vflash
 from vflash.harness.oracle import Verdict, compare, compare_rms
 from vflash.reference import (attention_explicit, attention_varlen_reference, attention_with_kvcache_reference,
                               write_kvcache_reference)
-from vflash.reference.fp8 import attention_fp8_yardstick, dequantize, quantize
+from vflash.reference.fp8 import attention_fp8_yardstick, dequantize, quantize, to_e4m3
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -350,12 +350,16 @@ class KVCacheCase:
     num_splits: Optional[int] = None
     batch_invariant: bool = False
     sinks: bool = False
+    # an FP8 cache, its descales "tensor" (0-d), "head" ([Hkv]) or "seq" ([B, Hkv]); "": the cache in q's dtype.
+    # The oracle then runs on the dequantized cache, and the yardstick is explicit attention in q's dtype on it.
+    fp8: str = ""
     tag: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
         lens = ",".join(f"{q}x{k}" for q, k in zip(self.lens_q, self.lens_k))
-        parts = [self.dtype, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}", f"D{self.D}",
+        cache = f" fp8-cache({self.fp8})" if self.fp8 else ""
+        parts = [self.dtype + cache, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}", f"D{self.D}",
                  f"causal={self.causal}"]
         if self.window is not None:
             parts.append(f"window={self.window[0]},{self.window[1]}")
@@ -380,8 +384,20 @@ class KVCacheCase:
         for b, n in enumerate(need):
             table[b, :n] = torch.tensor(order[used:used + n], dtype=torch.int32)
             used += n
-        k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, self.D, generator=gen).to(dt).to(device)
-                            for _ in range(2))
+        k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, self.D, generator=gen) for _ in range(2))
+        descales = {}
+        if self.fp8:  # stored in e4m3 with their descales; the references read the dequantized caches
+            page_seq = torch.zeros(pages, dtype=torch.long)
+            for b, n in enumerate(need):
+                page_seq[table[b, :n].long()] = b
+            (k_cache, descales["k_descale"], k_real), (v_cache, descales["v_descale"], v_real) = (
+                _fp8_cache(x, page_seq, self.fp8, len(need)) for x in (k_cache, v_cache))
+            k_cache, v_cache = k_cache.to(device), v_cache.to(device)
+            descales = {n: d.to(device) for n, d in descales.items()}
+            k_ref, v_ref = k_real.to(device), v_real.to(device)
+        else:
+            k_cache, v_cache = (x.to(dt).to(device) for x in (k_cache, v_cache))
+            k_ref, v_ref = k_cache, v_cache
         q = torch.randn(sum(self.lens_q), self.Hq, self.D, generator=gen).to(dt).to(device)
         table = table.to(device)
         lens = torch.tensor(self.lens_k, dtype=torch.int32, device=device)
@@ -390,11 +406,35 @@ class KVCacheCase:
                     sinks=make_sinks(self.sinks, self.Hq, zlib.crc32(self.name.encode()), device))
         out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, cu_seqlens_q=cu,
                                                  max_seqlen_q=max(self.lens_q), num_splits=self.num_splits,
-                                                 batch_invariant=self.batch_invariant, return_lse=True, **opts)
-        ref = {c: attention_with_kvcache_reference(q, k_cache, v_cache, lens, table, cu, compute_dtype=c, **opts)
+                                                 batch_invariant=self.batch_invariant, return_lse=True, **descales,
+                                                 **opts)
+        # the yardstick in q's dtype: the (dequantized) caches in it too
+        ref = {c: attention_with_kvcache_reference(q, k_ref if c else k_ref.to(dt), v_ref if c else v_ref.to(dt),
+                                                   lens, table, cu, compute_dtype=c, **opts)
                for c in (torch.float64, None, torch.float32)}
         return [compare("out", out.cpu(), ref[torch.float64][0].cpu(), ref[None][0].cpu(), dt),
                 compare("lse", lse.cpu(), ref[torch.float64][1].cpu(), ref[torch.float32][1].cpu(), torch.float32)]
+
+
+def _fp8_cache(x: torch.Tensor, page_seq: torch.Tensor, how: str, batch: int):
+    """A paged cache x [pages, page_size, Hkv, D] (fp32) stored in e4m3: (stored, descale, the stored values
+    dequantized in fp64). how: "tensor" (0-d), "head" ([Hkv]) or "seq" ([B, Hkv]: a page takes its
+    sequence's row, page_seq[page]), each at or above the largest magnitude / 448 (no saturation)."""
+    per_head = x.abs().amax((0, 1, 3)) / 448.0  # [Hkv]
+    if how == "tensor":
+        descale = x.abs().amax() / 448.0
+        per_page = descale.expand(x.shape[0], x.shape[2])
+    elif how == "head":
+        descale = per_head
+        per_page = descale.expand(x.shape[0], -1)
+    elif how == "seq":
+        descale = per_head[None, :] * (1.0 + 0.5 * torch.arange(batch))[:, None]
+        per_page = descale[page_seq]
+    else:
+        raise ValueError(f"fp8 must be tensor, head or seq, got {how!r}")
+    per_page = per_page.float()[:, None, :, None]  # [pages, 1, Hkv, 1]
+    stored = to_e4m3(x / per_page)
+    return stored, descale.float().contiguous(), stored.double() * per_page.double()
 
 
 @dataclass(frozen=True)

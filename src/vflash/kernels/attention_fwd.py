@@ -128,6 +128,9 @@ def _attend_cache_tiles(
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
+        if k.dtype != q.dtype:  # an FP8 cache: widened to q's dtype (exact), its descales applied by the caller
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -333,8 +336,8 @@ def attention_fwd_kernel(
 
 @triton.jit
 def attention_kvcache_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS, SINKS,
-    q_strides, k_strides, v_strides, o_strides, part_strides, lse_part_strides, band, scales,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS, SINKS, K_DESCALE, V_DESCALE,
+    q_strides, k_strides, v_strides, o_strides, part_strides, lse_part_strides, band, scales, descale_strides,
     stride_table, table_cols, num_splits, split_keys, n_q_fixed,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
@@ -342,7 +345,7 @@ def attention_kvcache_kernel(
     STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, ONE_LOOP: tl.constexpr,
-    HAS_SINK: tl.constexpr,
+    HAS_SINK: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -368,6 +371,9 @@ def attention_kvcache_kernel(
     # off the counter, leaving it at zero for the next launch on the stream (whose scratch this
     # is: ops/scratch.py). One launch, no combine kernel. HAS_SINK: SINKS [Hq] fp32, each query head's
     # sink logit, in the unsplit row's finish or the merged row's (fold_splits), never a partial's.
+    # IS_FP8: e4m3 caches, widened to Q's dtype as they are loaded (exact); K_DESCALE / V_DESCALE fp32
+    # (None: 1) read at (batch, KV head) with descale_strides' (k's, v's) pairs (0 where a descale is
+    # shared): k's scales the raw scores, v's the output (each split's partial, so the merge is unchanged).
     # Tuples: q's and out's (row, head, dim) strides, the caches' (page or batch, row, head,
     # dim), the partials' (split, row, head) and their LSEs' (split, head), the band's
     # (left, right) and the score's scales (ops/scales.py).
@@ -416,6 +422,15 @@ def attention_kvcache_kernel(
         sink = tl.load(SINKS + heads)
     else:
         sink = 0.0
+    out_scale = 1.0
+    if IS_FP8:
+        kd_b, kd_h, vd_b, vd_h = descale_strides
+        if K_DESCALE is not None:
+            k_descale = tl.load(K_DESCALE + off_b * kd_b + off_hk * kd_h)
+            qk_scale = qk_scale * k_descale
+            softcap_in = softcap_in * k_descale
+        if V_DESCALE is not None:
+            out_scale = tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
     row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_rows = Q + (q_start + offs_q) * stride_qm + heads * stride_qh  # [BLOCK_M] pointers
@@ -475,6 +490,8 @@ def attention_kvcache_kernel(
 
     # a split's partial carries no sink (no visible key in it: out 0, LSE -inf, merge weight 0)
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK and not IS_SPLIT)
+    if IS_FP8:
+        inv_l = inv_l * out_scale
     out = acc * inv_l[:, None]
     d_ok = offs_d < HEAD_DIM
     if IS_SPLIT:

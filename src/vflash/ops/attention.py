@@ -237,11 +237,13 @@ def attention_kvcache_forward(
     else:
         o_part = lse_part = arrivals = None
         part_strides, lse_part_stride = (0, 0, 0), 0
+    descales = (None, score.k_descale, score.v_descale)  # an FP8 cache's (q is 16-bit)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        score.sinks, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
+        score.sinks, *descales[1:], q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
         (lse_part_stride, total_q),
-        (band.left, band.right), score_scales(score),
+        (band.left, band.right), score_scales(score), _descale_strides(descales)[2:] if fp8 else None,
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -254,7 +256,7 @@ def attention_kvcache_forward(
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
         IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk, ONE_LOOP=tiles.one_loop,
-        HAS_SINK=score.sinks is not None,
+        HAS_SINK=score.sinks is not None, IS_FP8=fp8,
     )
     grid = (row_tiles * splits, Hkv, batch)
     slots = (Slot("Q", "q"), Slot("K", "k_cache"), Slot("V", "v_cache"), Slot("O", "out"),
@@ -262,7 +264,9 @@ def attention_kvcache_forward(
     slots += ((Slot("LSE", "lse"),) if lse is not None else ()) + (
         (Slot("CU_SEQLENS_Q", "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
         (Slot("BLOCK_TABLE", "block_table"),) if block_table is not None else ()) + (
-        (Slot("SINKS", "sinks"),) if score.sinks is not None else ())
+        (Slot("SINKS", "sinks"),) if score.sinks is not None else ()) + tuple(
+        Slot(name.upper(), name) for name, d in (("k_descale", descales[1]), ("v_descale", descales[2]))
+        if d is not None)
     # split scratch: slots too, a plan fetching this stream's pool (ops.scratch) each call
     if splits > 1:
         slots += (Slot("O_PART", "o_part"), Slot("LSE_PART", "lse_part"), Slot("ARRIVALS", "arrivals"))

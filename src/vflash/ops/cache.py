@@ -4,6 +4,7 @@ from typing import Hashable, Optional
 
 import torch
 
+from vflash import _backend
 from vflash.kernels.cache import write_kvcache_kernel
 from vflash.ops import launch as launches
 from vflash.ops.launch import KernelLaunch, Slot
@@ -17,11 +18,13 @@ _HOST_SLOT_CHECK = 1024
 
 
 def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                          slot_mapping: torch.Tensor, tiles: CacheWriteTiles, check_metadata: bool = False,
-                          plan_key: Optional[Hashable] = None) -> None:
+                          slot_mapping: torch.Tensor, k_descale: Optional[torch.Tensor] = None,
+                          v_descale: Optional[torch.Tensor] = None, tiles: Optional[CacheWriteTiles] = None,
+                          check_metadata: bool = False, plan_key: Optional[Hashable] = None) -> None:
     """Write k_new / v_new [T, Hkv, D] into the caches [num_blocks, block_size, Hkv, D]
     in place, token t at slot slot_mapping[t] (inputs validated by
-    vflash._validate.check_kvcache_write), the slots' values checked first with
+    vflash._validate.check_kvcache_write; an FP8 cache quantized with k_descale / v_descale, fp32 0-d or
+    [Hkv], None for 1), the slots' values checked first with
     check_metadata (check_slots). With a `plan_key` (vflash.ops.plans) the launch is
     recorded for later calls of the same metadata, which check their slots as this one."""
     num_blocks, block_size = k_cache.shape[:2]
@@ -31,18 +34,25 @@ def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: t
     if T == 0:
         return
     grid = (T, (H + tiles.block_h - 1) // tiles.block_h, 1)
-    args = (k_cache, v_cache, k_new, v_new, slot_mapping, k_cache.stride(), v_cache.stride(), k_new.stride(),
-            v_new.stride(), k_cache.shape[1], k_cache.shape[0] * k_cache.shape[1], H, D)
-    slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS))
+    quantize = k_cache.dtype == torch.float8_e4m3fn
+    descale_strides = tuple(d.stride(0) if d is not None and d.dim() == 1 else 0
+                            for d in (k_descale, v_descale)) if quantize else None
+    args = (k_cache, v_cache, k_new, v_new, slot_mapping, k_descale, v_descale, k_cache.stride(), v_cache.stride(),
+            k_new.stride(), v_new.stride(), descale_strides, k_cache.shape[1], k_cache.shape[0] * k_cache.shape[1],
+            H, D)
+    slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS)) + tuple(
+        Slot(name.upper(), name) for name, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None)
     block_d = max(16, 1 << (D - 1).bit_length())
-    launch = KernelLaunch(write_kvcache_kernel, grid, args, dict(BLOCK_H=tiles.block_h, BLOCK_D=block_d),
+    launch = KernelLaunch(write_kvcache_kernel, grid, args,
+                          dict(BLOCK_H=tiles.block_h, BLOCK_D=block_d, QUANTIZE=quantize,
+                               EMULATE=quantize and _backend.interpreted(k_cache.device)),
                           dict(num_warps=tiles.num_warps), slots)
     compiled = launches.run(launch, k_cache.device)
     if plan_key is not None and k_cache.device.index == torch.cuda.current_device():
         def admit(*args) -> bool:  # a repeat's slots checked as this call's
             check_slots(args[4], num_blocks, block_size)
             return True
-        launches.record(plan_key, launch, compiled, INPUTS, (), (), k_cache.device.index,
+        launches.record(plan_key, launch, compiled, INPUTS + ("k_descale", "v_descale"), (), (), k_cache.device.index,
                         admit=admit if check_metadata else None)
 
 
