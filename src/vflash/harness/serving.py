@@ -184,17 +184,20 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
         row = dict(method=method, B=B, Hq=Hq, Hkv=Hkv, Nq=1, Nk=KV, D=D, page="", status="ok")
         try:
             if method.startswith("vflash_paged"):
-                page_text, _, mode = method[len("vflash_paged"):].partition("_")  # _invariant, _sinks
-                page, invariant = int(page_text), mode == "invariant"
+                page_text, _, mode = method[len("vflash_paged"):].partition("_")  # _invariant, _sinks, _fp8
+                page, invariant, fp8 = int(page_text), mode == "invariant", mode == "fp8"
                 sinks = torch.randn(Hq, device=device) if mode == "sinks" else None
                 row["page"] = page
                 pages = -(-KV // page)
-                caches = [(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype),
-                           torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype)) for _ in range(n)]
+                # _fp8: e4m3 caches (half the bytes: the row's GB/s counts those) with a descale a KV head
+                caches = [tuple(torch.randn(B * pages, page, Hkv, D, device=device, dtype=dtype).to(
+                    torch.float8_e4m3fn if fp8 else dtype) for _ in range(2)) for _ in range(n)]
+                descales = dict(k_descale=torch.full((Hkv,), 0.5, device=device),
+                                v_descale=torch.full((Hkv,), 0.5, device=device)) if fp8 else {}
                 table = shuffled_table(B, pages, device)
                 calls = [lambda kc=kc, vc=vc: vflash.attention_with_kvcache(
                     q, kc, vc, seqlens, block_table=table, batch_invariant=invariant, sinks=sinks,
-                    check_metadata=False) for kc, vc in caches]
+                    check_metadata=False, **descales) for kc, vc in caches]
                 if method == "vflash_paged16" and device.type == "cuda":
                     host, probe = _host_us(calls[0], device, rounds=HOST_ROUNDS)
                     row.update(host_us=round(host, 2), host_probe_us=round(probe, 2), host_rounds=HOST_ROUNDS)
@@ -217,7 +220,8 @@ def decode_rows(B: int, KV: int, heads: Tuple[int, int, int], dtype: torch.dtype
                              for kc, vc in contig]
                 else:
                     calls = [_sdpa_call(method, q, kc, vc) for kc, vc in contig]
-            _time_into(row, calls, device, "gbps", cache_bytes / 1e3)
+            read = cache_bytes // 2 if method.endswith("_fp8") else cache_bytes  # the bytes the call reads
+            _time_into(row, calls, device, "gbps", read / 1e3)
         except Exception as exc:  # a method that cannot run here gets its status
             row["status"] = error_text(exc)
         finally:
