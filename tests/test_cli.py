@@ -64,6 +64,10 @@ def test_cpu_matrix_covers_the_features():
     sinks = [c.name for c in cpu_matrix() if "sinks" in c.name]  # every path, and its gradient
     for word in ("varlen[", "kvcache[", "splits=", "batch-invariant", "grad ", "fully masked"):
         assert any(word in name for name in sinks), word
+    fp8 = [c.name for c in cpu_matrix() if "fp8" in c.name]  # inputs dense and packed, caches split and not
+    for word in ("fp8 B", "varlen[", "fp8-cache(tensor)", "fp8-cache(head)", "fp8-cache(seq)", "splits=",
+                 "batch-invariant", "descale=none", "out=fp16"):
+        assert any(word in name for name in fp8), word
 
 
 def test_python_dash_m_help():
@@ -91,6 +95,15 @@ def test_check_shape_options_without_shape_are_usage_errors(option, no_matrix, c
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert option[0] in err and "only with --shape" in err
+
+
+def test_check_one_fp8_shape_runs_the_fp8_rule(capsys):
+    assert main(["check", "--device", "cpu", "--shape", "1,2,1,20,30,16", "--dtype", "fp8", "--causal", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 B1 N20x30" in out and "rmse" in out and "1 passed, 0 failed" in out
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--device", "cpu", "--shape", "1,2,1,20,30,16", "--dtype", "fp8", "--layout", "bnhd"])
+    assert info.value.code == 2
 
 
 def test_check_without_shape_options_still_runs_the_matrix(no_matrix, capsys):

@@ -69,12 +69,18 @@ def cmd_demo(args) -> int:
 
 def _custom_case(args):
     from vflash.harness.bench import Shape
-    from vflash.harness.cases import Case
+    from vflash.harness.cases import Case, Fp8Case
 
     try:
         s = Shape.parse(args.shape, causal=False)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.dtype == "fp8":  # e4m3 inputs, a descale a (sequence, KV head), bf16 out: the FP8 rule
+        if args.layout is not None or args.scale is not None:
+            args.subparser.error("--layout and --scale do not apply to --dtype fp8")
+        return Fp8Case(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, causal=bool(args.causal) if
+                       args.causal is None else args.causal, window=args.window, softcap=args.softcap,
+                       sinks=bool(args.sinks), descale="head")
     return Case(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Nq=s.Nq, Nk=s.Nk, D=s.D, dtype=args.dtype or "fp16",
                 causal=bool(args.causal) if args.causal is None else args.causal, window=args.window,
                 softcap=args.softcap, scale=args.scale, layout=args.layout or "bhnd", sinks=bool(args.sinks))
@@ -252,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match", metavar="WORD", help="only the matrix's cases whose name holds WORD (e.g. sinks, grad)")
     # The options below describe the --shape case; given without --shape they are a usage error.
     # Their defaults are None so that "not given" can be told apart; _custom_case fills them in.
-    p.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], help="with --shape: input dtype (default fp16)")
+    p.add_argument("--dtype", choices=["fp16", "bf16", "fp32", "fp8"],
+                   help="with --shape: input dtype (default fp16; fp8: e4m3 with descales, bf16 out)")
     p.add_argument("--causal", type=_causal,
                    help="with --shape: false|true|top_left|bottom_right (default false; true = bottom_right)")
     p.add_argument("--window", type=_pair, metavar="LEFT,RIGHT",
@@ -279,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", default=None, help="with --shape: causal (bottom-right)")
     p.add_argument("--dtype", default="fp16", help="comma-separated: fp16,bf16,fp32 (default fp16)")
     p.add_argument("--methods", help="comma-separated subset of: explicit_fp32, explicit, tiled, vflash, "
-                                     "vflash_sinks (with a sink logit a head), sdpa_flash, sdpa_cudnn, flex, fa4 "
-                                     "(default: all that can run but vflash_sinks)")
+                                     "vflash_sinks (with a sink logit a head), vflash_fp8 (the shape in FP8, "
+                                     "forward), sdpa_flash, sdpa_cudnn, flex, fa4 (default: all that can run but "
+                                     "vflash_sinks and vflash_fp8)")
     p.add_argument("--out", default="bench.csv", metavar="CSV",
                    help="results CSV, one row per shape, dtype and method (default bench.csv); the environment "
                         "record goes beside it with .env.json for .csv (bench.env.json)")
