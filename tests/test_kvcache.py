@@ -156,7 +156,7 @@ def _args(device):
     (lambda a: dict(block_table=a["block_table"][:1]), ValueError, "block_table has 1 rows for 2 sequences"),
     (lambda a: dict(q=a["q"][:1]), ValueError, "q holds 1 sequences"),
     (lambda a: dict(v_cache=a["v_cache"][:, :4]), ValueError, "one shape"),
-    (lambda a: dict(q=a["q"].float()), TypeError, "share one dtype"),
+    (lambda a: dict(q=a["q"].float()), TypeError, "share q's dtype"),
     (lambda a: dict(causal="top_left"), ValueError, "does not apply to a KV cache"),
     (lambda a: dict(num_splits=2, batch_invariant=True), ValueError, "leave num_splits None"),
     (lambda a: dict(num_splits=1000), ValueError, "num_splits=1000 is above 256"),
@@ -739,7 +739,8 @@ def _out_over_table(args):
 @pytest.mark.parametrize("change,error,match", [
     (lambda a: dict(out=a["q"].numpy() if a["q"].is_cpu else 1.0), TypeError, "out must be a torch.Tensor"),
     (lambda a: dict(out=torch.empty_like(a["q"])[:1]), ValueError, "out must have q's shape"),
-    (lambda a: dict(out=torch.empty_like(a["q"]).float()), ValueError, "out must have q's shape, dtype"),
+    (lambda a: dict(out=torch.empty_like(a["q"]).float()), ValueError,
+     "out must have q's shape with v's head dim, q's dtype"),
     (lambda a: dict(out=torch.empty(2, 1, 16, 4, dtype=a["q"].dtype, device=a["q"].device).transpose(2, 3)),
      ValueError, "unit stride in the head dim"),
     (lambda a: dict(out=a["q"]), ValueError, "out overlaps q's memory"),

@@ -13,7 +13,8 @@ launcher: what a GPU would compile for that call. The set covers
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
     in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
     portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), FP8
-    inputs (the portable forward) and caches (the KV-cache kernel split, the cache write), the
+    inputs (the portable forward) and caches (the KV-cache kernel split, the cache write), a v head dim unlike
+    q's and k's (192 / 128, the portable forward), the
     portable backward (delta, dK / dV, dQ; dense and varlen), merge_states, write_kvcache and the sequence-metadata check.
 
 What is hashed: the PTX without its debug sections, .loc / .file lines, comments and the $L__tmp labels of
@@ -161,15 +162,16 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
 # --- the portable forward and its KV-cache kernel ---
 
 def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_right: bool, softcap: bool,
-                   store_lse: bool, dtype=F16, sinks=False) -> Group:
+                   store_lse: bool, dtype=F16, sinks=False, head_dim_v: Optional[int] = None) -> Group:
     """attention_fwd_kernel's dense launch: [1, 2, 256, D]; FP8 (dtype e4m3) with [B, Hkv] descales and a bf16
-    out."""
+    out; head_dim_v: v's head dim where it differs."""
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
+        v = q if head_dim_v is None else _empty(1, 2, 256, head_dim_v, dtype=dtype)
         band = Band(0, 32 if has_left else -1, 0 if has_right else -1)
         descales = [torch.ones(1, 2)] * 3 if dtype == torch.float8_e4m3fn else []
         return _captured(lambda: lab.attention_forward(
-            q, q, q, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks), *descales),
+            q, q, v, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks), *descales),
             return_lse=store_lse, tiles=tiles, out_dtype=BF16 if descales else None))
     return Group(launches, ("",))
 
@@ -281,6 +283,8 @@ GROUPS: Dict[str, Group] = {
     "p_d128_split": portable_dense(128, PortableTiles(256, 64, 8, 3, True), False, False, False, False),
     "p_d64_window_softcap": portable_dense(64, PortableTiles(64, 64, 4, 3), True, True, True, True, BF16),
     "p_d96_padded": portable_dense(96, PortableTiles(128, 128, 8, 3), False, False, False, True),
+    "p_d192_v128_causal": portable_dense(192, PortableTiles(64, 64, 4, 2), False, True, False, True,
+                                         head_dim_v=128),
     "p_d128_fp8": portable_dense(128, PortableTiles(128, 128, 8, 3), False, False, False, True, torch.float8_e4m3fn),
     "p_d64_causal_sinks": portable_dense(64, PortableTiles(64, 64, 4, 3), False, True, False, True, sinks=True),
     "p_varlen_d128_causal": portable_varlen(128, PortableTiles(128, 128, 8, 3), "bottom_right"),

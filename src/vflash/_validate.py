@@ -94,14 +94,18 @@ def _check_tensors(q, k, v, ndim: int, layout: str, kv_layout: str, hint: str) -
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape {kv_layout}, got k {tuple(k.shape)} "
-                         f"and v {tuple(v.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must have the same shape {kv_layout} but for the head dim (v's may differ), "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
 
 
-def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int) -> None:
+def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int, Dv: Optional[int] = None) -> None:
+    # Dv: v's head dim, which may differ from q's and k's (D); each a multiple of 8 in [8, 256]
     if Dk != D:
-        raise ValueError(f"head dims differ: q has {D}, k and v have {Dk}")
+        raise ValueError(f"head dims differ: q has {D}, k has {Dk}")
+    if Dv is not None and not (MIN_HEAD_DIM <= Dv <= MAX_HEAD_DIM and Dv % 8 == 0):
+        raise ValueError(f"v's head dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
+                         f"got {Dv}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for GQA/MQA")
     if Hq > MAX_GRID_YZ:
@@ -164,9 +168,9 @@ def check_qkv(q, k, v) -> None:
     if B > MAX_GRID_YZ:
         raise ValueError(f"batch size {B} exceeds {MAX_GRID_YZ}, the most one launch covers; split the batch "
                          f"into chunks of at most {MAX_GRID_YZ}")
-    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    _check_heads_and_device(q, Hq, Hkv, D, Dk, v.shape[3])
     for name, t, n in (("q", q, Nq), ("k", k, Nk), ("v", v, Nk)):
-        _check_span(name, n, D, t.stride(2), t.stride(3), "sequence span")
+        _check_span(name, n, t.shape[3], t.stride(2), t.stride(3), "sequence span")
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
@@ -176,7 +180,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     _check_tensors(q, k, v, 3, "[total_q, heads, head_dim] (packed sequences)", "[total_k, Hkv, D]", "")
     total_q, Hq, D = q.shape
     total_k, Hkv, Dk = k.shape
-    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    _check_heads_and_device(q, Hq, Hkv, D, Dk, v.shape[2])
     n = None
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
@@ -202,7 +206,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if total_q > _INT32_MAX or total_k > _INT32_MAX:
         raise ValueError(f"packed lengths must fit int32, got total_q {total_q}, total_k {total_k}")
     for name, t, m in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
-        _check_span(name, m, D, t.stride(0), t.stride(2), "longest sequence's span")
+        _check_span(name, m, t.shape[2], t.stride(0), t.stride(2), "longest sequence's span")
     return batch
 
 
@@ -256,14 +260,14 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
                         f"{k_cache.dtype}, v_cache {v_cache.dtype}")
     if k_cache.dtype in FP8_DTYPES and q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"an FP8 cache takes a float16 / bfloat16 q, got q {q.dtype}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
+        raise ValueError(f"k_cache and v_cache must have one shape but for the head dim (v's may differ), got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     Hq, D = q.shape[-2], q.shape[-1]
     _, rows, Hkv, Dk = k_cache.shape
     if not packed:
         _check_dense_q_layout(q, Hkv)
-    _check_heads_and_device(q, Hq, Hkv, D, Dk)
+    _check_heads_and_device(q, Hq, Hkv, D, Dk, v_cache.shape[3])
     if rows < 1:
         raise ValueError(f"k_cache's second dim (the page size, or a contiguous cache's length) must be at least 1, "
                          f"got shape {tuple(k_cache.shape)}")
@@ -334,16 +338,17 @@ KVCACHE_OUT_APART = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", 
 
 
 def check_kvcache_out(out, inputs) -> Tuple[int, ...]:
-    """attention_with_kvcache's out=: q's shape, dtype and device, unit stride in the head
-    dim, its memory apart from every input's (inputs: KVCACHE_OUT_APART's tensors, None where
+    """attention_with_kvcache's out=: q's shape (with v's head dim), dtype and device, unit stride in the
+    head dim, its memory apart from every input's (inputs: KVCACHE_OUT_APART's tensors, None where
     absent; the split merge re-reads q after other programs have written out). Returns out's
     and the inputs' byte extents (kvcache_out_overlap's, for a plan's guard)."""
-    q = inputs[0]
+    q, v_cache = inputs[0], inputs[2]
+    shape = (*q.shape[:-1], v_cache.shape[-1])
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor of q's shape, got {_describe(out)}")
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must have q's shape, dtype and device ({tuple(q.shape)}, {q.dtype}, {q.device}), "
-                         f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape with v's head dim, q's dtype and device ({shape}, {q.dtype}, "
+                         f"{q.device}), got {tuple(out.shape)}, {out.dtype}, {out.device}")
     if out.layout is not torch.strided or (out.stride(-1) != 1 and out.shape[-1] > 1):
         raise ValueError("out must be strided with a unit stride in the head dim; pass a contiguous tensor")
     if out.requires_grad:

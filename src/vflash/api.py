@@ -33,7 +33,7 @@ def attention(
         q: [B, Hq, Nq, D] queries. Any strides: a [B, N, H, D] tensor passes as
             ``x.transpose(1, 2)`` with no copy.
         k: [B, Hkv, Nk, D] keys, Hq % Hkv == 0 (GQA / MQA when Hkv < Hq).
-        v: [B, Hkv, Nk, D] values.
+        v: [B, Hkv, Nk, D_v] values (D_v may differ from D).
         causal: False; True or "bottom_right" (FlashAttention's alignment, right
             for KV caches); or "top_left" (SDPA's ``is_causal``). The two agree
             when Nq == Nk. For Nq = 2, Nk = 5 (x = visible)::
@@ -66,7 +66,7 @@ def attention(
             sinks, log(e^{sink_h} + sum_j e^{s_ij}).
 
     Returns:
-        out [B, Hq, Nq, D] in the inputs' dtype (out_dtype), contiguous; or (out, lse).
+        out [B, Hq, Nq, D_v] in the inputs' dtype (out_dtype), contiguous; or (out, lse).
         A query row that sees no key (fully masked, or Nk = 0) gets out = 0 and
         lse = -inf (with sinks: lse = sink_h).
 
@@ -77,8 +77,10 @@ def attention(
     dtypes: float16, bfloat16, float32 (fp32 products); under torch.autocast, fp32
     inputs run in the autocast dtype. float8_e4m3fn (FP8, all three, forward only:
     no autograd, not under torch.compile): q.k in FP8 with fp32 sums, P rounded to
-    e4m3 after its row max is scaled to 256, P.V in FP8 with fp32 sums (docs/features.md). Head dims 8..256, any multiple of 8. CPU
-    tensors run the same kernel through Triton's interpreter (slow; see README).
+    e4m3 after its row max is scaled to 256, P.V in FP8 with fp32 sums (docs/features.md).
+    Head dims 8..256, any multiple of 8; v's may differ from q's and k's (the output
+    takes v's; forward only for now, on the portable kernel). CPU tensors run the
+    same kernel through Triton's interpreter (slow; see README).
     Which kernel and tiles run: vflash.dispatch.
 
     Autograd: when q, k, v or sinks requires grad (or under torch.compile) the call goes

@@ -415,8 +415,10 @@ def ring_attention(
         out [B, Hq, Nq_local, D] in q's dtype (this rank's shard of the full output), or
         (out, lse). Differentiable: the backward passes dK / dV around the ring.
     """
-    rank, world = _group(group)
     _validate.check_no_fp8("ring_attention", q=q, k=k, v=v)
+    if isinstance(v, torch.Tensor) and isinstance(k, torch.Tensor) and v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"ring_attention takes v's head dim equal to k's, got {v.shape[-1]} and {k.shape[-1]}")
+    rank, world = _group(group)
     call = _validate.attention_call(q, k, v, causal, window, scale, softcap, sinks, None, None, None, None,
                                     return_lse)  # a shard's band
     ring = _dense_ring(rank, world, layout, q.shape[2], k.shape[2], _validate.resolve_causal(causal),
@@ -455,8 +457,11 @@ def ring_attention_varlen(
     Returns:
         out [total_local, Hq, D], or (out, lse [Hq, total_local] fp32).
     """
-    rank, world = _group(group)
     _validate.check_no_fp8("ring_attention_varlen", q=q, k=k, v=v)
+    if isinstance(v, torch.Tensor) and isinstance(k, torch.Tensor) and v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"ring_attention_varlen takes v's head dim equal to k's, got {v.shape[-1]} and "
+                         f"{k.shape[-1]}")
+    rank, world = _group(group)
     call = _validate.varlen_call(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, None, scale,
                                  softcap, sinks, None, None, None, None, return_lse, True)
     check, _ = metadata.checker(call, dispatch.metadata_tiles(call.batch, q.device))

@@ -214,6 +214,10 @@ def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:
     """An entry point's dense or packed call (its arguments in `spec`'s order), validated, through its
     custom op: (out, lse)."""
     call = _validate.call_of(spec, args)
+    if call.head_dim_v != call.head_dim:
+        raise ValueError(f"a v head dim unlike q's and k's ({call.head_dim_v} against {call.head_dim}) runs forward "
+                         "only for now: no autograd and no torch.compile yet (vflash.attention under "
+                         "torch.no_grad(), outside the compiled region)")
     if call.q.dtype in _validate.FP8_DTYPES:
         raise TypeError("FP8 inputs run forward only, outside autograd and torch.compile: call vflash.attention "
                         "on them under torch.no_grad() (inputs that do not require grad), outside the compiled region")

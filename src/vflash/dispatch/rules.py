@@ -37,6 +37,7 @@ class Problem:
     layout: str = "dense"
     options: Tuple[str, ...] = ()  # the score options set beside the scale (vflash.call.Score's fields)
     kv_dtype: Optional[torch.dtype] = None  # k's and v's dtype where it is not q's (an FP8 KV cache)
+    head_dim_v: int = 0  # v's head dim where it is not q's and k's (0: the same)
 
     @property
     def varlen(self) -> bool:
@@ -45,8 +46,9 @@ class Problem:
 
     @property
     def head_dim_pad(self) -> int:
-        """The portable kernel's head dim (ops.tiles.head_dim_pad)."""
-        return head_dim_pad(self.head_dim)
+        """The portable kernel's head dim that sizes its tiles (ops.tiles.head_dim_pad): q's and k's, or v's
+        where it is wider."""
+        return head_dim_pad(max(self.head_dim, self.head_dim_v))
 
     def row_tiles(self, block_m: int) -> int:
         """Programs (work tiles) of block_m query rows over every (batch, q head)."""
@@ -73,7 +75,8 @@ def problem_of(call: Call) -> Problem:
     options = tuple(name for name in Score._fields[1:] if getattr(call.score, name) is not None)
     return Problem(q.dtype, call.head_dim, call.batch, call.heads_q, call.n_q, call.n_k, call.band, q.device, tma,
                    "dense" if layout is None else "cache" if isinstance(layout, Cache) else "packed", options,
-                   None if call.k.dtype == q.dtype else call.k.dtype)
+                   None if call.k.dtype == q.dtype else call.k.dtype,
+                   0 if call.head_dim_v == call.head_dim else call.head_dim_v)
 
 
 def choose(call: Call, kernel: Optional[str] = None) -> Choice:
@@ -117,6 +120,8 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return refusal
     if (p.head_dim, p.band.has_right) not in tables.SM90:
         return f"it has tiles for head dims {sorted({d for d, _ in tables.SM90})}, not {p.head_dim}"
+    if p.head_dim_v:
+        return f"it takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None

@@ -51,20 +51,22 @@ def _online_update(
 def _attend_tiles(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, offs_d, start, stop,
+    offs_m, offs_d, offs_dv, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # Key tiles [start, stop) for one block of rows (q [BLOCK_M, HEAD_DIM_PAD]).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k, HEAD_DIM_V, MASKED, CHECK_DV)
         # Key indices relative to the tile (the shift goes into the row bounds): see the sm90 kernel.
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
@@ -76,9 +78,10 @@ def _attend_tiles(
 def _attend_cache_tiles(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page,
-    offs_m, offs_d, start, stop, step,
+    offs_m, offs_d, offs_dv, start, stop, step,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -97,6 +100,7 @@ def _attend_cache_tiles(
     # offsets are added to the bases once, and a tile adds a page's base a row (or the
     # tile's rows of a contiguous cache), not a 64-bit sum a row per address.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     NESTED: tl.constexpr = (BLOCK_N % PAGE_SIZE == 0) or (PAGE_SIZE % BLOCK_N == 0)
     offs_n0 = tl.arange(0, BLOCK_N)
     if IS_PAGED:
@@ -109,7 +113,7 @@ def _attend_cache_tiles(
         rows0 = offs_n0
     rows0 = rows0.to(tl.int64)  # once, outside the loop: a row stride times BLOCK_N may pass 2^31
     k_in = k_base + rows0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM_PAD]
-    v_in = v_base + rows0[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    v_in = v_base + rows0[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # [BLOCK_N, HEAD_DIM_V_PAD]
     for start_n in range(start, stop, step):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         if IS_PAGED:
@@ -123,11 +127,12 @@ def _attend_cache_tiles(
             k_rows = page.to(tl.int64) * stride_kp + slot * stride_kn  # [BLOCK_N]
             v_rows = page.to(tl.int64) * stride_vp + slot * stride_vn
             k = load_at(k_in + k_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-            v = load_at(v_in + v_rows[:, None], offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
+            v = load_at(v_in + v_rows[:, None], offs_n, offs_dv, n_k, HEAD_DIM_V, MASKED, CHECK_DV)
             page = tl.load(next_ids, mask=offs_n + step < n_k, other=0)
         else:
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
-            v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
+            v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_dv, n_k, HEAD_DIM_V, MASKED,
+                        CHECK_DV)
         if k.dtype != q.dtype:  # an FP8 cache: widened to q's dtype (exact), its descales applied by the caller
             k = k.to(q.dtype)
             v = v.to(q.dtype)
@@ -155,9 +160,10 @@ def _page_ids(table, table_cols, start, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.con
 def _attend_tiles_split(
     acc0, l0, m0, q0, acc1, l1, m1, q1,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m0, offs_m1, offs_d, start, stop,
+    offs_m0, offs_m1, offs_d, offs_dv, start, stop,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -166,13 +172,14 @@ def _attend_tiles_split(
     # half can run while the tensor cores work on the other (measured +8 % at
     # D = 128 non-causal on an H200, docs/performance.md).
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0  # [BLOCK_N]
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
         qk0 = scores(q0, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M // 2, BLOCK_N]
         qk1 = scores(q1, k, EMULATE_BF16, DOT_PRECISION)
-        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k, HEAD_DIM_V, MASKED, CHECK_DV)
         acc0, l0, m0 = _online_update(acc0, l0, m0, qk0, v, offs_m0, offs_n0, n_k - start_n, off - start_n,
                                       left, right, qk_scale,
                                       softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP,
@@ -211,7 +218,7 @@ def attention_fwd_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE,
     q_strides, k_strides, v_strides, o_strides, descale_strides,
     n_heads_q, kv_group, n_q, n_k, band, scales,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, REVERSE_M: tl.constexpr,
@@ -278,6 +285,7 @@ def attention_fwd_kernel(
     else:
         lse_base = LSE + (off_b * n_heads_q + off_h) * n_q
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # [HEAD_DIM_V_PAD]: v's and the output's columns
     lo, full_lo, full_hi, hi = key_range(start_m, n_k, off, left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
     if SPLIT:
@@ -290,48 +298,54 @@ def attention_fwd_kernel(
         m1 = tl.full([HALF], float("-inf"), dtype=tl.float32)
         l0 = tl.zeros([HALF], dtype=tl.float32)
         l1 = tl.zeros([HALF], dtype=tl.float32)
-        acc0 = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
-        acc1 = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
+        acc0 = tl.zeros([HALF, HEAD_DIM_V_PAD], dtype=tl.float32)
+        acc1 = tl.zeros([HALF, HEAD_DIM_V_PAD], dtype=tl.float32)
         if HAS_LEFT:
             acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
                 acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                offs_m0, offs_m1, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                offs_m0, offs_m1, offs_d, offs_dv,
+                lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT,
                 SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m0, offs_m1, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+            offs_m0, offs_m1, offs_d, offs_dv,
+            full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc0, l0, m0, acc1, l1, m1 = _attend_tiles_split(
             acc0, l0, m0, q0, acc1, l1, m1, q1, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m0, offs_m1, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
-        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
+            offs_m0, offs_m1, offs_d, offs_dv, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+        _store_rows(acc0, l0, m0, o_base, lse_base, offs_m0, offs_dv, stride_om, stride_od, n_q, SINKS, off_h,
+                    out_scale, HEAD_DIM_V, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
+        _store_rows(acc1, l1, m1, o_base, lse_base, offs_m1, offs_dv, stride_om, stride_od, n_q, SINKS, off_h,
+                    out_scale, HEAD_DIM_V, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM)  # [BLOCK_M, HEAD_DIM_PAD]
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
         if HAS_LEFT:
             acc, l_i, m_i = _attend_tiles(
                 acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                offs_m, offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
+                offs_m, offs_d, offs_dv, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT,
                 SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+            offs_m, offs_d, offs_dv, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stride_od, n_q, SINKS, off_h,
-                    out_scale, HEAD_DIM, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
+            offs_m, offs_d, offs_dv, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+        _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_dv, stride_om, stride_od, n_q, SINKS, off_h,
+                    out_scale, HEAD_DIM_V, STORE_LSE, EMULATE_BF16, HAS_SINK, IS_FP8)
 
 
 @triton.jit
@@ -339,7 +353,7 @@ def attention_kvcache_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, BLOCK_TABLE, SEQLENS_K, O_PART, LSE_PART, ARRIVALS, SINKS, K_DESCALE, V_DESCALE,
     q_strides, k_strides, v_strides, o_strides, part_strides, lse_part_strides, band, scales, descale_strides,
     stride_table, table_cols, num_splits, split_keys, n_q_fixed,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -433,6 +447,7 @@ def attention_kvcache_kernel(
             out_scale = tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
     row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and the output's columns
     q_rows = Q + (q_start + offs_q) * stride_qm + heads * stride_qh  # [BLOCK_M] pointers
     q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
                 other=0.0)
@@ -458,34 +473,40 @@ def attention_kvcache_kernel(
         v_base += off_b * stride_vp
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
     # ONE_MASKED_LOOP (split or ONE_LOOP): every tile masked in one loop (one pipeline prologue), the
     # split's tiles of [lo, hi); else the band's masked left edge, unmasked middle and masked right edge,
     # a loop each
     if ONE_MASKED_LOOP:
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, page0, offs_q, offs_d, first, stop, step, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
+            table, page0, offs_q, offs_d, offs_dv, first, stop, step, n_k, off, left, right, qk_scale, softcap_in,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
     else:
         if HAS_LEFT:
             acc, l_i, m_i = _attend_cache_tiles(
                 acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-                table, _page_ids(table, table_cols, lo, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, lo, full_lo,
-                BLOCK_N, n_k, off, left, right, qk_scale, softcap_in, softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
-                True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+                table, _page_ids(table, table_cols, lo, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, offs_dv,
+                lo, full_lo, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in, softcap_out, BLOCK_N, HEAD_DIM,
+                HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
+                DOT_PRECISION, IS_PAGED, PAGE_SIZE)
             page0 = _page_ids(table, table_cols, full_lo, BLOCK_N, PAGE_SIZE, IS_PAGED)
         acc, l_i, m_i = _attend_cache_tiles(  # without a left edge full_lo = 0 = first: page0 from the start
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, page0, offs_q, offs_d, full_lo, full_hi, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
+            table, page0, offs_q, offs_d, offs_dv,
+            full_lo, full_hi, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
         acc, l_i, m_i = _attend_cache_tiles(
             acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-            table, _page_ids(table, table_cols, full_hi, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, full_hi, hi,
+            table, _page_ids(table, table_cols, full_hi, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, offs_dv,
+            full_hi, hi,
             BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
-            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
+            softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
             DOT_PRECISION, IS_PAGED, PAGE_SIZE)
 
     # a split's partial carries no sink (no visible key in it: out 0, LSE -inf, merge weight 0)
@@ -493,10 +514,10 @@ def attention_kvcache_kernel(
     if IS_FP8:
         inv_l = inv_l * out_scale
     out = acc * inv_l[:, None]
-    d_ok = offs_d < HEAD_DIM
+    d_ok = offs_dv < HEAD_DIM_V
     if IS_SPLIT:
         p_rows = split.to(tl.int64) * stride_ps + (q_start + offs_q) * stride_pm + heads * stride_ph  # [BLOCK_M]
-        tl.store(O_PART + p_rows[:, None] + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(O_PART + p_rows[:, None] + offs_dv[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE_PART + split.to(tl.int64) * stride_ls + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial stores before the arrival releases them
         tile = (off_b * tl.num_programs(1) + off_hk) * (tl.num_programs(0) // num_splits) + pid // num_splits
@@ -512,15 +533,15 @@ def attention_kvcache_kernel(
             c_lse = c_heads * stride_lh + q_start + c_q
             merged, merged_lse = fold_splits(O_PART + (q_start + c_q) * stride_pm + c_heads * stride_ph,
                                              LSE_PART + c_lse, stride_ps, stride_ls, 1, num_splits, c_ok, sink,
-                                             MERGE_ROWS, HEAD_DIM, HEAD_DIM_PAD, SPLIT_CHUNK, HAS_SINK)
+                                             MERGE_ROWS, HEAD_DIM_V, HEAD_DIM_V_PAD, SPLIT_CHUNK, HAS_SINK)
             c_rows = (q_start + c_q) * stride_om + c_heads * stride_oh
-            tl.store(O + c_rows[:, None] + offs_d[None, :] * stride_od, cast(merged, O.dtype.element_ty, EMULATE_BF16),
+            tl.store(O + c_rows[:, None] + offs_dv[None, :] * stride_od, cast(merged, O.dtype.element_ty, EMULATE_BF16),
                      mask=c_ok[:, None] & d_ok[None, :])
             if STORE_LSE:
                 tl.store(LSE + c_lse, merged_lse, mask=c_ok)
     else:
         o_rows = (q_start + offs_q) * stride_om + heads * stride_oh  # [BLOCK_M] row offsets
-        tl.store(O + o_rows[:, None] + offs_d[None, :] * stride_od, cast(out, O.dtype.element_ty, EMULATE_BF16),
+        tl.store(O + o_rows[:, None] + offs_dv[None, :] * stride_od, cast(out, O.dtype.element_ty, EMULATE_BF16),
                  mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
             tl.store(LSE + heads * stride_lh + q_start + offs_q, lse, mask=row_ok)

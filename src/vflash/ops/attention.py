@@ -55,7 +55,8 @@ def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, pla
         admit = _guarded(admit, layout.out_guard, plan_inputs, KVCACHE_INPUTS)
     return attention_kvcache_forward(call.q, call.k, call.v, layout.cache_seqlens, layout.block_table,
                                      layout.cu_seqlens_q, layout.max_seqlen_q, out=call.out,
-                                     plan_out_shape=tuple(layout.q_shape), plan_admit=admit, **common)
+                                     plan_out_shape=(*layout.q_shape[:-1], call.head_dim_v), plan_admit=admit,
+                                     **common)
 
 
 def _admit(check: Callable, names: Optional[Sequence[str]], wanted: Sequence[str]) -> Optional[Callable]:
@@ -107,7 +108,7 @@ def attention_forward(
     Nk = k.shape[2]
     out_dtype = out_dtype or q.dtype
     if out is None:
-        out = torch.empty((B, Hq, Nq, D), dtype=out_dtype, device=q.device)
+        out = torch.empty((B, Hq, Nq, v.shape[-1]), dtype=out_dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -159,7 +160,7 @@ def attention_varlen_forward(
     total_q, Hq, D = q.shape
     out_dtype = out_dtype or q.dtype
     if out is None:
-        out = torch.empty((total_q, Hq, D), dtype=out_dtype, device=q.device)
+        out = torch.empty((total_q, Hq, v.shape[-1]), dtype=out_dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -211,7 +212,7 @@ def attention_kvcache_forward(
     batch = cache_seqlens.numel()
     fresh_out = out is None
     if fresh_out:
-        out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+        out = torch.empty((total_q, Hq, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
@@ -232,7 +233,8 @@ def attention_kvcache_forward(
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
     if splits > 1:  # the partials contiguous [splits, total_q, Hq, D], their LSEs [splits, Hq, total_q]
-        o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device)
+        o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, v_cache.shape[-1], batch, Hkv, row_tiles,
+                                                   q.device)
         part_strides, lse_part_stride = o_part.stride()[:3], lse_part.stride(0)
     else:
         o_part = lse_part = arrivals = None
@@ -249,7 +251,7 @@ def attention_kvcache_forward(
         0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
+        **_head_dims(D, v_cache.shape[-1]), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, **_dot_flags(q),
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
@@ -277,7 +279,7 @@ def attention_kvcache_forward(
         allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)] if fresh_out else []
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
-            splits, total_q, Hq, D, batch, Hkv, row_tiles, q.device))
+            splits, total_q, Hq, v_cache.shape[-1], batch, Hkv, row_tiles, q.device))
         inputs = tuple(plan_inputs or KVCACHE_INPUTS + ("out",))
         if fresh_out:  # the plan allocates out: a caller's out argument (None) is not its source
             inputs = tuple("" if name == "out" else name for name in inputs)
@@ -297,6 +299,11 @@ def _sm90_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Sm90Tiles, 
 def _dot_flags(q: torch.Tensor) -> dict:
     # bf16 done by hand under the interpreter only (kernels/tile.py); fp32 inputs keep fp32 products.
     return dict(EMULATE_BF16=_backend.emulates_bf16(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+
+
+def _head_dims(d_qk: int, d_v: int) -> dict:
+    # the portable kernels' head dims: q's and k's, v's and the output's, each with its power-of-two tile width
+    return dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=head_dim_pad(d_qk), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v))
 
 
 def _descale_strides(descales) -> Tuple[int, ...]:
@@ -337,7 +344,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         score_scales(score),
     )
     constexprs = dict(
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+        **_head_dims(D, v.shape[-1]),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,

@@ -34,7 +34,7 @@ def attention_with_kvcache_reference(
     page = k_cache.shape[1]
     cq, lens, table = cu_seqlens_q.tolist(), cache_seqlens.tolist(), block_table.tolist()
     dt = q.dtype if compute_dtype is None else compute_dtype
-    out = torch.zeros(q.shape, dtype=dt, device=q.device)
+    out = torch.zeros((*q.shape[:-1], v_cache.shape[-1]), dtype=dt, device=q.device)  # v's head dim
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=dt, device=q.device)
     for b, n_k in enumerate(lens):
         q0, q1 = cq[b], cq[b + 1]

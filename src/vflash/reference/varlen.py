@@ -19,7 +19,7 @@ def attention_varlen_reference(
     applies per sequence, with that sequence's own lengths."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     dt = q.dtype if compute_dtype is None else compute_dtype
-    out = torch.zeros(q.shape, dtype=dt, device=q.device)
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=dt, device=q.device)  # v's head dim
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=dt, device=q.device)
     for i in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]

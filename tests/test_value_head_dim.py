@@ -1,0 +1,137 @@
+"""A v head dim unlike q's and k's (issue 55, first part: the forward through the portable kernels): dense, packed
+and against a KV cache (paged and contiguous, split and not, the batch-invariant mode), with every option,
+against the explicit oracle (which takes v's own head dim); every output element written; the refusals (limits,
+the backward and ring attention not yet) before any launch."""
+
+import pytest
+import torch
+
+import vflash
+from vflash import dispatch
+from vflash.call import Band, Call, Score
+from vflash.ops.attention import attention_forward
+from vflash.ops.tiles import PortableTiles
+from vflash.reference import attention_explicit, attention_varlen_reference, attention_with_kvcache_reference
+
+F32, F64 = torch.float32, torch.float64
+DIMS = [(32, 16), (24, 40), (16, 64)]  # (q / k, v): narrower and wider v, padded and not
+
+
+def _close(got, want, dtype=F32):
+    tol = {F32: 2e-5, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got.double(), want.double(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("d_qk,d_v", DIMS)
+@pytest.mark.parametrize("opts", [dict(), dict(causal=True, window=(7, 2), softcap=3.0, sinks=True)],
+                         ids=["plain", "options"])
+def test_dense_matches_the_oracle(d_qk, d_v, opts, device):
+    g = torch.Generator().manual_seed(d_qk + d_v)
+    q, k = torch.randn(2, 4, 30, d_qk, generator=g), torch.randn(2, 2, 37, d_qk, generator=g)
+    v = torch.randn(2, 2, 37, d_v, generator=g)
+    opts = dict(opts, sinks=torch.randn(4, generator=g).to(device) if opts.get("sinks") else None)
+    q, k, v = (t.to(device) for t in (q, k, v))
+    out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
+    ref, ref_lse = attention_explicit(q, k, v, compute_dtype=F64, **opts)
+    assert out.shape == (2, 4, 30, d_v)
+    _close(out, ref)
+    _close(lse, ref_lse)
+
+
+def test_bf16_matches_the_oracle(device):
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 2, 40, 32, generator=g), torch.randn(1, 1, 40, 32, generator=g)
+    v = torch.randn(1, 1, 40, 48, generator=g)
+    q, k, v = (t.to(torch.bfloat16).to(device) for t in (q, k, v))
+    out = vflash.attention(q, k, v, causal=True)
+    _close(out, attention_explicit(q, k, v, causal=True, compute_dtype=F64)[0], torch.bfloat16)
+
+
+@pytest.mark.parametrize("d_qk,d_v", DIMS)
+def test_packed_matches_the_oracle(d_qk, d_v, device):
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(20, 4, d_qk, generator=g), torch.randn(25, 2, d_qk, generator=g)
+    v = torch.randn(25, 2, d_v, generator=g)
+    cq = torch.tensor([0, 7, 7, 20], dtype=torch.int32)
+    ck = torch.tensor([0, 10, 12, 25], dtype=torch.int32)
+    q, k, v, cq, ck = (t.to(device) for t in (q, k, v, cq, ck))
+    out, lse = vflash.attention_varlen(q, k, v, cq, ck, 13, 13, causal=True, return_lse=True)
+    ref, ref_lse = attention_varlen_reference(q, k, v, cq, ck, causal=True, compute_dtype=F64)
+    assert out.shape == (20, 4, d_v)
+    _close(out, ref)
+    _close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("d_qk,d_v", DIMS)
+@pytest.mark.parametrize("splits,invariant", [(1, False), (3, False), (None, True)])
+def test_paged_cache_matches_the_oracle(d_qk, d_v, splits, invariant, device):
+    g = torch.Generator().manual_seed(11)
+    kc, vc = torch.randn(8, 16, 2, d_qk, generator=g), torch.randn(8, 16, 2, d_v, generator=g)
+    table = torch.randperm(8, generator=g).view(2, 4).to(torch.int32)
+    lens = torch.tensor([50, 17], dtype=torch.int32)
+    q = torch.randn(2, 2, 4, d_qk, generator=g)
+    q, kc, vc, table, lens = (t.to(device) for t in (q, kc, vc, table, lens))
+    out, lse = vflash.attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=None if invariant else
+                                             splits, batch_invariant=invariant, return_lse=True)
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=device)
+    ref, ref_lse = attention_with_kvcache_reference(q.reshape(-1, 4, d_qk), kc, vc, lens, table, cu, compute_dtype=F64)
+    assert out.shape == (2, 2, 4, d_v)
+    _close(out, ref.view(2, 2, 4, d_v))
+    _close(lse, ref_lse.view(4, 2, 2).permute(1, 0, 2))
+
+
+def test_contiguous_cache_and_a_given_out(device):
+    g = torch.Generator().manual_seed(13)
+    kc, vc = torch.randn(2, 40, 1, 32, generator=g), torch.randn(2, 40, 1, 16, generator=g)
+    q = torch.randn(2, 1, 4, 32, generator=g)
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    q, kc, vc, lens = (t.to(device) for t in (q, kc, vc, lens))
+    out = torch.full((2, 1, 4, 16), float("nan"), device=device)
+    got = vflash.attention_with_kvcache(q, kc, vc, lens, out=out)
+    assert got is out and torch.isfinite(out).all()
+    for b, n in enumerate(lens.tolist()):
+        ref, _ = attention_explicit(q[b:b + 1].transpose(1, 2), kc[b:b + 1, :n].transpose(1, 2),
+                                    vc[b:b + 1, :n].transpose(1, 2), causal=True, compute_dtype=F64)
+        _close(out[b:b + 1].transpose(1, 2), ref)
+    with pytest.raises(ValueError, match="v's head dim"):
+        vflash.attention_with_kvcache(q, kc, vc, lens, out=torch.empty_like(q))
+
+
+def test_every_element_is_written(device):
+    # NaN-poisoned out and lse, rows that see no key included
+    g = torch.Generator().manual_seed(17)
+    q, k = torch.randn(1, 2, 20, 32, generator=g).to(device), torch.randn(1, 2, 12, 32, generator=g).to(device)
+    v = torch.randn(1, 2, 12, 24, generator=g).to(device)
+    out = torch.full((1, 2, 20, 24), float("nan"), device=device)
+    lse = torch.full((1, 2, 20), float("nan"), device=device)
+    attention_forward(q, k, v, band=Band(12 - 20, -1, 0), score=Score(0.2), return_lse=True,
+                      tiles=PortableTiles(16, 16, 4, 1), kernel="portable", out=out, lse=lse)
+    assert torch.isfinite(out).all() and torch.equal(out[:, :, :8], torch.zeros_like(out[:, :, :8]))
+    ref, _ = attention_explicit(q, k, v, causal=True, scale=0.2, compute_dtype=F64)
+    _close(out, ref)
+
+
+def test_the_sm90_kernel_refuses_it_and_says_why(monkeypatch):
+    monkeypatch.setattr(dispatch.rules, "_sm90_device_refusal", lambda p: None)  # as on an H100
+    q, k, v = torch.empty(1, 2, 64, 64), torch.empty(1, 2, 64, 64), torch.empty(1, 2, 64, 32)
+    call = Call(q, k, v, None, Band(0, -1, -1), Score(0.125), False)
+    p = dispatch.problem_of(call)
+    assert p.head_dim_v == 32 and p.head_dim_pad == 64
+    assert "v's head dim" in dispatch.REGISTRY["sm90"].forward_refusal(p)
+
+
+@pytest.mark.parametrize("d_v,words", [(12, "multiple of 8"), (264, "between 8 and 256")])
+def test_v_head_dims_past_the_limits_are_refused(d_v, words, device):
+    q = torch.randn(1, 2, 8, 16, device=device)
+    with pytest.raises(ValueError, match=words):
+        vflash.attention(q, q, torch.randn(1, 2, 8, d_v, device=device))
+
+
+def test_the_backward_and_ring_attention_refuse_it_for_now(device):  # before any process group is asked for
+    q = torch.randn(1, 2, 8, 16, device=device, requires_grad=True)
+    k, v = torch.randn(1, 2, 8, 16, device=device), torch.randn(1, 2, 8, 24, device=device)
+    with pytest.raises(ValueError, match="forward only"):
+        vflash.attention(q, k, v)
+    from vflash import distributed
+    with pytest.raises(ValueError, match="v's head dim equal to k's"):
+        distributed.ring_attention(q.detach(), k, v)
