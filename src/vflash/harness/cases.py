@@ -31,12 +31,13 @@ class Case:
     layout: str = "bhnd"  # bhnd contiguous | bnhd (transposed view) | sliced (strided view)
     amplify: float = 1.0  # multiply q and k: large logits test the running-max rescale
     sinks: bool = False  # a sink logit per query head (fp32, about the scores' size)
+    Dv: Optional[int] = None  # v's head dim where it differs from q's and k's
     tag: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
         parts = [f"{self.dtype}", f"B{self.B}", f"H{self.Hq}/{self.Hkv}", f"N{self.Nq}x{self.Nk}",
-                 f"D{self.D}", f"causal={self.causal}"]
+                 f"D{self.D}" + (f"/{self.Dv}" if self.Dv else ""), f"causal={self.causal}"]
         if self.window is not None:
             parts.append(f"window={self.window[0]},{self.window[1]}")
         if self.softcap is not None:
@@ -87,7 +88,7 @@ def make_inputs(case: Case, device) -> Tuple[torch.Tensor, torch.Tensor, torch.T
     dt = DTYPES[case.dtype]
     q = _make((case.B, case.Hq, case.Nq, case.D), case.layout, dt, device, gen)
     k = _make((case.B, case.Hkv, case.Nk, case.D), case.layout, dt, device, gen)
-    v = _make((case.B, case.Hkv, case.Nk, case.D), case.layout, dt, device, gen)
+    v = _make((case.B, case.Hkv, case.Nk, case.Dv or case.D), case.layout, dt, device, gen)
     if case.amplify != 1.0:
         q, k = q * case.amplify, k * case.amplify
     return q, k, v
@@ -353,14 +354,15 @@ class KVCacheCase:
     # an FP8 cache, its descales "tensor" (0-d), "head" ([Hkv]) or "seq" ([B, Hkv]); "": the cache in q's dtype.
     # The oracle then runs on the dequantized cache, and the yardstick is explicit attention in q's dtype on it.
     fp8: str = ""
+    Dv: Optional[int] = None  # v's head dim where it differs from q's and k's
     tag: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
         lens = ",".join(f"{q}x{k}" for q, k in zip(self.lens_q, self.lens_k))
         cache = f" fp8-cache({self.fp8})" if self.fp8 else ""
-        parts = [self.dtype + cache, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}", f"D{self.D}",
-                 f"causal={self.causal}"]
+        parts = [self.dtype + cache, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}",
+                 f"D{self.D}" + (f"/{self.Dv}" if self.Dv else ""), f"causal={self.causal}"]
         if self.window is not None:
             parts.append(f"window={self.window[0]},{self.window[1]}")
         if self.softcap is not None:
@@ -384,7 +386,8 @@ class KVCacheCase:
         for b, n in enumerate(need):
             table[b, :n] = torch.tensor(order[used:used + n], dtype=torch.int32)
             used += n
-        k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, self.D, generator=gen) for _ in range(2))
+        k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, d, generator=gen)
+                            for d in (self.D, self.Dv or self.D))
         descales = {}
         if self.fp8:  # stored in e4m3 with their descales; the references read the dequantized caches
             page_seq = torch.zeros(pages, dtype=torch.long)

@@ -76,6 +76,11 @@ def cpu_matrix() -> list:
               Fp8Case(D=32, softcap=5.0, sinks=True, out_dtype="fp16", descale="none"),
               Fp8Case(Hq=4, Hkv=1, D=32, lens=((5, 9), (0, 3), (17, 17), (3, 0)), causal=True, descale="head",
                       sinks=True)]
+    # a v head dim unlike q's and k's: dense with the band and sinks, a cache split and not
+    cases += [Case(Hq=4, Hkv=2, Nq=40, Nk=60, D=32, Dv=16, causal=True, window=(9, 3), sinks=True),
+              Case(Nq=33, Nk=33, D=24, Dv=40, dtype="bf16", softcap=4.0),
+              KVCacheCase((1, 2), (90, 17), page=16, D=32, Dv=64, num_splits=3, tag="decode"),
+              KVCacheCase((9, 0, 20), (40, 5, 20), page=16, D=48, Dv=32, tag="chunked")]
     # FP8 KV caches: descales per cache, per KV head and per (sequence, KV head); split, chunked, invariant
     cases += [KVCacheCase((1, 1, 1), (70, 1, 33), page=16, dtype="bf16", fp8="tensor", tag="decode"),
               KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", fp8="head", tag="decode"),
@@ -173,6 +178,12 @@ def gpu_matrix() -> list:
               Fp8Case(B=2, Hq=4, Hkv=2, Nq=700, Nk=700, D=128, window=(100, 20), softcap=30.0, out_dtype="fp16"),
               Fp8Case(Hq=64, Hkv=8, D=64, lens=tuple(zip(lens, lens)), causal=True, window=(127, 0), sinks=True,
                       descale="head")]
+    # a v head dim unlike q's and k's: DeepSeek's 192 / 128 prefill (dense and chunked on a cache), 128 / 64
+    cases += [Case(B=2, Hq=8, Hkv=8, Nq=1000, Nk=1000, D=192, Dv=128, dtype="bf16", causal=True),
+              Case(B=2, Hq=8, Hkv=2, Nq=700, Nk=900, D=128, Dv=64, window=(100, 0)),
+              KVCacheCase((512, 1, 100), (3000, 2048, 100), page=64, Hq=16, Hkv=16, D=192, Dv=128, dtype="bf16",
+                          tag="chunked"),
+              KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, Dv=64, dtype="bf16", tag="decode")]
     # FP8 KV caches at Llama-3-8B's heads: decode split and not, pages of 16 and 64, chunked prefill, invariant
     for page, splits, how in ((16, None, "head"), (16, 8, "seq"), (64, 1, "tensor"), (64, None, "seq")):
         cases.append(KVCacheCase(decode, kv, page=page, Hq=32, Hkv=8, D=128, dtype="bf16", num_splits=splits,
