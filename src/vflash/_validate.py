@@ -467,21 +467,11 @@ def check_kvcache_write(k_cache, v_cache, k_new, v_new, slot_mapping, k_descale,
         raise TypeError(f"an FP8 cache pair (both float8_e4m3fn) takes float16 / bfloat16 new keys and values of "
                         f"one dtype, got k_cache {k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, "
                         f"v_new {v_new.dtype}")
-    if fp8:
-        for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
-            if d is None:
-                continue
-            if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
-                raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d or [Hkv], got {_describe(d)}")
-            if tuple(d.shape) not in ((), (H,)):
-                raise ValueError(f"{name} must be 0-d or [Hkv] = [{H}] (a slot's sequence is not known here), got "
-                                 f"shape {list(d.shape)}")
-            if d.device != k_cache.device:
-                raise ValueError(f"{name} is on {d.device}, the caches on {k_cache.device}; pass them on one device")
-            _check_descale_values(name, d)
-    elif k_descale is not None or v_descale is not None:
-        raise ValueError(f"k_descale / v_descale apply to FP8 (float8_e4m3fn) caches; the caches are {k_cache.dtype}")
-    elif len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1 or k_cache.dtype not in SUPPORTED_DTYPES:
+    _check_descales(("k_descale", "v_descale"), (k_descale, v_descale), fp8, f"caches; the caches are {k_cache.dtype}",
+                    {(): "0-d", (H,): f"[Hkv] = [{H}] (a slot's sequence is not known here)"}, k_cache.device,
+                    "the caches")
+    if not fp8 and (len({k_cache.dtype, v_cache.dtype, k_new.dtype, v_new.dtype}) != 1
+                    or k_cache.dtype not in SUPPORTED_DTYPES):
         raise TypeError(f"caches and new keys / values must share one of {_PLAIN_DTYPE_NAMES}, got k_cache "
                         f"{k_cache.dtype}, v_cache {v_cache.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
@@ -683,72 +673,55 @@ def check_no_fp8(entry: str, **tensors) -> None:
                         "inputs run through vflash.attention and vflash.attention_varlen")
 
 
-def check_descales(descales, q: torch.Tensor, batch: int, heads_kv: int):
-    """FP8 inputs' (q_descale, k_descale, v_descale): each None, or float32 0-d or [B, Hkv] on q's device;
-    with other inputs all None. The values (positive and finite: the kernels fold q's and k's into the score's
-    scale, which must stay positive) are read on CPU tensors only, where it costs nothing next to the
+def _check_descales(names, descales, fp8: bool, what: str, shapes: dict, device: torch.device, owner: str):
+    """FP8 descales, `names` (each None, or a float32 tensor of one of `shapes`' keys, which the dict's
+    values describe, on `device`, `owner`'s): where `fp8` is off (the tensors they would scale, `what`,
+    are not FP8) none may be given. The values (positive and finite: the kernels fold q's and k's into the
+    score's scale, which must stay positive) are read on CPU tensors only, where it costs nothing next to the
     interpreted kernel; on a GPU, a device sync a call would be."""
-    names = ("q_descale", "k_descale", "v_descale")
-    if q.dtype not in FP8_DTYPES:
+    if not fp8:
         given = [n for n, d in zip(names, descales) if d is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} apply to FP8 (float8_e4m3fn) inputs; q is {q.dtype}")
-        return descales
+            raise ValueError(f"{', '.join(given)} apply to FP8 (float8_e4m3fn) {what}")
+        return
+    shape_text = " or ".join(shapes.values())
     for name, d in zip(names, descales):
         if d is None:
             continue
         if not isinstance(d, torch.Tensor):
-            raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d or [B, Hkv], got "
+            raise TypeError(f"{name} must be None or a float32 torch.Tensor, {shape_text}, got "
                             f"{_describe(d)}{_as_tensor_hint(d)}")
         if d.dtype != torch.float32:
             raise TypeError(f"{name} must be float32, got {d.dtype}; pass {name}.float()")
-        if tuple(d.shape) not in ((), (batch, heads_kv)):
-            raise ValueError(f"{name} must be 0-d (one per tensor) or [B, Hkv] = [{batch}, {heads_kv}] (one per "
-                             f"sequence and KV head), got shape {list(d.shape)}")
-        if d.device != q.device:
-            raise ValueError(f"{name} is on {d.device}, q on {q.device}; pass them on one device")
-        _check_descale_values(name, d)
+        if tuple(d.shape) not in shapes:
+            raise ValueError(f"{name} must be {shape_text}, got shape {list(d.shape)}")
+        if d.device != device:
+            raise ValueError(f"{name} is on {d.device}, {owner} on {device}; pass them on one device")
+        if interpreted(d.device) and _values_readable(d) and not bool(((d > 0) & torch.isfinite(d)).all()):
+            raise ValueError(f"{name} must be positive and finite (a real value is stored * descale), got "
+                             f"{d.flatten()[:8].tolist()}")
+
+
+def check_descales(descales, q: torch.Tensor, batch: int, heads_kv: int):
+    """FP8 inputs' (q_descale, k_descale, v_descale): each None, or float32 0-d or [B, Hkv] on q's device
+    (_check_descales); with other inputs all None."""
+    _check_descales(("q_descale", "k_descale", "v_descale"), descales, q.dtype in FP8_DTYPES,
+                    f"inputs; q is {q.dtype}", {(): "0-d (one per tensor)", (batch, heads_kv):
+                                                f"[B, Hkv] = [{batch}, {heads_kv}] (one per sequence and KV head)"},
+                    q.device, "q")
     return descales
 
 
 def check_cache_descales(descales, k_cache: torch.Tensor, batch: int):
     """An FP8 cache's (k_descale, v_descale): each None, or float32 0-d, [Hkv] or [B, Hkv] on the cache's
-    device (values as check_descales says); a 16-bit cache takes none. Returns them as 0-d or [B, Hkv]
-    (an [Hkv] one as a [1, Hkv] view broadcast over the batch: stride 0)."""
-    names = ("k_descale", "v_descale")
+    device (_check_descales); a 16-bit cache takes none. Returns them as 0-d or [B, Hkv] (an [Hkv] one as a
+    [1, Hkv] view broadcast over the batch: stride 0)."""
     heads = k_cache.shape[2]
-    if k_cache.dtype not in FP8_DTYPES:
-        given = [n for n, d in zip(names, descales) if d is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} apply to FP8 (float8_e4m3fn) caches; the caches are "
-                             f"{k_cache.dtype}")
-        return descales
-    shaped = []
-    for name, d in zip(names, descales):
-        if d is not None:
-            if not isinstance(d, torch.Tensor):
-                raise TypeError(f"{name} must be None or a float32 torch.Tensor, 0-d, [Hkv] or [B, Hkv], got "
-                                f"{_describe(d)}{_as_tensor_hint(d)}")
-            if d.dtype != torch.float32:
-                raise TypeError(f"{name} must be float32, got {d.dtype}; pass {name}.float()")
-            if tuple(d.shape) not in ((), (heads,), (batch, heads)):
-                raise ValueError(f"{name} must be 0-d, [Hkv] = [{heads}] or [B, Hkv] = [{batch}, {heads}], got "
-                                 f"shape {list(d.shape)}")
-            if d.device != k_cache.device:
-                raise ValueError(f"{name} is on {d.device}, the caches on {k_cache.device}; pass them on one "
-                                 "device")
-            _check_descale_values(name, d)
-            if d.dim() == 1:
-                d = d.view(1, heads).expand(batch, heads)
-        shaped.append(d)
-    return tuple(shaped)
-
-
-def _check_descale_values(name: str, d: torch.Tensor) -> None:
-    # positive and finite, read on CPU tensors only (check_descales)
-    if interpreted(d.device) and _values_readable(d) and not bool(((d > 0) & torch.isfinite(d)).all()):
-        raise ValueError(f"{name} must be positive and finite (a real value is stored * descale), got "
-                         f"{d.flatten()[:8].tolist()}")
+    _check_descales(("k_descale", "v_descale"), descales, k_cache.dtype in FP8_DTYPES,
+                    f"caches; the caches are {k_cache.dtype}",
+                    {(): "0-d", (heads,): f"[Hkv] = [{heads}]", (batch, heads): f"[B, Hkv] = [{batch}, {heads}]"},
+                    k_cache.device, "the caches")
+    return tuple(d.view(1, heads).expand(batch, heads) if d is not None and d.dim() == 1 else d for d in descales)
 
 
 def check_out_dtype(out_dtype, q: torch.Tensor) -> Optional[torch.dtype]:

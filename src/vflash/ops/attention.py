@@ -18,7 +18,7 @@ from vflash.call import Band, Call, Packed, Score
 from vflash.ops import sm90 as sm90_launch
 from vflash.ops import metadata
 from vflash.ops import launch as launches
-from vflash.ops.launch import Alloc, KernelLaunch, Slot
+from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
 from vflash.ops.scales import score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
@@ -239,13 +239,13 @@ def attention_kvcache_forward(
     else:
         o_part = lse_part = arrivals = None
         part_strides, lse_part_stride = (0, 0, 0), 0
-    descales = (None, score.k_descale, score.v_descale)  # an FP8 cache's (q is 16-bit)
+    descales = (score.k_descale, score.v_descale)  # an FP8 cache's (q is 16-bit)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
-        score.sinks, *descales[1:], q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
+        score.sinks, *descales, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
         (lse_part_stride, total_q),
-        (band.left, band.right), score_scales(score), _descale_strides(descales)[2:] if fp8 else None,
+        (band.left, band.right), score_scales(score), _descale_strides(descales) if fp8 else None,
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -263,12 +263,8 @@ def attention_kvcache_forward(
     grid = (row_tiles * splits, Hkv, batch)
     slots = (Slot("Q", "q"), Slot("K", "k_cache"), Slot("V", "v_cache"), Slot("O", "out"),
              Slot("SEQLENS_K", "cache_seqlens"))
-    slots += ((Slot("LSE", "lse"),) if lse is not None else ()) + (
-        (Slot("CU_SEQLENS_Q", "cu_seqlens_q"),) if cu_seqlens_q is not None else ()) + (
-        (Slot("BLOCK_TABLE", "block_table"),) if block_table is not None else ()) + (
-        (Slot("SINKS", "sinks"),) if score.sinks is not None else ()) + tuple(
-        Slot(name.upper(), name) for name, d in (("k_descale", descales[1]), ("v_descale", descales[2]))
-        if d is not None)
+    slots += given_slots(lse=lse, cu_seqlens_q=cu_seqlens_q, block_table=block_table, sinks=score.sinks,
+                         k_descale=score.k_descale, v_descale=score.v_descale)
     # split scratch: slots too, a plan fetching this stream's pool (ops.scratch) each call
     if splits > 1:
         slots += (Slot("O_PART", "o_part"), Slot("LSE_PART", "lse_part"), Slot("ARRIVALS", "arrivals"))
@@ -307,8 +303,8 @@ def _head_dims(d_qk: int, d_v: int) -> dict:
 
 
 def _descale_strides(descales) -> Tuple[int, ...]:
-    # FP8 descales' (batch, KV head) strides, q's, k's and v's in turn: 0, 0 for a 0-d one (or one not given:
-    # the kernel reads none)
+    # FP8 descales' (batch, KV head) strides, each's in turn: 0, 0 for a 0-d one (or one not given: the kernel
+    # reads none)
     return tuple(s for d in descales for s in (d.stride() if d is not None and d.dim() == 2 else (0, 0)))
 
 
@@ -355,10 +351,8 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
              Slot("LSE", "out" if lse is None else "lse"))
     if varlen is not None:
         slots += (Slot("CU_SEQLENS_Q", "cu_seqlens_q"), Slot("CU_SEQLENS_K", "cu_seqlens_k"))
-    if score.sinks is not None:
-        slots += (Slot("SINKS", "sinks"),)
-    slots += tuple(Slot(name.upper(), name) for name, d in zip(("q_descale", "k_descale", "v_descale"), descales)
-                   if d is not None)
+    slots += given_slots(sinks=score.sinks, q_descale=score.q_descale, k_descale=score.k_descale,
+                         v_descale=score.v_descale)
     grid = (max(1, (rows + tiles.block_m - 1) // tiles.block_m), Hq, B)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)

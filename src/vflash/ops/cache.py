@@ -7,7 +7,7 @@ import torch
 from vflash import _backend
 from vflash.kernels.cache import write_kvcache_kernel
 from vflash.ops import launch as launches
-from vflash.ops.launch import KernelLaunch, Slot
+from vflash.ops.launch import KernelLaunch, Slot, given_slots
 from vflash.ops.tiles import CacheWriteTiles
 
 INPUTS = ("k_cache", "v_cache", "k_new", "v_new", "slot_mapping")
@@ -40,8 +40,8 @@ def write_kvcache_forward(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: t
     args = (k_cache, v_cache, k_new, v_new, slot_mapping, k_descale, v_descale, k_cache.stride(), v_cache.stride(),
             k_new.stride(), v_new.stride(), descale_strides, k_cache.shape[1], k_cache.shape[0] * k_cache.shape[1],
             H, D)
-    slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS)) + tuple(
-        Slot(name.upper(), name) for name, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None)
+    slots = tuple(Slot(i, name) for i, name in enumerate(INPUTS)) + given_slots(k_descale=k_descale,
+                                                                              v_descale=v_descale)
     block_d = max(16, 1 << (D - 1).bit_length())
     launch = KernelLaunch(write_kvcache_kernel, grid, args,
                           dict(BLOCK_H=tiles.block_h, BLOCK_D=block_d, QUANTIZE=quantize,

@@ -36,6 +36,12 @@ class Slot(NamedTuple):
         return self.param
 
 
+def given_slots(**tensors) -> Tuple[Slot, ...]:
+    """The slots of the optional tensors that are given, each filling the kernel parameter of its name in
+    capitals (a None one is a constexpr argument, which no plan rebinds)."""
+    return tuple(Slot(name.upper(), name) for name, t in tensors.items() if t is not None)
+
+
 class Alloc(NamedTuple):
     """An output a plan allocates per call."""
     name: str
