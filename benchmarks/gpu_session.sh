@@ -154,7 +154,7 @@ for step in "$@"; do
                     tail -4 "$R/chunked_ring.txt" ;;
     decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
                    ${TUNE_GRID:+--grid} ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} \
-                   ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} \
+                   ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} ${TUNE_FP8:+--fp8} \
                    --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1
                  grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
     check_sinks) timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match sinks --log "$R/check_gpu_sinks.log" \
@@ -236,14 +236,16 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
              timeout ${TUNE_TIMEOUT:-200} python3 -m benchmarks.experiments.bwd_host ${BWD_ROWS:+--rows $BWD_ROWS} \
                --out "$R/bwd_host.csv" > "$R/bwd_host.txt" 2>&1; tail -20 "$R/bwd_host.txt" ;;
     profile_decode) # Nsight Compute per launch of decode's kernels (PROFILE_DECODE rows "B:KV") for the library
-                    # of each tree of PROFILE_TREES (source dirs, default "src"; e.g. ".ab/old/src src")
+                    # of each tree of PROFILE_TREES (source dirs, default "src"; e.g. ".ab/old/src src");
+                    # PROFILE_SINKS=1: with a sink a head
              for t in ${PROFILE_TREES:-src}; do for row in ${PROFILE_DECODE:-1:1024 1:8192 8:8192 128:1024}; do
                IFS=: read -r b kv <<< "$row"
-               name=prof_decode_b${b}_kv${kv}$( [ "$t" = src ] || echo "_$(basename "$(dirname "$t")")" ).csv
+               name=prof_decode_b${b}_kv${kv}${PROFILE_SINKS:+_sinks}$( [ "$t" = src ] || echo "_$(basename "$(dirname "$t")")" ).csv
                PYTHONPATH=$PWD/$t:$PWD timeout 120 ncu --csv \
                  --metrics \
                  gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" > "$R/$name" 2>&1
+                 python3 -m benchmarks.experiments.profile_decode --b "$b" --kv "$kv" ${PROFILE_SINKS:+--sinks} \
+                 > "$R/$name" 2>&1
                echo "$t B $b KV $kv"; grep -v "^==" "$R/$name" | grep gpu__time | cut -c1-220 | tail -6
              done; done ;;
     profile_decode_full) # Nsight Compute's full set (unlocked clocks) on the last launch of each PROFILE_METHODS

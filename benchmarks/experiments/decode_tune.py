@@ -9,10 +9,11 @@ candidate and writes a CSV.
 --grid: every row of the decode sweep (B 1-128 x KV 1k-32k), every GRID_TILES tile at every split
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
 pages of 64 and a contiguous cache; --rows / --tiles / --splits replace the grid's rows, tiles and
-split counts. --head-dim sets D (default 128; Hq 32 / Hkv 8 at every D).
+split counts. --head-dim sets D (default 128; Hq 32 / Hkv 8 at every D). --fp8 (not with --grid): e4m3 caches
+with 0-d descales (GB/s then of their own bytes, half the bf16 cache's).
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
-      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64] [--head-dim 64]
+      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64] [--head-dim 64] [--fp8]
 """
 
 import argparse
@@ -53,6 +54,7 @@ def main() -> int:
     ap.add_argument("--tiles", help="tiles block_m,block_n,warps,stages, semicolon-separated (default: TILES)")
     ap.add_argument("--splits", help="split counts, comma-separated (default: SPLITS; with --grid GRID_SPLITS)")
     ap.add_argument("--head-dim", type=int, default=128, help="D (Hq 32 / Hkv 8 at every D)")
+    ap.add_argument("--fp8", action="store_true", help="e4m3 caches (not with --grid)")
     args = ap.parse_args()
     parse_rows = lambda text: [tuple(int(x) for x in r.split(":")) for r in text.split(",")]  # noqa: E731
     parse_tiles = lambda text: [tuple(int(x) for x in t.split(",")) for t in text.split(";")]  # noqa: E731
@@ -64,35 +66,37 @@ def main() -> int:
     dev = torch.device("cuda")
     Hq, Hkv, D, page = 32, 8, args.head_dim, 16
     dt = torch.bfloat16
+    kv_dt = torch.float8_e4m3fn if args.fp8 else dt
     band = sequence_band("bottom_right", (-1, -1))
     scale = D ** -0.5
+    score = Score(scale, None, None, None, *((torch.ones((), device=dev),) * 2 if args.fp8 else ()))
     out_rows = []
     rows = parse_rows(args.rows) if args.rows else (ROWS[:3] if args.quick else ROWS)
     tiles = parse_tiles(args.tiles) if args.tiles else TILES
     splits = [int(x) for x in args.splits.split(",")] if args.splits else SPLITS
     for B, KV in rows:
         pages = -(-KV // page)
-        cache_bytes = 2 * B * KV * Hkv * D * 2
+        cache_bytes = 2 * B * KV * Hkv * D * kv_dt.itemsize
         n = rotating_copies(cache_bytes)
-        caches = [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt),
-                   torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)) for _ in range(n)]
+        caches = [(torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt).to(kv_dt),
+                   torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt).to(kv_dt)) for _ in range(n)]
         table = shuffled_table(B, pages, dev)
         seqlens = torch.full((B,), KV, dtype=torch.int32, device=dev)
         q = torch.randn(B, Hq, D, device=dev, dtype=dt)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
         cached = Cache(seqlens, table, cu, 1, None, False, False, tuple(q.shape))
-        call = Call(q, *caches[0], cached, band, Score(scale), False)
+        call = Call(q, *caches[0], cached, band, score, False)
         chosen = dispatch.choose(call).tiles
 
         def time_tiles(t: KVCacheTiles) -> float:
             calls = [lambda kc=kc, vc=vc: attention_kvcache_forward(
-                q, kc, vc, seqlens, table, cu, 1, band=band, score=Score(scale, None), return_lse=False,
+                q, kc, vc, seqlens, table, cu, 1, band=band, score=score, return_lse=False,
                 tiles=t) for kc, vc in caches]
             return graph_time(calls, dev)[0]
 
         def record(kind, t, us):
             gbps = cache_bytes / us / 1e3
-            out_rows.append(dict(B=B, KV=KV, D=D, kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
+            out_rows.append(dict(B=B, KV=KV, D=D, kv_dtype=str(kv_dt).replace("torch.", ""), kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
                                  stages=t.num_stages, splits=t.num_splits, us=round(us, 2), gbps=round(gbps, 1)))
             print(f"B {B:4d} KV {KV:6d} D {D} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
             return gbps

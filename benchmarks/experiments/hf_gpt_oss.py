@@ -4,8 +4,8 @@ bf16) in Hugging Face transformers, with vflash (vflash.integrations.transformer
 against attn_implementation="eager" in the same run (transformers refuses "sdpa" for gpt-oss: SDPA has no
 sinks): prefill tokens/s (a left-padded batch of mixed lengths and an unpadded one), greedy decode
 tokens/s with the model's KV cache, and a training step in ms. Each measurement alternates the two,
-ROUNDS times, and keeps the median; each layer's attention output and the prefill logits are compared on
-real tokens.
+ROUNDS times, and keeps the median. Agreement on real tokens: each layer's attention output with every layer
+fed eager's input, and the prefill logits of both against the same model run in fp32 under eager.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.hf_gpt_oss --out hf_gpt_oss.csv [--layers 4]
 """
@@ -52,40 +52,66 @@ def main() -> int:
     def generate():
         return model.generate(prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     valid = mask.bool()
-    # Each layer's attention output on real tokens, to tell the kernels' rounding from its growth through the
-    # stack: layer 0 sees the same input under both implementations; a later layer's input already differs,
-    # and a token whose top-4 experts change on a near tie moves its hidden state by far more than rounding.
-    attn_out = {}
+    # Agreement, in three parts:
+    # - each layer's attention output on real tokens with every layer fed eager's input to it (a pre-hook swaps
+    #   the hidden states in), so a layer's difference is the kernels' own, not its growth through the stack;
+    # - the prefill logits of the two bf16 runs;
+    # - the same model in fp32 under eager as the yardstick: how far bf16 eager's own logits are from it, beside
+    #   vflash's (random experts on near ties turn rounding into large logit moves in either implementation).
+    layer_in, layer_out, mode = {}, {}, [None]
 
-    def keep(i):
-        def hook(module, args, output):
-            if current[0] is not None:  # the padded prefill only, not generate's calls
-                attn_out[(current[0], i)] = output[0][valid].float()
+    def pre_hook(i):
+        def hook(module, args, kwargs):
+            if mode[0] == "capture":
+                layer_in[i] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            elif mode[0] == "replay":
+                if "hidden_states" in kwargs:
+                    kwargs = dict(kwargs, hidden_states=layer_in[i])
+                else:
+                    args = (layer_in[i],) + tuple(args[1:])
+            return args, kwargs
         return hook
-    current = [None]
-    hooks = [layer.self_attn.register_forward_hook(keep(i)) for i, layer in enumerate(model.model.layers)]
+
+    def post_hook(i):
+        def hook(module, args, output):
+            if mode[0] is not None:
+                layer_out[(mode[0], i)] = output[0][valid].float()
+        return hook
+    layers = model.model.layers
+    hooks = [m.self_attn.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, m in enumerate(layers)]
+    hooks += [m.self_attn.register_forward_hook(post_hook(i)) for i, m in enumerate(layers)]
     with torch.no_grad():
         for impl in impls:  # warm-up (Triton compiles) and the agreement check
             model.set_attn_implementation(impl)
-            current[0] = impl
+            mode[0] = "capture" if impl == "eager" else "replay"
+            model(input_ids=ids, attention_mask=mask)
+            mode[0] = None
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits[valid].float()
-            current[0] = None
             generate()
         for h in hooks:
             h.remove()
         layer_diffs = []
         for i in range(args.layers):
-            ref, got = attn_out[("eager", i)], attn_out[(name, i)]
+            ref, got = layer_out[("capture", i)], layer_out[("replay", i)]
             layer_diffs.append((ref - got).abs().max().item())
-            print(f"layer {i} attention output: max |vflash - eager| {layer_diffs[-1]:.4f}, "
+            print(f"layer {i} attention output, eager's input: max |vflash - eager| {layer_diffs[-1]:.4f}, "
                   f"mean {(ref - got).abs().mean().item():.5f} (max |out| {ref.abs().max().item():.3f})", flush=True)
-        attn_out.clear()
-        err = (logits["eager"] - logits[name]).abs()
-        diff, mean_diff = err.max().item(), err.mean().item()
-        same_top1 = (logits["eager"].argmax(-1) == logits[name].argmax(-1)).float().mean().item()
-        print(f"prefill logits max |vflash - eager| {diff:.4f}, mean {mean_diff:.5f} (max |logit| "
-              f"{logits['eager'].abs().max().item():.2f}); same top-1 token on {same_top1:.2%} of "
-              f"{err.shape[0]} tokens", flush=True)
+        layer_in.clear()
+        layer_out.clear()
+        model.set_attn_implementation("eager")
+        model.float()
+        logits["fp32"] = model(input_ids=ids, attention_mask=mask).logits[valid].float()
+        model.to(torch.bfloat16)
+        agreement = {}
+        for a, b in (("eager", name), ("fp32", "eager"), ("fp32", name)):
+            err = (logits[a] - logits[b]).abs()
+            top1 = (logits[a].argmax(-1) == logits[b].argmax(-1)).float().mean().item()
+            agreement[(a, b)] = (err.max().item(), err.mean().item(), top1)
+            print(f"prefill logits {b} against {a}: max diff {err.max().item():.4f}, mean {err.mean().item():.5f}, "
+                  f"same top-1 token on {top1:.2%} of {err.shape[0]} tokens (max |logit| "
+                  f"{logits[a].abs().max().item():.2f})", flush=True)
+        diff, mean_diff, same_top1 = agreement[("eager", name)]
+        fp32_eager, fp32_vflash = agreement[("fp32", "eager")], agreement[("fp32", name)]
         del logits, err
         for _ in range(ROUNDS):
             for impl in impls:
@@ -118,7 +144,9 @@ def main() -> int:
                 ("forward + backward 2 x 1024", med[("train_step", impl)], train_ids.numel())):
             rows.append(dict(what=what, impl=impl, ms=seconds * 1e3, tokens_per_s=tokens / seconds, params=params,
                              layers=args.layers, logits_max_diff=diff, logits_mean_diff=mean_diff,
-                             same_top1=same_top1, attention_max_diff=" ".join(f"{d:.4f}" for d in layer_diffs)))
+                             same_top1=same_top1, attention_max_diff=" ".join(f"{d:.4f}" for d in layer_diffs),
+                             fp32_eager_max_diff=fp32_eager[0], fp32_eager_top1=fp32_eager[2],
+                             fp32_vflash_max_diff=fp32_vflash[0], fp32_vflash_top1=fp32_vflash[2]))
             print(f"{what:28s} {impl:12s} {seconds * 1e3:9.2f} ms {tokens / seconds:10.0f} tokens/s", flush=True)
     write_rows(args.out, rows)
     return 0

@@ -6,7 +6,7 @@ itself) is measured on its own (duration, DRAM bytes and throughput), apart from
 overheads the CUDA-graph timing of `vflash bench --sweep decode` includes.
 
   ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
-      python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16] [--method paged]
+      python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16] [--method paged] [--sinks]
 """
 
 import argparse
@@ -26,6 +26,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--method", default="paged", choices=["paged", "contiguous", "sdpa_cudnn"],
                     help="vflash on a paged or contiguous cache, or SDPA cuDNN on the contiguous one")
+    ap.add_argument("--sinks", action="store_true", help="vflash with a sink logit a query head")
     args = ap.parse_args()
     dev = torch.device("cuda")
     page = args.page if args.method == "paged" else 0
@@ -38,12 +39,15 @@ def main() -> int:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
     else:
+        sinks = torch.randn(q.shape[-2], device=dev) if args.sinks else None
+
         def call():
-            vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False)
+            vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False, sinks=sinks)
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
-    print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "") + f": {args.calls} calls")
+    print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "") + (" sinks" if args.sinks else "")
+          + f": {args.calls} calls")
     return 0
 
 

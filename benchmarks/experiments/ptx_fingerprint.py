@@ -286,6 +286,7 @@ GROUPS: Dict[str, Group] = {
     "p_d192_v128_causal": portable_dense(192, PortableTiles(64, 64, 4, 2), False, True, False, True,
                                          head_dim_v=128),
     "p_d128_fp8": portable_dense(128, PortableTiles(128, 128, 8, 3), False, False, False, True, torch.float8_e4m3fn),
+    "p_d16_fp8_window": portable_dense(16, PortableTiles(128, 64, 8, 3), True, True, False, True, torch.float8_e4m3fn),
     "p_d64_causal_sinks": portable_dense(64, PortableTiles(64, 64, 4, 3), False, True, False, True, sinks=True),
     "p_varlen_d128_causal": portable_varlen(128, PortableTiles(128, 128, 8, 3), "bottom_right"),
     "p_varlen_d64_top_left_softcap": portable_varlen(64, PortableTiles(64, 64, 4, 3), "top_left", window=(64, -1),

@@ -297,9 +297,10 @@ def _dot_flags(q: torch.Tensor) -> dict:
     return dict(EMULATE_BF16=_backend.emulates_bf16(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def _head_dims(d_qk: int, d_v: int) -> dict:
+def _head_dims(d_qk: int, d_v: int, fp8: bool = False) -> dict:
     # the portable kernels' head dims: q's and k's, v's and the output's, each with its power-of-two tile width
-    return dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=head_dim_pad(d_qk), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v))
+    # (q.k is an e4m3 dot over HEAD_DIM_PAD for FP8 inputs)
+    return dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=head_dim_pad(d_qk, fp8), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v))
 
 
 def _descale_strides(descales) -> Tuple[int, ...]:
@@ -340,7 +341,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
         score_scales(score),
     )
     constexprs = dict(
-        **_head_dims(D, v.shape[-1]),
+        **_head_dims(D, v.shape[-1], fp8),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=tiles.split,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, REVERSE_M=band.has_right,

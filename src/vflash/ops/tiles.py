@@ -12,9 +12,10 @@ CONSUMER_ROWS = 64
 CONSUMER_REGS = {(1, 2): 224, (1, 3): 136, (2, 1): 240, (3, 1): 160}
 
 
-def head_dim_pad(head_dim: int) -> int:
-    """The portable kernel's head dim: the next power of two, at least 16 (masks pad the rest)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+def head_dim_pad(head_dim: int, fp8: bool = False) -> int:
+    """The portable kernel's head dim: the next power of two, at least 16 (masks pad the rest); at least 32
+    for e4m3 operands, whose tensor-core dot takes K >= 32."""
+    return max(32 if fp8 else 16, 1 << (head_dim - 1).bit_length())
 
 
 class PortableTiles(NamedTuple):
