@@ -124,11 +124,22 @@ def attention_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
+    if q.dtype == torch.float8_e4m3fn and v.stride(2) != 1:
+        v, plan_key = keys_contiguous(v, 2), None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, plan_inputs or INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
+
+
+def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
+    """A copy of FP8 v whose dimension `keys` is contiguous, for the portable kernel's P.V: Hopper's e4m3
+    tensor-core dot reads both operands K-major from shared memory, and P.V's K is the keys. With d-contiguous
+    rows the compiler moves each V tile through registers to transpose it, unpipelined (about half the speed);
+    the copy is one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
+    order = [d for d in range(v.dim()) if d != keys] + [keys]
+    return v.permute(order).contiguous().permute([order.index(d) for d in range(v.dim())])
 
 
 def _no_key_lse(lse: torch.Tensor, score: Score, heads: int) -> None:
@@ -176,6 +187,8 @@ def attention_varlen_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
+    if q.dtype == torch.float8_e4m3fn and v.stride(0) != 1:
+        v, plan_key = keys_contiguous(v, 0), None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles, varlen=varlen)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
