@@ -1,7 +1,8 @@
-"""A v head dim unlike q's and k's (issue 55, first part: the forward through the portable kernels): dense, packed
-and against a KV cache (paged and contiguous, split and not, the batch-invariant mode), with every option,
-against the explicit oracle (which takes v's own head dim); every output element written; the refusals (limits,
-the backward and ring attention not yet) before any launch."""
+"""A v head dim unlike q's and k's (issue 55, first part: the portable kernels): the forward dense, packed and
+against a KV cache (paged and contiguous, split and not, the batch-invariant mode), with every option, against the
+explicit oracle (which takes v's own head dim); the backward's dq, dk (q's head dim) and dv (v's), the sinks' and
+the LSE's gradient included, against the oracle's autograd, deterministic; every output element written; the
+refusals (limits, the sm90 kernels, ring attention not yet) before any launch."""
 
 import pytest
 import torch
@@ -127,11 +128,88 @@ def test_v_head_dims_past_the_limits_are_refused(d_v, words, device):
         vflash.attention(q, q, torch.randn(1, 2, 8, d_v, device=device))
 
 
-def test_the_backward_and_ring_attention_refuse_it_for_now(device):  # before any process group is asked for
-    q = torch.randn(1, 2, 8, 16, device=device, requires_grad=True)
+def _grads(fn, inputs, out_shape, lse_shape, seed):
+    # the gradients of a fixed random projection of out and of the LSE (so dLSE is exercised too)
+    g = torch.Generator().manual_seed(seed)
+    w_out, w_lse = torch.randn(out_shape, generator=g), torch.randn(lse_shape, generator=g)
+    out, lse = fn(*inputs)
+    loss = (out.double() * w_out.to(out.device, F64)).sum() + (lse.double() * w_lse.to(lse.device, F64)).sum()
+    return torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("d_qk,d_v", DIMS)
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window=(9, 3), softcap=4.0, sinks=True)],
+                         ids=["causal", "options"])
+def test_backward_matches_the_oracle(d_qk, d_v, opts, device):
+    g = torch.Generator().manual_seed(d_qk * d_v)
+    q, k = torch.randn(2, 4, 23, d_qk, generator=g), torch.randn(2, 2, 29, d_qk, generator=g)
+    v = torch.randn(2, 2, 29, d_v, generator=g)
+    sinks = torch.randn(4, generator=g) if opts.get("sinks") else None
+    opts = {name: value for name, value in opts.items() if name != "sinks"}
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v) + ((sinks,) if sinks is not None else ())]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+
+    def run(impl, compute):
+        def fn(q, k, v, s=None):
+            return impl(q, k, v, sinks=s, **opts, **compute)
+        return fn
+    got = _grads(run(vflash.attention, dict(return_lse=True)), leaves, (2, 4, 23, d_v), (2, 4, 23), 5)
+    want = _grads(run(attention_explicit, dict(compute_dtype=F64)), ref_leaves, (2, 4, 23, d_v), (2, 4, 23), 5)
+    assert got[0].shape[-1] == d_qk and got[1].shape[-1] == d_qk and got[2].shape[-1] == d_v
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double().cpu(), b.cpu(), atol=1e-4, rtol=1e-4)
+
+
+def test_packed_backward_matches_the_oracle_and_repeats_bit_for_bit(device):
+    g = torch.Generator().manual_seed(21)
+    q, k = torch.randn(20, 4, 48, generator=g), torch.randn(25, 2, 48, generator=g)
+    v = torch.randn(25, 2, 16, generator=g)
+    cq = torch.tensor([0, 7, 7, 20], dtype=torch.int32, device=device)
+    ck = torch.tensor([0, 10, 12, 25], dtype=torch.int32, device=device)
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+
+    def ours(q, k, v):
+        return vflash.attention_varlen(q, k, v, cq, ck, 13, 13, causal=True, return_lse=True)
+
+    def oracle(q, k, v):
+        return attention_varlen_reference(q, k, v, cq, ck, causal=True, compute_dtype=F64)
+    got = _grads(ours, leaves, (20, 4, 16), (4, 20), 6)
+    again = _grads(ours, leaves, (20, 4, 16), (4, 20), 6)
+    want = _grads(oracle, ref_leaves, (20, 4, 16), (4, 20), 6)
+    for a, b, c in zip(got, again, want):
+        assert torch.equal(a, b)  # deterministic: every tile's sums in a fixed order
+        torch.testing.assert_close(a.double().cpu(), c.cpu(), atol=1e-4, rtol=1e-4)
+
+
+def test_the_sm90_backward_refuses_it_and_says_why(monkeypatch):
+    monkeypatch.setattr(dispatch.rules, "_sm90_device_refusal", lambda p: None)  # as on an H100
+    q, k, v = torch.empty(1, 2, 64, 128), torch.empty(1, 2, 64, 128), torch.empty(1, 2, 64, 64)
+    p = dispatch.problem_of(Call(q, k, v, None, Band(0, -1, -1), Score(0.125), False))
+    assert "v's head dim" in dispatch.REGISTRY["sm90"].backward_refusal(p)
+
+
+def test_ring_attention_refuses_it_for_now(device):  # before any process group is asked for
+    q = torch.randn(1, 2, 8, 16, device=device)
     k, v = torch.randn(1, 2, 8, 16, device=device), torch.randn(1, 2, 8, 24, device=device)
-    with pytest.raises(ValueError, match="forward only"):
-        vflash.attention(q, k, v)
     from vflash import distributed
     with pytest.raises(ValueError, match="v's head dim equal to k's"):
-        distributed.ring_attention(q.detach(), k, v)
+        distributed.ring_attention(q, k, v)
+
+
+def test_opcheck_of_the_ops_with_their_own_v_head_dim(device):
+    # the custom ops' schema, fake tensors (out of v's head dim) and autograd registration, dense and packed
+    from vflash.library import attention_bwd, attention_fwd, attention_varlen_fwd
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g).to(device) for n, d in ((9, 16), (12, 16), (12, 24)))
+    q.requires_grad_()
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(attention_fwd, (q, k, v, 3, -1, 0, 0.25, None, None), test_utils=tests)
+    out, lse = attention_fwd(q.detach(), k, v, 3, -1, 0, 0.25, None, None)
+    assert out.shape == (1, 2, 9, 24)
+    torch.library.opcheck(attention_bwd, (torch.randn_like(out), None, q.detach(), k, v, out, lse, 3, -1, 0, 0.25,
+                                          None, None), test_utils=tests[:1] + tests[2:])
+    cq, ck = (torch.tensor(c, dtype=torch.int32, device=device) for c in ([0, 4, 9], [0, 5, 12]))
+    torch.library.opcheck(attention_varlen_fwd, (q[0].transpose(0, 1).contiguous(), k[0].transpose(0, 1).contiguous(),
+                                                 v[0].transpose(0, 1).contiguous(), cq, ck, 5, 7, -1, 0, False, 0.25,
+                                                 None, None), test_utils=tests)

@@ -135,10 +135,12 @@ def gluon_kvcache(head_dim: int, tiles: Sm90Tiles, page_size: int = 0, lse=True,
 # --- the backward: delta, then dK / dV and dQ, portable or Gluon ---
 
 def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causal: Optional[str] = "bottom_right",
-             window=(-1, -1), softcap=None, varlen=False, heads=(8, 2), sinks=False) -> Group:
+             window=(-1, -1), softcap=None, varlen=False, heads=(8, 2), sinks=False,
+             head_dim_v: Optional[int] = None) -> Group:
     """lab.attention_backward's launches: dense [B 2, H, N 1024, D], or varlen packed sequences. The Gluon
     groups leave the delta launch (a portable kernel) to the portable ones. sinks: the delta launch with the
-    sinks' parts and the sink gradient's launch (the dK / dV and dQ launches are the ones without)."""
+    sinks' parts and the sink gradient's launch (the dK / dV and dQ launches are the ones without);
+    head_dim_v: v's (and out's, dO's) head dim where it differs."""
     def launches():
         hq, hkv = heads
         if varlen:
@@ -150,8 +152,10 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
             q, k = _empty(2, hq, 1024, head_dim, dtype=dtype), _empty(2, hkv, 1024, head_dim, dtype=dtype)
             lse, band = _empty(2, hq, 1024, dtype=torch.float32), lab.mask_band(1024, 1024, causal, window)
             packed = None
+        v = k.clone() if head_dim_v is None else _empty(*k.shape[:-1], head_dim_v, dtype=dtype)
+        out = torch.empty_like(q) if head_dim_v is None else _empty(*q.shape[:-1], head_dim_v, dtype=dtype)
         return _captured(lambda: lab.attention_backward(
-            torch.empty_like(q), q, k, k.clone(), torch.empty_like(q), lse, band=band,
+            torch.empty_like(out), q, k, v, out, lse, band=band,
             score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks)), tiles=tiles, varlen=packed, kernel=kernel))
     mains = ("dk", "dv") if tiles.dkdv_apart else ("dkdv",)
     if sinks:
@@ -314,6 +318,8 @@ GROUPS: Dict[str, Group] = {
     "p_bwd_d128_causal": backward(128, BackwardTiles(_B(64, 64, 4, 2), _B(128, 32, 4, 3)), "portable"),
     "p_bwd_d128_causal_sinks": backward(128, BackwardTiles(_B(64, 64, 4, 2), _B(128, 32, 4, 3)), "portable",
                                         sinks=True),
+    "p_bwd_d192_v128_causal": backward(192, BackwardTiles(_B(64, 64, 8, 2), _B(128, 32, 8, 3)), "portable",
+                                       head_dim_v=128),
     "p_bwd_varlen_d64_window": backward(64, BackwardTiles(_B(32, 64, 4, 3), _B(64, 64, 4, 3)), "portable", F16,
                                         causal=None, window=(200, 100), softcap=30.0, varlen=True),
     # the small kernels

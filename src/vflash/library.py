@@ -148,14 +148,14 @@ attention_varlen_bwd = _op("attention_varlen_bwd", _GRADS + _SAVED + _CU + _PACK
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, *options):
-    B, Hq, Nq, D = q.shape
-    return q.new_empty((B, Hq, Nq, D)), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    B, Hq, Nq = q.shape[:3]
+    return q.new_empty((B, Hq, Nq, v.shape[-1])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
-    total_q, Hq, D = q.shape
-    return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
+    total_q, Hq = q.shape[:2]
+    return q.new_empty((total_q, Hq, v.shape[-1])), q.new_empty((Hq, total_q), dtype=torch.float32)
 
 
 def _gradients_fake(name: str):
@@ -214,10 +214,6 @@ def attention(spec: Spec, args: tuple) -> Tuple[Tensor, Tensor]:
     """An entry point's dense or packed call (its arguments in `spec`'s order), validated, through its
     custom op: (out, lse)."""
     call = _validate.call_of(spec, args)
-    if call.head_dim_v != call.head_dim:
-        raise ValueError(f"a v head dim unlike q's and k's ({call.head_dim_v} against {call.head_dim}) runs forward "
-                         "only for now: no autograd and no torch.compile yet (vflash.attention under "
-                         "torch.no_grad(), outside the compiled region)")
     if call.q.dtype in _validate.FP8_DTYPES:
         raise TypeError("FP8 inputs run forward only, outside autograd and torch.compile: call vflash.attention "
                         "on them under torch.no_grad() (inputs that do not require grad), outside the compiled region")

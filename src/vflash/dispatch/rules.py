@@ -121,7 +121,7 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     if (p.head_dim, p.band.has_right) not in tables.SM90:
         return f"it has tiles for head dims {sorted({d for d, _ in tables.SM90})}, not {p.head_dim}"
     if p.head_dim_v:
-        return f"it takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
+        return _v_head_dim_refusal(p)
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None
@@ -309,7 +309,13 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
         return refusal
     if p.head_dim not in tables.SM90_BACKWARD:
         return f"it has tiles for head dims {sorted(tables.SM90_BACKWARD)}, not {p.head_dim}"
+    if p.head_dim_v:
+        return _v_head_dim_refusal(p)
     return None
+
+
+def _v_head_dim_refusal(p: Problem) -> str:
+    return f"it takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
 
 
 class Kernel(NamedTuple):

@@ -540,7 +540,7 @@ class GradCase:
         q, k, v = make_inputs(c, device)
         dt = DTYPES[c.dtype]
         gen = torch.Generator().manual_seed(c.seed() + 1)
-        do = torch.randn(c.B, c.Hq, c.Nq, c.D, generator=gen).to(device=device, dtype=dt)
+        do = torch.randn(c.B, c.Hq, c.Nq, c.Dv or c.D, generator=gen).to(device=device, dtype=dt)
         opts = dict(causal=c.causal, scale=c.scale, window=c.window, softcap=c.softcap)
         sinks = make_sinks(c.sinks, c.Hq, c.seed(), device)
 

@@ -79,6 +79,8 @@ def cpu_matrix() -> list:
     # a v head dim unlike q's and k's: dense with the band and sinks, a cache split and not
     cases += [Case(Hq=4, Hkv=2, Nq=40, Nk=60, D=32, Dv=16, causal=True, window=(9, 3), sinks=True),
               Case(Nq=33, Nk=33, D=24, Dv=40, dtype="bf16", softcap=4.0),
+              GradCase(Case(Hq=4, Hkv=2, Nq=30, Nk=41, D=32, Dv=16, dtype="fp32", causal=True, sinks=True)),
+              GradCase(Case(Nq=25, Nk=25, D=24, Dv=40, dtype="bf16", window=(9, 4))),
               KVCacheCase((1, 2), (90, 17), page=16, D=32, Dv=64, num_splits=3, tag="decode"),
               KVCacheCase((9, 0, 20), (40, 5, 20), page=16, D=48, Dv=32, tag="chunked")]
     # FP8 KV caches: descales per cache, per KV head and per (sequence, KV head); split, chunked, invariant
@@ -180,6 +182,8 @@ def gpu_matrix() -> list:
                       descale="head")]
     # a v head dim unlike q's and k's: DeepSeek's 192 / 128 prefill (dense and chunked on a cache), 128 / 64
     cases += [Case(B=2, Hq=8, Hkv=8, Nq=1000, Nk=1000, D=192, Dv=128, dtype="bf16", causal=True),
+              GradCase(Case(B=2, Hq=8, Hkv=8, Nq=1000, Nk=1000, D=192, Dv=128, dtype="bf16", causal=True)),
+              GradCase(Case(B=1, Hq=8, Hkv=2, Nq=700, Nk=900, D=128, Dv=64, window=(100, 0))),
               Case(B=2, Hq=8, Hkv=2, Nq=700, Nk=900, D=128, Dv=64, window=(100, 0)),
               KVCacheCase((512, 1, 100), (3000, 2048, 100), page=64, Hq=16, Hkv=16, D=192, Dv=128, dtype="bf16",
                           tag="chunked"),

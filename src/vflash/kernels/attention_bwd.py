@@ -108,18 +108,19 @@ def attention_bwd_delta_kernel(
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                offs_n, offs_d, start, stop, n_q, off, left, right, qk_scale, softcap_in, softcap_out,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    # Query tiles [start, stop) of one head folded into a key tile's dK, dV [BLOCK_N,
-    # HEAD_DIM_PAD] fp32 (k, v that tile). Keys past n_k need no mask: their rows of dK
+                offs_n, offs_d, offs_dv, start, stop, n_q, off, left, right, qk_scale, softcap_in, softcap_out,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Query tiles [start, stop) of one head folded into a key tile's dK [BLOCK_N, HEAD_DIM_PAD] and dV
+    # [BLOCK_N, HEAD_DIM_V_PAD] fp32 (k, v that tile). Keys past n_k need no mask: their rows of dK
     # and dV are never stored, and nothing else reads them.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, MASKED, CHECK_D)
-        do = load_tile(do_base, offs_m, offs_d, stride_dom, stride_dod, n_q, HEAD_DIM, MASKED, CHECK_D)
+        do = load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, n_q, HEAD_DIM_V, MASKED, CHECK_DV)
         lse2, delta = row_stats(lse_base, delta_base, offs_m, n_q, MASKED)
         qk = dot(k, tl.trans(q), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         # Key j (row) sees query i (column) when i + off - left <= j <= i + off + right,
@@ -140,7 +141,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
 def attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,
     q_strides, k_strides, v_strides, do_strides, dk_strides, dv_strides, n_heads_q, n_q, n_k, band, scales,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
@@ -152,7 +154,8 @@ def attention_bwd_dkdv_kernel(
     # roles exchanged (as the mask in _dkdv_tiles): masked tiles at the band's edges and
     # the ragged n_q tail, unmasked ones between.
     # Tuples: each tensor's (batch, head, row, dim) strides (packed: batch 0), the band's
-    # (off, left, right) and the scales (ops/scales.py's and the softmax scale for dK).
+    # (off, left, right) and the scales (ops/scales.py's and the softmax scale for dK). HEAD_DIM_V: v's, dO's
+    # and dV's head dim (q's and k's where they agree).
     stride_qb, stride_qh, stride_qm, stride_qd = q_strides
     stride_kb, stride_kh, stride_kn, stride_kd = k_strides
     stride_vb, stride_vh, stride_vn, stride_vd = v_strides
@@ -176,14 +179,14 @@ def attention_bwd_dkdv_kernel(
     n_k = n_k_seq
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     k = load_tile(K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn, offs_n, offs_d, stride_kn,
-                  stride_kd, n_k, HEAD_DIM, True, CHECK_D)
-    v = load_tile(V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn, offs_n, offs_d, stride_vn,
-                  stride_vd, n_k, HEAD_DIM, True, CHECK_D)
+                  stride_kd, n_k, HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
+    v = load_tile(V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn, offs_n, offs_dv, stride_vn,
+                  stride_vd, n_k, HEAD_DIM_V, True, HEAD_DIM_V != HEAD_DIM_V_PAD)
     lo, full_lo, full_hi, hi = key_range(start_n, n_q, -off, right, left, BLOCK_N, BLOCK_M, HAS_RIGHT, HAS_LEFT)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
     for g in range(GROUP):  # the group's query heads, in order
         off_h = off_hk * GROUP + g
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
@@ -192,36 +195,38 @@ def attention_bwd_dkdv_kernel(
         delta_base = DELTA + row0 + off_h * row_stride_h
         if HAS_RIGHT:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                 stride_dom, stride_dod, offs_n, offs_d, lo, full_lo, n_q, off, left, right, qk_scale,
-                                 softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                                 SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+                                 stride_dom, stride_dod, offs_n, offs_d, offs_dv, lo, full_lo, n_q, off, left, right,
+                                 qk_scale, softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                                 HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                             stride_dom, stride_dod, offs_n, offs_d, full_lo, full_hi, n_q, off, left, right, qk_scale,
-                             softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
-                             SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+                             stride_dom, stride_dod, offs_n, offs_d, offs_dv, full_lo, full_hi, n_q, off, left, right,
+                             qk_scale, softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                             HEAD_DIM_V_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                             stride_dom, stride_dod, offs_n, offs_d, full_hi, hi, n_q, off, left, right, qk_scale,
-                             softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-                             SOFTCAP, EMULATE_BF16, DOT_PRECISION)
-    mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
+                             stride_dom, stride_dod, offs_n, offs_d, offs_dv, full_hi, hi, n_q, off, left, right,
+                             qk_scale, softcap_in, softcap_out, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                             HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
-             + offs_d[None, :] * stride_dkd, cast(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16), mask=mask)
+             + offs_d[None, :] * stride_dkd, cast(dk * sm_scale, DK.dtype.element_ty, EMULATE_BF16),
+             mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM))
     tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
-             + offs_d[None, :] * stride_dvd, cast(dv, DV.dtype.element_ty, EMULATE_BF16), mask=mask)
+             + offs_dv[None, :] * stride_dvd, cast(dv, DV.dtype.element_ty, EMULATE_BF16),
+             mask=(offs_n[:, None] < n_k) & (offs_dv[None, :] < HEAD_DIM_V))
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-              start, stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              offs_dv, start, stop, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+              HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Key tiles [start, stop) folded into one query tile's dQ [BLOCK_M, HEAD_DIM_PAD] fp32.
     CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k, HEAD_DIM, MASKED, CHECK_D)
-        v = load_tile(v_base, offs_n, offs_d, stride_vn, stride_vd, n_k, HEAD_DIM, MASKED, CHECK_D)
+        v = load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k, HEAD_DIM_V, MASKED, CHECK_DV)
         qk = dot(q, tl.trans(k), None, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                           MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
@@ -236,12 +241,13 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
 def attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
     q_strides, k_strides, v_strides, do_strides, dq_strides, n_heads_q, kv_group, n_q, n_k, band, scales,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr, TOP_LEFT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr,
+    TOP_LEFT: tl.constexpr,
 ):
     # grid = (cdiv(n_q, BLOCK_M), Hq, B); the key tiles as the forward's (key_range's
-    # masked edges and unmasked middle). IS_VARLEN and the tuples as in the dK/dV kernel.
+    # masked edges and unmasked middle). IS_VARLEN, the tuples and HEAD_DIM_V as in the dK/dV kernel.
     stride_qb, stride_qh, stride_qm, stride_qd = q_strides
     stride_kb, stride_kh, stride_kn, stride_kd = k_strides
     stride_vb, stride_vh, stride_vn, stride_vd = v_strides
@@ -265,11 +271,11 @@ def attention_bwd_dq_kernel(
     n_k = n_k_seq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm, offs_m, offs_d, stride_qm,
-                  stride_qd, n_q, HEAD_DIM, True, CHECK_D)
-    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_d, stride_dom,
-                   stride_dod, n_q, HEAD_DIM, True, CHECK_D)
+                  stride_qd, n_q, HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, offs_m, offs_dv, stride_dom,
+                   stride_dod, n_q, HEAD_DIM_V, True, HEAD_DIM_V != HEAD_DIM_V_PAD)
     lse2, delta = row_stats(LSE + row_base, DELTA + row_base, offs_m, n_q, True)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
@@ -277,15 +283,17 @@ def attention_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if HAS_LEFT:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                       offs_d, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                       BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
-                       DOT_PRECISION)
+                       offs_d, offs_dv, lo, full_lo, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                       BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT,
+                       SOFTCAP, EMULATE_BF16, DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                   offs_d, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+                   offs_d, offs_dv, full_lo, full_hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                   EMULATE_BF16, DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
-                   offs_d, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
-                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16, DOT_PRECISION)
+                   offs_d, offs_dv, full_hi, hi, n_k, off, left, right, qk_scale, softcap_in, softcap_out,
+                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                   EMULATE_BF16, DOT_PRECISION)
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
              + offs_d[None, :] * stride_dqd, cast(dq * sm_scale, DQ.dtype.element_ty, EMULATE_BF16),
              mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

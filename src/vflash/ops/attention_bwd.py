@@ -33,9 +33,9 @@ def attention_backward(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks): the gradients in the inputs' dtype and layout, contiguous, and with score.sinks
     the sinks' (fp32 [Hq]; an empty fp32 tensor without), for do (any strides) and the
-    forward's out and natural-log lse: dense q [B, Hq, Nq, D], k / v [B, Hkv, Nk, D], lse
-    [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    top_left) with packed q [total_q, Hq, D], k / v [total_k, Hkv, D], lse [Hq, total_q]. The kernels take
+    forward's out and natural-log lse: dense q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, D_v], out and
+    do [B, Hq, Nq, D_v], lse [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    top_left) with packed q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, D_v], lse [Hq, total_q]. The kernels take
     P = exp(S - lse) from the saved LSE, which holds the sink's term where there is one: sinks change
     nothing here. Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
@@ -76,7 +76,8 @@ def attention_backward(
     dlse = None if dlse is None else dlse.float().contiguous()
     out_strides = [t.stride() if varlen is None else packed_strides(t) for t in (dk, dv, dq)]
     qk_scale, softcap_in, softcap_out = score_scales(score)
-    common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+    Dv = v.shape[-1]  # v's, out's and dO's head dim (MLA's 128 beside q's and k's 192, say)
+    common = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=Dv, HEAD_DIM_V_PAD=head_dim_pad(Dv),
                   HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
                   EMULATE_BF16=_backend.emulates_bf16(q),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -93,7 +94,7 @@ def attention_backward(
         attention_bwd_delta_kernel, delta_grid,
         (out, do, dlse, delta, lse if sinks is not None else None, sinks, parts if sinks is not None else None,
          strides[4], strides[3], Hq, Nq),
-        dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None,
+        dict(HEAD_DIM=Dv, HEAD_DIM_PAD=head_dim_pad(Dv), BLOCK_M=delta_rows, HAS_DLSE=dlse is not None,
              HAS_SINK=sinks is not None),
         dict(num_warps=4), (Slot("O", "out"), Slot("DO", "do"), *([] if dlse is None else [Slot("DLSE", "dlse")]),
                             Slot("DELTA", "delta"),
