@@ -195,10 +195,11 @@ def portable_varlen(head_dim: int, tiles: PortableTiles, causal: Optional[str], 
 
 def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q: int = 1, packed_q=False,
                      window=(-1, -1), softcap=None, lse=False, heads=(32, 8), dtype=BF16, sinks=False,
-                     fp8=False) -> Group:
+                     fp8=False, latent_v: Optional[int] = None) -> Group:
     """attention_kvcache_kernel: four sequences of n_q new queries (packed through cu_seqlens_q, or n_q a
     sequence) against caches of 4096 rows a sequence, contiguous (page_size 0) or paged; the query heads of a
-    KV head packed into a tile's rows (GQA). tiles.num_splits > 1: split-KV, merged in the kernel."""
+    KV head packed into a tile's rows (GQA). tiles.num_splits > 1: split-KV, merged in the kernel. latent_v: v the
+    cache's first latent_v columns, a view (MLA's latent cache)."""
     def launches():
         (hq, hkv), batch, rows = heads, 4, 4096
         q = _empty(batch * n_q, hq, head_dim, dtype=dtype)
@@ -209,8 +210,9 @@ def portable_kvcache(head_dim: int, tiles: KVCacheTiles, page_size: int = 0, n_q
         else:
             k, table = _empty(batch, rows, hkv, head_dim, dtype=kv_dtype), None
         cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=I32) if packed_q else None
+        v = k.clone() if latent_v is None else k[..., :latent_v]
         return _captured(lambda: lab.attention_kvcache_forward(
-            q, k, k.clone(), _empty(batch, dtype=I32), table, cu_q, n_q, band=sequence_band("bottom_right", window),
+            q, k, v, _empty(batch, dtype=I32), table, cu_q, n_q, band=sequence_band("bottom_right", window),
             score=Score(head_dim ** -0.5, softcap, _sinks(hq, sinks), None,
                         *((torch.ones(batch, hkv), torch.ones(())) if fp8 else ())),
             return_lse=lse, tiles=tiles))
@@ -312,6 +314,9 @@ GROUPS: Dict[str, Group] = {
     "p_kvcache_paged16_split_fp8": portable_kvcache(
         128, KVCacheTiles(16, 64, 4, 3, num_splits=8, split_chunk=8, merge_rows=4, one_loop=True), page_size=16,
         fp8=True),
+    "p_kvcache_mla_paged64_split": portable_kvcache(
+        576, KVCacheTiles(32, 32, 8, 2, num_splits=4, split_chunk=4, merge_rows=32, one_loop=True, head_blocks=4),
+        page_size=64, heads=(128, 1), latent_v=512),
     "p_kvcache_paged64_prefill": portable_kvcache(128, KVCacheTiles(128, 128, 8, 3, merge_rows=128), page_size=64,
                                                   n_q=256, packed_q=True, lse=True, dtype=F16),
     # the portable backward (the dispatch's BACKWARD tiles): delta, dK / dV, dQ

@@ -16,7 +16,8 @@ import torch
 
 from vflash import dispatch
 from vflash._backend import interpreted, interpreter_refusal
-from vflash.call import ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN, Band, Cache, Call, Packed, Score, Spec
+from vflash.call import (ATTENTION, ATTENTION_KVCACHE, ATTENTION_VARLEN, Band, Cache, Call, Packed, Score, Spec,
+                         v_in_k_cache)
 from vflash.ops import plans
 
 SUPPORTED_DTYPES = dispatch.DTYPES  # the input dtypes some kernel family takes (vflash.dispatch.REGISTRY)
@@ -26,6 +27,11 @@ _PLAIN_DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_D
 _DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 CAUSAL_MODES = ("top_left", "bottom_right")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+# Against a latent KV cache (v_cache a view of k_cache's first columns: MLA's 512 + 64), q's and k's head dim
+# may reach 576 and v's 512
+MAX_LATENT_HEAD_DIM, MAX_LATENT_V_HEAD_DIM = 576, 512
+_LATENT = ("; against a latent cache (v_cache = k_cache[..., :D_v], a view: MLA) up to "
+           f"{MAX_LATENT_HEAD_DIM} for q and k and {MAX_LATENT_V_HEAD_DIM} for v")
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's 2nd and 3rd dimensions: q heads, batch
 _INT32_MAX = 2**31 - 1
 
@@ -99,20 +105,23 @@ def _check_tensors(q, k, v, ndim: int, layout: str, kv_layout: str, hint: str) -
                          f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
 
 
-def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int, Dv: Optional[int] = None) -> None:
-    # Dv: v's head dim, which may differ from q's and k's (D); each a multiple of 8 in [8, 256]
+def _check_heads_and_device(q, Hq: int, Hkv: int, D: int, Dk: int, Dv: Optional[int] = None,
+                            latent: Optional[bool] = None) -> None:
+    # Dv: v's head dim, which may differ from q's and k's (D); each a multiple of 8 in [8, 256], or against a
+    # latent KV cache (`latent` True; None: not a KV-cache call) up to 576 and 512
+    max_d, max_dv = (MAX_LATENT_HEAD_DIM, MAX_LATENT_V_HEAD_DIM) if latent else (MAX_HEAD_DIM, MAX_HEAD_DIM)
+    note = _LATENT if latent is False else ""
     if Dk != D:
         raise ValueError(f"head dims differ: q has {D}, k has {Dk}")
-    if Dv is not None and not (MIN_HEAD_DIM <= Dv <= MAX_HEAD_DIM and Dv % 8 == 0):
-        raise ValueError(f"v's head dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
+    if Dv is not None and not (MIN_HEAD_DIM <= Dv <= max_dv and Dv % 8 == 0):
+        raise ValueError(f"v's head dim must be a multiple of 8 between {MIN_HEAD_DIM} and {max_dv}{note}, "
                          f"got {Dv}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for GQA/MQA")
     if Hq > MAX_GRID_YZ:
         raise ValueError(f"q heads ({Hq}) exceed {MAX_GRID_YZ}, the most one launch covers")
-    if not (MIN_HEAD_DIM <= D <= MAX_HEAD_DIM and D % 8 == 0):
-        raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, "
-                         f"got {D}")
+    if not (MIN_HEAD_DIM <= D <= max_d and D % 8 == 0):
+        raise ValueError(f"head_dim must be a multiple of 8 between {MIN_HEAD_DIM} and {max_d}{note}, got {D}")
     _check_device(q.device, "q is a CPU tensor")
 
 
@@ -267,7 +276,7 @@ def check_kvcache_attention(q, k_cache, v_cache, cache_seqlens, block_table, cu_
     _, rows, Hkv, Dk = k_cache.shape
     if not packed:
         _check_dense_q_layout(q, Hkv)
-    _check_heads_and_device(q, Hq, Hkv, D, Dk, v_cache.shape[3])
+    _check_heads_and_device(q, Hq, Hkv, D, Dk, v_cache.shape[3], latent=v_in_k_cache(k_cache, v_cache))
     if rows < 1:
         raise ValueError(f"k_cache's second dim (the page size, or a contiguous cache's length) must be at least 1, "
                          f"got shape {tuple(k_cache.shape)}")

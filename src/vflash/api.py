@@ -264,6 +264,9 @@ def attention_with_kvcache(
             [num_pages, page_size, Hkv, D] with `block_table`; any page size >= 1,
             pages may be shared between sequences. q's dtype, or float8_e4m3fn (an FP8
             cache, half the bytes decode reads) with `k_descale` / `v_descale`.
+            v_cache's head dim D_v may differ from D. A latent cache (MLA): v_cache =
+            k_cache[..., :D_v], a view of the same memory, read once for both products; D
+            then up to 576 and D_v up to 512 (DeepSeek's 512 + 64 with D_v 512), else 256.
         cache_seqlens: int32 [B], the valid keys of each sequence, the new queries'
             own keys included (written before the call, e.g. by `write_kvcache`).
         block_table: int32 [B, max_pages]: sequence b's key j is row j % page_size of

@@ -151,10 +151,23 @@ class Call(NamedTuple):
         return self.k.shape[1] * (1 if layout.block_table is None else layout.block_table.shape[1])
 
     @property
+    def v_in_k(self) -> bool:
+        """A KV cache whose v_cache is a view of each k_cache row's first columns (MLA's latent cache)."""
+        return isinstance(self.layout, Cache) and v_in_k_cache(self.k, self.v)
+
+    @property
     def page_size(self) -> int:
         """A paged cache's rows a page; 0 for every other call."""
         layout = self.layout
         return self.k.shape[1] if isinstance(layout, Cache) and layout.block_table is not None else 0
+
+
+def v_in_k_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache is k_cache[..., :D_v], a view of the same memory (MLA's latent cache: V is the first
+    512 of each token's 576 cached values), which the KV-cache kernel reads once for both products."""
+    return (v_cache.shape[-1] < k_cache.shape[-1] and v_cache.shape[:-1] == k_cache.shape[:-1]
+            and v_cache.stride() == k_cache.stride() and v_cache.dtype == k_cache.dtype
+            and v_cache.device == k_cache.device and v_cache.data_ptr() == k_cache.data_ptr())
 
 
 # Each entry point's arguments in order, as the plan keys read them (vflash.ops.plans.key_function):

@@ -38,6 +38,7 @@ class Problem:
     options: Tuple[str, ...] = ()  # the score options set beside the scale (vflash.call.Score's fields)
     kv_dtype: Optional[torch.dtype] = None  # k's and v's dtype where it is not q's (an FP8 KV cache)
     head_dim_v: int = 0  # v's head dim where it is not q's and k's (0: the same)
+    v_in_k: bool = False  # a KV cache whose v_cache is a view of k_cache's first columns (MLA's latent cache)
 
     @property
     def varlen(self) -> bool:
@@ -76,7 +77,7 @@ def problem_of(call: Call) -> Problem:
     return Problem(q.dtype, call.head_dim, call.batch, call.heads_q, call.n_q, call.n_k, call.band, q.device, tma,
                    "dense" if layout is None else "cache" if isinstance(layout, Cache) else "packed", options,
                    None if call.k.dtype == q.dtype else call.k.dtype,
-                   0 if call.head_dim_v == call.head_dim else call.head_dim_v)
+                   0 if call.head_dim_v == call.head_dim else call.head_dim_v, call.v_in_k)
 
 
 def choose(call: Call, kernel: Optional[str] = None) -> Choice:
@@ -211,6 +212,11 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     decode and everything else attention_kvcache_kernel (portable)."""
     group = p.heads_q // heads_k
     d = p.head_dim_pad
+    head_blocks = 1
+    if p.v_in_k:  # a latent cache: V's columns size the tiles, and a group wider than LATENT_ROWS is split
+        d = head_dim_pad(p.head_dim_v)
+        head_blocks = next(b for b in range(1, group + 1) if group % b == 0 and group // b <= tables.LATENT_ROWS)
+        group, heads_k = group // head_blocks, heads_k * head_blocks
     rows = group * max(1, p.n_q)
     unsplit = not batch_invariant and num_splits in (None, 1)
     if rows > tables.DECODE_ROWS and unsplit and refusal("sm90", p) is None:
@@ -220,6 +226,8 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
             return Choice("sm90", dense.tiles, f"{dense.why}, KV cache ({cache})")
     if _backend.interpreted(p.device):
         base, why = tables.KVCACHE_INTERPRETER, "KVCACHE_INTERPRETER"
+    elif p.v_in_k:
+        base, why = tables.KVCACHE_LATENT, f"KVCACHE_LATENT, {head_blocks} head blocks"
     elif p.dtype == torch.float32:
         base, why = tables.KVCACHE_FP32[d], "KVCACHE_FP32"
     elif rows <= tables.DECODE_ROWS or batch_invariant:
@@ -236,7 +244,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         chunk = 1 << max(0, (tables.MERGE_VALUES // (merge_rows * d)).bit_length() - 1)
         return t._replace(block_m=block_m, split_chunk=max(1, min(tables.MERGE_MAX_CHUNK, chunk)),
                           merge_rows=merge_rows)
-    tiles = rows_of(base)
+    tiles = rows_of(base)._replace(head_blocks=head_blocks)
     if batch_invariant:
         keys = tables.INVARIANT_SPLIT_KEYS
         # the kernel gives each sequence min(splits, its own cdiv(length, keys)): at most the cap, whatever

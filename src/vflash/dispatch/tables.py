@@ -131,6 +131,14 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
 
+# A latent cache (v_cache a view of k_cache's first columns: MLA's 576 = 512 + 64): 32 keys a tile of 512 + 64
+# columns, the 512 read once for both products; at most LATENT_ROWS (query, head) rows a program, a wider group
+# split over programs (each reads the cache: L2 serves the others). Not tuned on a GPU: Triton 3.6's sm_90 build
+# holds [32, 512] fp32 outputs at 255 registers with ~0.8 KB of spills (64 rows: 3.7 KB); the portable kernel's
+# MLA path is the correct one, not yet the fast one (issue 55).
+KVCACHE_LATENT = KVCacheTiles(32, 32, 8, 2)
+LATENT_ROWS = 32
+
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}
 KVCACHE_FP32: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE_FP32.items()}

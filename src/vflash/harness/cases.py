@@ -340,7 +340,9 @@ class Fp8Case:
 class KVCacheCase:
     """`vflash.attention_with_kvcache` on a shuffled paged cache (lens_q new queries per
     sequence, packed, against lens_k cached keys, its own included), against the paged
-    reference (each sequence's pages gathered, explicit fp64 attention; same rule as Case)."""
+    reference (each sequence's pages gathered, explicit fp64 attention; same rule as Case).
+    The cache's rows past each length and its unused pages hold NaN. latent: v_cache is k_cache's
+    first Dv columns, a view (MLA's latent cache: D 576, Dv 512)."""
     lens_q: Tuple[int, ...]
     lens_k: Tuple[int, ...]
     page: int = 16
@@ -358,6 +360,7 @@ class KVCacheCase:
     # The oracle then runs on the dequantized cache, and the yardstick is explicit attention in q's dtype on it.
     fp8: str = ""
     Dv: Optional[int] = None  # v's head dim where it differs from q's and k's
+    latent: bool = False
     tag: str = field(default="", compare=False)
 
     @property
@@ -365,7 +368,8 @@ class KVCacheCase:
         lens = ",".join(f"{q}x{k}" for q, k in zip(self.lens_q, self.lens_k))
         cache = f" fp8-cache({self.fp8})" if self.fp8 else ""
         parts = [self.dtype + cache, f"kvcache[{lens}] page={self.page}", f"H{self.Hq}/{self.Hkv}",
-                 f"D{self.D}" + (f"/{self.Dv}" if self.Dv else ""), f"causal={self.causal}"]
+                 f"D{self.D}" + (f"/{self.Dv}" if self.Dv else "") + (" latent" if self.latent else ""),
+                 f"causal={self.causal}"]
         if self.window is not None:
             parts.append(f"window={self.window[0]},{self.window[1]}")
         if self.softcap is not None:
@@ -391,6 +395,14 @@ class KVCacheCase:
             used += n
         k_cache, v_cache = (torch.randn(pages, self.page, self.Hkv, d, generator=gen)
                             for d in (self.D, self.Dv or self.D))
+        if self.latent:
+            v_cache = k_cache[..., :self.Dv]
+        # NaN in every row no sequence holds: past each length in its last page, and the unused pages
+        unused = torch.ones(pages, self.page, dtype=torch.bool)
+        for b, n in enumerate(self.lens_k):
+            for j in range(need[b]):
+                unused[table[b, j], :max(0, min(self.page, n - j * self.page))] = False
+        k_cache, v_cache = (x.masked_fill(unused[:, :, None, None], float("nan")) for x in (k_cache, v_cache))
         descales = {}
         if self.fp8:  # stored in e4m3 with their descales; the references read the dequantized caches
             page_seq = torch.zeros(pages, dtype=torch.long)
@@ -398,11 +410,16 @@ class KVCacheCase:
                 page_seq[table[b, :n].long()] = b
             (k_cache, descales["k_descale"], k_real), (v_cache, descales["v_descale"], v_real) = (
                 _fp8_cache(x, page_seq, self.fp8, len(need)) for x in (k_cache, v_cache))
-            k_cache, v_cache = k_cache.to(device), v_cache.to(device)
+            if self.latent:  # one cache, one descale
+                v_cache, descales["v_descale"], v_real = (k_cache[..., :self.Dv], descales["k_descale"],
+                                                          k_real[..., :self.Dv])
+            k_cache = k_cache.to(device)
+            v_cache = k_cache[..., :self.Dv] if self.latent else v_cache.to(device)
             descales = {n: d.to(device) for n, d in descales.items()}
             k_ref, v_ref = k_real.to(device), v_real.to(device)
         else:
-            k_cache, v_cache = (x.to(dt).to(device) for x in (k_cache, v_cache))
+            k_cache = k_cache.to(dt).to(device)
+            v_cache = k_cache[..., :self.Dv] if self.latent else v_cache.to(dt).to(device)
             k_ref, v_ref = k_cache, v_cache
         q = torch.randn(sum(self.lens_q), self.Hq, self.D, generator=gen).to(dt).to(device)
         table = table.to(device)
@@ -426,9 +443,10 @@ def _fp8_cache(x: torch.Tensor, page_seq: torch.Tensor, how: str, batch: int):
     """A paged cache x [pages, page_size, Hkv, D] (fp32) stored in e4m3: (stored, descale, the stored values
     dequantized in fp64). how: "tensor" (0-d), "head" ([Hkv]) or "seq" ([B, Hkv]: a page takes its
     sequence's row, page_seq[page]), each at or above the largest magnitude / 448 (no saturation)."""
-    per_head = x.abs().amax((0, 1, 3)) / 448.0  # [Hkv]
+    size = x.nan_to_num().abs()  # the NaN rows no sequence holds do not size the descales
+    per_head = size.amax((0, 1, 3)) / 448.0  # [Hkv]
     if how == "tensor":
-        descale = x.abs().amax() / 448.0
+        descale = size.amax() / 448.0
         per_page = descale.expand(x.shape[0], x.shape[2])
     elif how == "head":
         descale = per_head

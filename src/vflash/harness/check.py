@@ -82,7 +82,12 @@ def cpu_matrix() -> list:
               GradCase(Case(Hq=4, Hkv=2, Nq=30, Nk=41, D=32, Dv=16, dtype="fp32", causal=True, sinks=True)),
               GradCase(Case(Nq=25, Nk=25, D=24, Dv=40, dtype="bf16", window=(9, 4))),
               KVCacheCase((1, 2), (90, 17), page=16, D=32, Dv=64, num_splits=3, tag="decode"),
-              KVCacheCase((9, 0, 20), (40, 5, 20), page=16, D=48, Dv=32, tag="chunked")]
+              KVCacheCase((9, 0, 20), (40, 5, 20), page=16, D=48, Dv=32, tag="chunked"),
+              # MLA decode on one latent cache (v = the cache's first 512 columns): MTP queries, 128 heads
+              KVCacheCase((2, 1), (70, 33), page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True,
+                          num_splits=2, tag="MLA"),
+              KVCacheCase((1, 1), (40, 9), page=16, Hq=128, Hkv=1, D=576, Dv=512, latent=True, sinks=True,
+                          fp8="tensor", tag="MLA")]
     # FP8 KV caches: descales per cache, per KV head and per (sequence, KV head); split, chunked, invariant
     cases += [KVCacheCase((1, 1, 1), (70, 1, 33), page=16, dtype="bf16", fp8="tensor", tag="decode"),
               KVCacheCase((1, 2), (90, 17), page=17, num_splits=3, dtype="bf16", fp8="head", tag="decode"),

@@ -76,7 +76,7 @@ def _attend_tiles(
 
 @triton.jit
 def _attend_cache_tiles(
-    acc, l_i, m_i, q,
+    acc, l_i, m_i, q, q_v,
     k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd, table, page,
     offs_m, offs_d, offs_dv, start, stop, step,
     n_k, off, left, right, qk_scale, softcap_in, softcap_out,
@@ -84,7 +84,7 @@ def _attend_cache_tiles(
     HEAD_DIM_V_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, IS_PAGED: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, V_IN_K: tl.constexpr,
 ):
     # _attend_tiles over a KV cache, key tiles start, start + step, ... below stop (step a
     # multiple of BLOCK_N: a split's tiles interleave with its sibling splits'). IS_PAGED: key
@@ -99,7 +99,11 @@ def _attend_cache_tiles(
     # place in its page is the tile's offset plus a loop-invariant part: the row and column
     # offsets are added to the bases once, and a tile adds a page's base a row (or the
     # tile's rows of a contiguous cache), not a 64-bit sum a row per address.
-    CHECK_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    # V_IN_K (v a view of each K row's first HEAD_DIM_V columns: MLA's latent cache): the V tile is those
+    # columns of K, loaded once for both products; offs_d then holds K's other columns (HEAD_DIM_V on), q
+    # those of q, and q_v q's first HEAD_DIM_V: q.k = q_v.v + q.k_rest. Else q_v is unused.
+    K_FROM: tl.constexpr = HEAD_DIM_V if V_IN_K else 0
+    CHECK_D: tl.constexpr = HEAD_DIM - K_FROM != HEAD_DIM_PAD
     CHECK_DV: tl.constexpr = HEAD_DIM_V != HEAD_DIM_V_PAD
     NESTED: tl.constexpr = (BLOCK_N % PAGE_SIZE == 0) or (PAGE_SIZE % BLOCK_N == 0)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -137,6 +141,8 @@ def _attend_cache_tiles(
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if V_IN_K:
+            qk += scores(q_v, v, EMULATE_BF16, DOT_PRECISION)
         acc, l_i, m_i = _online_update(acc, l_i, m_i, qk, v, offs_m, offs_n0, n_k - start_n, off - start_n, left,
                                        right, qk_scale, softcap_in, softcap_out, MASKED, HAS_LEFT, HAS_RIGHT,
                                        SOFTCAP, EMULATE_BF16, DOT_PRECISION)
@@ -359,7 +365,7 @@ def attention_kvcache_kernel(
     STORE_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PACKED_Q: tl.constexpr, IS_PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, ONE_LOOP: tl.constexpr,
-    HAS_SINK: tl.constexpr, IS_FP8: tl.constexpr,
+    HAS_SINK: tl.constexpr, IS_FP8: tl.constexpr, V_IN_K: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
 ):
     # New queries against a KV cache, sequence b's keys the first SEQLENS_K[b] of its cache
     # rows, its queries the last of them (bottom-right). Q [total_q, Hq, D]: PACKED_Q,
@@ -388,6 +394,10 @@ def attention_kvcache_kernel(
     # IS_FP8: e4m3 caches, widened to Q's dtype as they are loaded (exact); K_DESCALE / V_DESCALE fp32
     # (None: 1) read at (batch, KV head) with descale_strides' (k's, v's) pairs (0 where a descale is
     # shared): k's scales the raw scores, v's the output (each split's partial, so the merge is unchanged).
+    # V_IN_K: V is the first HEAD_DIM_V columns of each K row (a view of the same memory: MLA's latent
+    # cache), read once for both products (_attend_cache_tiles); HEAD_DIM_PAD then pads K's other columns.
+    # HEAD_BLOCKS: program_id(1) runs GROUP of its KV head's HEAD_BLOCKS * GROUP query heads (a group too
+    # wide for one tile's rows: MLA's 128 heads on one latent head).
     # Tuples: q's and out's (row, head, dim) strides, the caches' (page or batch, row, head,
     # dim), the partials' (split, row, head) and their LSEs' (split, head), the band's
     # (left, right) and the score's scales (ops/scales.py).
@@ -403,7 +413,8 @@ def attention_kvcache_kernel(
     pid = tl.program_id(0)
     split = pid % num_splits  # int32: the key bounds stay 32-bit (the partials' offsets are 64-bit)
     start_q = (pid // num_splits) * QUERIES
-    off_hk = tl.program_id(1).to(tl.int64)
+    off_hk = tl.program_id(1).to(tl.int64)  # the block of query heads (their KV head's, HEAD_BLOCKS 1)
+    kv_head = off_hk // HEAD_BLOCKS
     off_b = tl.program_id(2).to(tl.int64)
     if PACKED_Q:
         q_start, _, n_q, n_k, off = sequence(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, SEQLENS_K, 0, 0, 0, True, True,
@@ -440,17 +451,22 @@ def attention_kvcache_kernel(
     if IS_FP8:
         kd_b, kd_h, vd_b, vd_h = descale_strides
         if K_DESCALE is not None:
-            k_descale = tl.load(K_DESCALE + off_b * kd_b + off_hk * kd_h)
+            k_descale = tl.load(K_DESCALE + off_b * kd_b + kv_head * kd_h)
             qk_scale = qk_scale * k_descale
             softcap_in = softcap_in * k_descale
         if V_DESCALE is not None:
-            out_scale = tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
+            out_scale = tl.load(V_DESCALE + off_b * vd_b + kv_head * vd_h)
     row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_d = (HEAD_DIM_V if V_IN_K else 0) + tl.arange(0, HEAD_DIM_PAD)  # K's columns read as K (V_IN_K: past V's)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and the output's columns
     q_rows = Q + (q_start + offs_q) * stride_qm + heads * stride_qh  # [BLOCK_M] pointers
     q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
                 other=0.0)
+    if V_IN_K:  # q's columns that meet V's
+        q_v = tl.load(q_rows[:, None] + offs_dv[None, :] * stride_qd,
+                      mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    else:
+        q_v = q
 
     lo, full_lo, full_hi, hi = key_range(start_q, n_k, off, left, right, QUERIES, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     ONE_MASKED_LOOP: tl.constexpr = ONE_LOOP or IS_SPLIT
@@ -466,8 +482,8 @@ def attention_kvcache_kernel(
         stop = tl.where(split < seq_splits, hi, first)  # splits past the sequence's own see no key
         step = tl.maximum(seq_splits, 1) * BLOCK_N  # a sequence with no key has no split: no tile either
 
-    k_base = K + off_hk * stride_kh
-    v_base = V + off_hk * stride_vh
+    k_base = K + kv_head * stride_kh
+    v_base = V + kv_head * stride_vh
     if not IS_PAGED:
         k_base += off_b * stride_kp
         v_base += off_b * stride_vp
@@ -479,35 +495,35 @@ def attention_kvcache_kernel(
     # a loop each
     if ONE_MASKED_LOOP:
         acc, l_i, m_i = _attend_cache_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_v, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, page0, offs_q, offs_d, offs_dv, first, stop, step, n_k, off, left, right, qk_scale, softcap_in,
             softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
             True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
-            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE, V_IN_K)
     else:
         if HAS_LEFT:
             acc, l_i, m_i = _attend_cache_tiles(
-                acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                acc, l_i, m_i, q, q_v, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
                 table, _page_ids(table, table_cols, lo, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, offs_dv,
                 lo, full_lo, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in, softcap_out, BLOCK_N, HEAD_DIM,
                 HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
-                DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+                DOT_PRECISION, IS_PAGED, PAGE_SIZE, V_IN_K)
             page0 = _page_ids(table, table_cols, full_lo, BLOCK_N, PAGE_SIZE, IS_PAGED)
         acc, l_i, m_i = _attend_cache_tiles(  # without a left edge full_lo = 0 = first: page0 from the start
-            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_v, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, page0, offs_q, offs_d, offs_dv,
             full_lo, full_hi, BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
             softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
             False, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
-            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE, V_IN_K)
         acc, l_i, m_i = _attend_cache_tiles(
-            acc, l_i, m_i, q, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_v, k_base, v_base, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             table, _page_ids(table, table_cols, full_hi, BLOCK_N, PAGE_SIZE, IS_PAGED), offs_q, offs_d, offs_dv,
             full_hi, hi,
             BLOCK_N, n_k, off, left, right, qk_scale, softcap_in,
             softcap_out, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
             True, HAS_LEFT, HAS_RIGHT, SOFTCAP, EMULATE_BF16,
-            DOT_PRECISION, IS_PAGED, PAGE_SIZE)
+            DOT_PRECISION, IS_PAGED, PAGE_SIZE, V_IN_K)
 
     # a split's partial carries no sink (no visible key in it: out 0, LSE -inf, merge weight 0)
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK and not IS_SPLIT)

@@ -14,7 +14,7 @@ import torch
 
 from vflash import _backend
 from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
-from vflash.call import Band, Call, Packed, Score
+from vflash.call import Band, Call, Packed, Score, v_in_k_cache
 from vflash.ops import sm90 as sm90_launch
 from vflash.ops import metadata
 from vflash.ops import launch as launches
@@ -53,6 +53,8 @@ def forward(call: Call, choice, check_tiles: Optional[MetadataTiles] = None, pla
                                         out_dtype=call.out_dtype, **common)
     if layout.out_guard is not None:
         admit = _guarded(admit, layout.out_guard, plan_inputs, KVCACHE_INPUTS)
+    if call.v_in_k:
+        admit = _latent_only(admit, plan_inputs)
     return attention_kvcache_forward(call.q, call.k, call.v, layout.cache_seqlens, layout.block_table,
                                      layout.cu_seqlens_q, layout.max_seqlen_q, out=call.out,
                                      plan_out_shape=(*layout.q_shape[:-1], call.head_dim_v), plan_admit=admit,
@@ -85,6 +87,17 @@ def _guarded(admit: Optional[Callable], guard: Callable, names: Optional[Sequenc
             return False
         return admit is None or admit(*args)
     return admit_out
+
+
+def _latent_only(admit: Optional[Callable], names: Optional[Sequence[str]]) -> Optional[Callable]:
+    # a latent-cache plan's admit (its kernel reads V from K's rows): only for caches where v is k's view
+    if names is None:
+        return admit
+    k_at, v_at = names.index("k_cache"), names.index("v_cache")
+
+    def admit_latent(*args) -> bool:
+        return v_in_k_cache(args[k_at], args[v_at]) and (admit is None or admit(*args))
+    return admit_latent
 
 
 def attention_forward(
@@ -237,7 +250,8 @@ def attention_kvcache_forward(
                                 varlen=(cu_seqlens_q, None, max_seqlen_q, False), cache=(cache_seqlens, block_table))
         launches.run(launch, q.device)
         return out, lse
-    group, splits = Hq // Hkv, tiles.num_splits
+    # a KV head's query heads in tiles.head_blocks blocks of `group`, each block a program's (program_id(1))
+    group, splits, heads_k = Hq // Hkv // tiles.head_blocks, tiles.num_splits, Hkv * tiles.head_blocks
     queries = tiles.block_m // group
     row_tiles = max(1, -(-max_seqlen_q // queries))
     # the merge's rows must hold a tile's real rows (merge_rows 0: the whole tile)
@@ -246,14 +260,15 @@ def attention_kvcache_forward(
         raise ValueError(f"merge_rows {tiles.merge_rows} cannot hold a tile's {min(queries, max_seqlen_q) * group} "
                          "rows (a power of two at least that many, or 0)")
     if splits > 1:  # the partials contiguous [splits, total_q, Hq, D], their LSEs [splits, Hq, total_q]
-        o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, v_cache.shape[-1], batch, Hkv, row_tiles,
-                                                   q.device)
+        o_part, lse_part, arrivals = split_scratch(splits, total_q, Hq, v_cache.shape[-1], batch, heads_k,
+                                                   row_tiles, q.device)
         part_strides, lse_part_stride = o_part.stride()[:3], lse_part.stride(0)
     else:
         o_part = lse_part = arrivals = None
         part_strides, lse_part_stride = (0, 0, 0), 0
     descales = (score.k_descale, score.v_descale)  # an FP8 cache's (q is 16-bit)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    v_in_k = v_in_k_cache(k_cache, v_cache)
     args = (
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
         score.sinks, *descales, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
@@ -264,16 +279,17 @@ def attention_kvcache_forward(
         0 if cu_seqlens_q is not None else max_seqlen_q,
     )
     constexprs = dict(
-        **_head_dims(D, v_cache.shape[-1]), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=group,
+        **_head_dims(D, v_cache.shape[-1], v_in_k=v_in_k), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        GROUP=group,
         HAS_LEFT=band.has_left, HAS_RIGHT=band.has_right, SOFTCAP=score.softcap is not None,
         STORE_LSE=lse is not None, **_dot_flags(q),
         PACKED_Q=cu_seqlens_q is not None, IS_PAGED=block_table is not None,
         # one compile a page size; a contiguous cache's length is not one (it needs no division)
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
         IS_SPLIT=splits > 1, MERGE_ROWS=merge_rows, SPLIT_CHUNK=tiles.split_chunk, ONE_LOOP=tiles.one_loop,
-        HAS_SINK=score.sinks is not None, IS_FP8=fp8,
+        HAS_SINK=score.sinks is not None, IS_FP8=fp8, V_IN_K=v_in_k, HEAD_BLOCKS=tiles.head_blocks,
     )
-    grid = (row_tiles * splits, Hkv, batch)
+    grid = (row_tiles * splits, heads_k, batch)
     slots = (Slot("Q", "q"), Slot("K", "k_cache"), Slot("V", "v_cache"), Slot("O", "out"),
              Slot("SEQLENS_K", "cache_seqlens"))
     slots += given_slots(lse=lse, cu_seqlens_q=cu_seqlens_q, block_table=block_table, sinks=score.sinks,
@@ -288,7 +304,7 @@ def attention_kvcache_forward(
         allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)] if fresh_out else []
         allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
         scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
-            splits, total_q, Hq, v_cache.shape[-1], batch, Hkv, row_tiles, q.device))
+            splits, total_q, Hq, v_cache.shape[-1], batch, heads_k, row_tiles, q.device))
         inputs = tuple(plan_inputs or KVCACHE_INPUTS + ("out",))
         if fresh_out:  # the plan allocates out: a caller's out argument (None) is not its source
             inputs = tuple("" if name == "out" else name for name in inputs)
@@ -310,10 +326,11 @@ def _dot_flags(q: torch.Tensor) -> dict:
     return dict(EMULATE_BF16=_backend.emulates_bf16(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def _head_dims(d_qk: int, d_v: int, fp8: bool = False) -> dict:
+def _head_dims(d_qk: int, d_v: int, fp8: bool = False, v_in_k: bool = False) -> dict:
     # the portable kernels' head dims: q's and k's, v's and the output's, each with its power-of-two tile width
-    # (q.k is an e4m3 dot over HEAD_DIM_PAD for FP8 inputs)
-    return dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=head_dim_pad(d_qk, fp8), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v))
+    # (q.k is an e4m3 dot over HEAD_DIM_PAD for FP8 inputs; with v in k, HEAD_DIM_PAD pads k's columns past v's)
+    return dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=head_dim_pad(d_qk - d_v if v_in_k else d_qk, fp8), HEAD_DIM_V=d_v,
+                HEAD_DIM_V_PAD=head_dim_pad(d_v))
 
 
 def _descale_strides(descales) -> Tuple[int, ...]:

@@ -77,6 +77,9 @@ class KVCacheTiles(NamedTuple):
     # every key tile in one loop, masked: one pipeline prologue a program, where the band's masked and
     # unmasked stretches are a loop each otherwise (each with its own prologue)
     one_loop: bool = False
+    # programs a KV head's query heads are split across, each taking group // head_blocks of them (a group
+    # wider than a tile's rows: MLA's 128 query heads on one latent head)
+    head_blocks: int = 1
 
 
 class MergeTiles(NamedTuple):
