@@ -272,3 +272,23 @@ def test_mask_patterns_it_cannot_reproduce_raise():
     pad = torch.ones(2, 8)
     pad[0, :3] = 0
     assert torch.equal(vt.attention_mask(2, 8, 8, mask_function=sliding, attention_mask=pad), pad.bool())
+
+
+def test_deepseek_v3_with_its_own_v_head_dim_matches_sdpa(device):
+    # MLA prefill in transformers (q / k of 16 + 8 rope columns, v of 16): the attention's own v head dim
+    # through vflash.attention, logits against sdpa's
+    name = vt.register()
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+        n_group=1, topk_group=1, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(cfg).to(device).eval()
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        want = model(ids).logits
+        model.set_attn_implementation(name)
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

@@ -33,8 +33,11 @@ What each call becomes:
 What vflash does not do raises `NotImplementedError` naming the feature, never a
 wrong result: attention dropout in training, an arbitrary (4D or additive) mask,
 mask patterns other than causal / bidirectional / sliding-window / packed (chunked
-attention, custom `or_mask_function` / `and_mask_function`), `output_attentions`, value
-head dims unlike the query's.
+attention, custom `or_mask_function` / `and_mask_function`), `output_attentions`.
+
+Continuous batching (`model.generate_batch`, `transformers serve --continuous-batching`):
+transformers switches the model's implementation X to "paged|X" and calls what is registered
+under that name; `register()` registers `paged_attention_forward` there too (below).
 """
 
 import weakref
@@ -64,6 +67,9 @@ def register(name: str = NAME) -> str:
     transformers = require("transformers", "vflash.integrations.transformers")
     transformers.AttentionInterface.register(name, attention_forward)
     transformers.AttentionMaskInterface.register(name, attention_mask)
+    # continuous batching (generate_batch, `transformers serve --continuous-batching`) switches a model's
+    # implementation X to "paged|X" and calls what is registered under that name
+    transformers.AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     return name
 
 
@@ -205,9 +211,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   f"attention_dropout=0 or another attention implementation")
     if kwargs.get("output_attentions"):
         raise NotImplementedError("vflash: output_attentions is not supported (the weights are never formed)")
-    if value.shape[-1] != query.shape[-1]:
-        raise NotImplementedError(f"vflash: a value head dim ({value.shape[-1]}) unlike the query's "
-                                  f"({query.shape[-1]}) is not supported")
     if isinstance(attention_mask, PackedSequences):
         cu = attention_mask.cu_seqlens
         kwargs = dict(kwargs, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=attention_mask.max_seqlen,
@@ -221,6 +224,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal, window = _band(bool(causal), sliding_window)
     opts = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=_sinks(kwargs.get("s_aux")))
     B, Hq, Sq, D = query.shape
+    Dv = value.shape[-1]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     pos = kwargs.get("position_ids")
     if torch.compiler.is_compiling() and attention_mask is None and cu_q is None and pos is not None and Sq > 1:
@@ -233,10 +237,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
     if attention_mask is None:  # packed: [1, total, H, D] rows straight through
         k = key.transpose(1, 2).reshape(-1, key.shape[1], D)
-        v = value.transpose(1, 2).reshape(-1, value.shape[1], D)
+        v = value.transpose(1, 2).reshape(-1, value.shape[1], Dv)
         out = vflash.attention_varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
                                       int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
-        return out.view(B, Sq, Hq, D), None
+        return out.view(B, Sq, Hq, Dv), None
     return _padded(query, key, value, attention_mask, opts), None
 
 
@@ -244,17 +248,66 @@ def _padded(query, key, value, mask, opts):
     # Unpad (transformers' _upad_input convention: a cache longer than the mask is cut to
     # it; queries are the last Sq positions of each row), one varlen call, pad back.
     B, Hq, Sq, D = query.shape
+    Dv = value.shape[-1]
     key, value = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]]
     Sk, Hkv = key.shape[2], key.shape[1]
     lengths_k = mask.sum(1, dtype=torch.int32)
     idx_k = torch.nonzero(mask.flatten()).flatten()
     k = key.transpose(1, 2).reshape(B * Sk, Hkv, D).index_select(0, idx_k)
-    v = value.transpose(1, 2).reshape(B * Sk, Hkv, D).index_select(0, idx_k)
+    v = value.transpose(1, 2).reshape(B * Sk, Hkv, Dv).index_select(0, idx_k)
     q_mask = mask[:, -Sq:]
     lengths_q = q_mask.sum(1, dtype=torch.int32)
     idx_q = torch.nonzero(q_mask.flatten()).flatten()
     q = query.transpose(1, 2).reshape(B * Sq, Hq, D).index_select(0, idx_q)
     max_q, max_k = (int(x) for x in torch.stack([lengths_q.max(), lengths_k.max()]).tolist())
     out = vflash.attention_varlen(q, k, v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k), max_q, max_k, **opts)
-    full = out.new_zeros(B * Sq, Hq, D).index_copy(0, idx_q, out)
-    return full.view(B, Sq, Hq, D)
+    full = out.new_zeros(B * Sq, Hq, Dv).index_copy(0, idx_q, out)
+    return full.view(B, Sq, Hq, Dv)
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
+                            softcap: Optional[float] = None, **kwargs) -> Tuple[torch.Tensor, None]:
+    """transformers' continuous-batching attention ("paged|<name>"): a batch's new tokens packed, query [1, Hq,
+    total_q, D], key / value [1, Hkv, total_q, D], with the engine's paged cache (`cache`), its `read_index` /
+    `write_index` and the batch's `cu_seq_lens_q` / `cu_seq_lens_k` (a dict by layer type where sliding and full
+    layers mix) and their maxima. The cache's update writes the new keys and hands back each sequence's keys,
+    cached and new, packed (transformers gathers them through read_index); one `vflash.attention_varlen` call,
+    causal bottom-right (a request's new tokens are its last), the layer's sliding window and sinks. Returns
+    (out [1, total_q, Hq, D_v], None)."""
+    cache = kwargs.get("cache")
+    if cache is None:
+        raise ValueError("vflash: the paged attention was called without transformers' paged cache; it serves "
+                         "continuous batching (generate_batch, transformers serve), not a plain forward")
+    if dropout:
+        raise NotImplementedError(f"vflash: attention dropout ({dropout}) is not supported")
+    window = getattr(module, "sliding_window", None)
+    layer_type = "sliding_attention" if window else "full_attention"
+    cu_k, max_k = kwargs["cu_seq_lens_k"], kwargs["max_seqlen_k"]
+    if isinstance(cu_k, dict):
+        cu_k, max_k = cu_k[layer_type], max_k[layer_type]
+    k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                        read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    q = query[0].transpose(0, 1)  # [total_q, Hq, D]
+    check = _first_sight(kwargs["cu_seq_lens_q"], cu_k)  # the engine's own tensors, before any conversion
+    cu_q, cu_k = kwargs["cu_seq_lens_q"].to(torch.int32), cu_k.to(torch.int32)
+    out = vflash.attention_varlen(q, k, v, cu_q, cu_k, int(kwargs["max_seqlen_q"]), int(max_k), causal=True,
+                                  scale=scaling, window=(window - 1, 0) if window else None, softcap=softcap,
+                                  sinks=_sinks(kwargs.get("s_aux")), check_metadata=check)
+    return out.unsqueeze(0), None
+
+
+_SEEN: dict = {}  # the batch metadata checked last, by (data pointer, version) of cu_seqlens_q and _k
+
+
+def _first_sight(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
+    # Whether this batch's metadata is new: a batch's layers share its cu_seqlens tensors (a full layer's and a
+    # sliding one's cu_seqlens_k differ: each is checked once), and the engine rewrites them in place for the
+    # next batch, which bumps their versions. So the check (a kernel, no host sync) runs once a batch.
+    key = (cu_q.data_ptr(), cu_q._version, cu_k.data_ptr(), cu_k._version)
+    if key in _SEEN:
+        return False
+    if len(_SEEN) > 64:
+        _SEEN.clear()
+    _SEEN[key] = True
+    return True
