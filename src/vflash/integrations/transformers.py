@@ -70,7 +70,51 @@ def register(name: str = NAME) -> str:
     # continuous batching (generate_batch, `transformers serve --continuous-batching`) switches a model's
     # implementation X to "paged|X" and calls what is registered under that name
     transformers.AttentionInterface.register(f"paged|{name}", paged_attention_forward)
+    _admit_to_continuous_batching(name)
     return name
+
+
+_CB_NAMES: set = set()  # the names register() made, which continuous batching takes as FlashAttention's
+
+
+def _admit_to_continuous_batching(name: str) -> None:
+    """transformers 5.23 on: continuous batching no longer calls "paged|X"; the model's own implementation gets
+    the paged cache (its update fills `k_cache` / `v_cache` / `block_table` into the kwargs for a decode-only
+    batch), and the engine refuses every implementation but "sdpa", "paged|eager" and FlashAttention's. The
+    narrowest change that admits vflash: the engine's own test, `is_flash_attention_requested` as its modules
+    imported it, also answers yes for vflash's names (asked without a FlashAttention version), so the engine
+    builds no 4D mask and hands a block table to decode-only batches, as it does for FlashAttention. Nothing
+    outside continuous batching sees the change. An upstream hook (an attention function declaring that it
+    takes the paged cache's kwargs) would make it unnecessary."""
+    _CB_NAMES.add(name)
+    try:
+        from transformers.generation.continuous_batching import continuous_api
+    except ImportError:
+        return
+    if "paged|sdpa" in transformers_attention_functions():
+        return  # 5.17-5.22: the engine calls "paged|<name>", registered above
+    import importlib
+    for module_name in ("continuous_api", "cache", "initialization"):
+        module = importlib.import_module(f"transformers.generation.continuous_batching.{module_name}")
+        original = getattr(module, "is_flash_attention_requested", None)
+        if original is None or getattr(original, "_vflash", False):
+            continue
+
+        def is_flash(config=None, requested_attention_implementation=None, version=None, _original=original):
+            implementation = (requested_attention_implementation if config is None
+                              else getattr(config, "_attn_implementation", None))
+            if version is None and implementation in _CB_NAMES:
+                return True
+            return _original(config=config, requested_attention_implementation=requested_attention_implementation,
+                             version=version)
+        is_flash._vflash = True
+        module.is_flash_attention_requested = is_flash
+    del continuous_api
+
+
+def transformers_attention_functions() -> dict:
+    from transformers import AttentionInterface
+    return AttentionInterface._global_mapping
 
 
 class PackedSequences(NamedTuple):
@@ -93,6 +137,9 @@ def _factories():
             made[name] = getattr(mu, name)(1)
     if hasattr(mu, "chunked_overlay"):
         made["chunked_overlay"] = mu.chunked_overlay(1, None)
+    if hasattr(mu, "remap_positions_for_packed_sequence"):  # 5.23 on: packed rows' positions, per sequence
+        made["remap_positions_for_packed_sequence"] = mu.remap_positions_for_packed_sequence(
+            mu.causal_mask_function, None)
     return {_where(f): name for name, f in made.items()}
 
 
@@ -117,6 +164,10 @@ def _mask_parts(fn, combine=None):
     # and_masks / or_masks keep theirs in the closure; a part is named by the factory
     # that made it.
     owner = _factory(fn)
+    if owner == "remap_positions_for_packed_sequence":  # the wrapped function on each sequence's own positions,
+        # which packed sequences (and_masks' packed_sequence_mask_function part) already mean
+        inner = next(c.cell_contents for c in fn.__closure__ if callable(c.cell_contents))
+        return _mask_parts(inner, combine)
     if owner in ("and_masks", "or_masks"):
         parts = next(c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, tuple))
         return [leaf for part in parts for leaf in _mask_parts(part, combine if owner == "and_masks" else owner)]
@@ -238,8 +289,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if attention_mask is None:  # packed: [1, total, H, D] rows straight through
         k = key.transpose(1, 2).reshape(-1, key.shape[1], D)
         v = value.transpose(1, 2).reshape(-1, value.shape[1], Dv)
+        # continuous batching (transformers 5.23 on: the engine's read / write indices beside the packed rows)
+        # checks a batch's metadata once, not once a layer
+        check = _first_sight(cu_q, cu_k) if "read_index" in kwargs else True
         out = vflash.attention_varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
-                                      int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
+                                      int(kwargs["max_length_q"]), int(kwargs["max_length_k"]),
+                                      check_metadata=check, **opts)
         return out.view(B, Sq, Hq, Dv), None
     return _padded(query, key, value, attention_mask, opts), None
 
@@ -303,11 +358,12 @@ _SEEN: dict = {}  # the batch metadata checked last, by (data pointer, version) 
 def _first_sight(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
     # Whether this batch's metadata is new: a batch's layers share its cu_seqlens tensors (a full layer's and a
     # sliding one's cu_seqlens_k differ: each is checked once), and the engine rewrites them in place for the
-    # next batch, which bumps their versions. So the check (a kernel, no host sync) runs once a batch.
+    # next batch, which bumps their versions. So the check (a kernel, no host sync) runs once a batch. The
+    # entries hold the tensors, so no other tensor takes their memory (and pointer) while they are here.
     key = (cu_q.data_ptr(), cu_q._version, cu_k.data_ptr(), cu_k._version)
     if key in _SEEN:
         return False
     if len(_SEEN) > 64:
         _SEEN.clear()
-    _SEEN[key] = True
+    _SEEN[key] = (cu_q, cu_k)
     return True
