@@ -71,7 +71,38 @@ def register(name: str = NAME) -> str:
     # implementation X to "paged|X" and calls what is registered under that name
     transformers.AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     _admit_to_continuous_batching(name)
+    _admit_to_serve()
     return name
+
+
+def _admit_to_serve() -> None:
+    """`transformers serve` (its `serving` extra installed) validates `--attn-implementation` against a fixed set
+    (eager, sdpa, flash_attention_2 / 3, flex_attention) or a hub kernel. The narrowest change that admits
+    vflash: its model manager's validation sees "sdpa" in place of a vflash name, for that check only; the
+    model is still loaded with vflash's. The server must run in a process that called register():
+    `python -m vflash.integrations.transformers serve ...` (the `transformers serve` command line, after
+    register()) does. An upstream hook (a check against transformers' AttentionInterface) would make this
+    unnecessary."""
+    try:
+        from transformers.cli.serving import model_manager
+    except ImportError:  # no serving extra: nothing to admit
+        return
+    manager = getattr(model_manager, "ModelManager", None)
+    original = getattr(manager, "_validate_args", None)
+    if original is None or getattr(original, "_vflash", False):
+        return
+
+    def _validate_args(self):
+        implementation = self.attn_implementation
+        if implementation not in _CB_NAMES:
+            return original(self)
+        self.attn_implementation = "sdpa"
+        try:
+            return original(self)
+        finally:
+            self.attn_implementation = implementation
+    _validate_args._vflash = True
+    manager._validate_args = _validate_args
 
 
 _CB_NAMES: set = set()  # the names register() made, which continuous batching takes as FlashAttention's
@@ -367,3 +398,12 @@ def _first_sight(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
         _SEEN.clear()
     _SEEN[key] = (cu_q, cu_k)
     return True
+
+
+if __name__ == "__main__":  # `python -m vflash.integrations.transformers serve MODEL --attn-implementation vf_attention`
+    import sys
+
+    register()
+    from transformers.cli.transformers import main as transformers_cli
+
+    sys.exit(transformers_cli())
