@@ -114,15 +114,16 @@ def _admit_to_continuous_batching(name: str) -> None:
     batch), and the engine refuses every implementation but "sdpa", "paged|eager" and FlashAttention's. The
     narrowest change that admits vflash: the engine's own test, `is_flash_attention_requested` as its modules
     imported it, also answers yes for vflash's names (asked without a FlashAttention version), so the engine
-    builds no 4D mask and hands a block table to decode-only batches, as it does for FlashAttention. Nothing
-    outside continuous batching sees the change. An upstream hook (an attention function declaring that it
+    builds no 4D mask and passes the packed rows' cu_seq_lens, as it does for FlashAttention; its block-table
+    decode path stays FlashAttention's own (it asks for versions 2 / 3 and their kernel). Nothing outside
+    continuous batching sees the change. An upstream hook (an attention function declaring that it
     takes the paged cache's kwargs) would make it unnecessary."""
     _CB_NAMES.add(name)
     try:
         from transformers.generation.continuous_batching import continuous_api
     except ImportError:
         return
-    if "paged|sdpa" in transformers_attention_functions():
+    if "paged|sdpa" in _attention_functions():
         return  # 5.17-5.22: the engine calls "paged|<name>", registered above
     import importlib
     for module_name in ("continuous_api", "cache", "initialization"):
@@ -143,7 +144,8 @@ def _admit_to_continuous_batching(name: str) -> None:
     del continuous_api
 
 
-def transformers_attention_functions() -> dict:
+def _attention_functions() -> dict:
+    # the names transformers' AttentionInterface maps, its own and registered ones
     from transformers import AttentionInterface
     return AttentionInterface._global_mapping
 
