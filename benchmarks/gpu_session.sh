@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 decode_fp8 sm90_launcher sm90_variants profile_sm90 profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 fp8_bars decode_fp8 check_mla sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -177,6 +177,18 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
                 --sweep fa --dtype bf16 --methods vflash,vflash_fp8,sdpa_cudnn --out "$R/fa_fp8.csv" | tail -3
               sampled d256_fp8 timeout ${SWEEP_TIMEOUT:-200} python3 -m vflash bench ${BENCH_INTERLEAVE:+--interleave} \
                 --sweep d256 --dtype bf16 --methods vflash,vflash_fp8,sdpa_cudnn --out "$R/d256_fp8.csv" | tail -3 ;;
+    fp8_bars) # issue 54's two bar shapes (D 128 and D 256, N 16k, non-causal) in FP8 beside bf16 vflash and cuDNN
+              for s in 1,16,16,16384,16384,128 1,8,8,16384,16384,256; do
+                sampled "fp8_bar_${s//,/_}" timeout ${SWEEP_TIMEOUT:-90} python3 -m vflash bench --interleave \
+                  --shape "$s" --dtype bf16 --methods vflash,vflash_fp8,sdpa_cudnn --out "$R/fp8_bar_${s//,/_}.csv" \
+                  | tail -1
+              done ;;
+    check_mla) # issue 55: the GPU matrix's v-head-dim cases (forward and gradients: D 192 / 128, D 128 / 64) and MLA
+               # decode on a latent cache ("MLA" cases)
+              for m in D192/128 D128/64 MLA; do
+                timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match "$m" --log "$R/check_gpu_${m//\//_}.log" \
+                  | tail -1
+              done ;;
     decode_fp8) # issue 54: paged decode from an FP8 cache against the bf16 cache (pages of 16 and 64), beside cuDNN
               sampled decode_fp8 timeout ${SWEEP_TIMEOUT:-240} python3 -c "
 import torch; from vflash.harness.serving import run_serving

@@ -193,6 +193,15 @@ def gpu_matrix() -> list:
               KVCacheCase((512, 1, 100), (3000, 2048, 100), page=64, Hq=16, Hkv=16, D=192, Dv=128, dtype="bf16",
                           tag="chunked"),
               KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, Dv=64, dtype="bf16", tag="decode")]
+    # MLA decode on one latent cache (DeepSeek's 576 = 512 + 64, pages of 64 as FlashMLA): 16 heads (8-way tensor
+    # parallel) split and not, 128 heads with two new queries a sequence (MTP), an FP8 latent cache
+    cases += [KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, tag="MLA"),
+              KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, num_splits=8,
+                          tag="MLA"),
+              KVCacheCase(tuple(2 for _ in kv), kv, page=64, Hq=128, Hkv=1, D=576, Dv=512, dtype="bf16",
+                          latent=True, sinks=True, tag="MLA"),
+              KVCacheCase(decode, kv, page=16, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, fp8="tensor",
+                          tag="MLA")]
     # FP8 KV caches at Llama-3-8B's heads: decode split and not, pages of 16 and 64, chunked prefill, invariant
     for page, splits, how in ((16, None, "head"), (16, 8, "seq"), (64, 1, "tensor"), (64, None, "seq")):
         cases.append(KVCacheCase(decode, kv, page=page, Hq=32, Hkv=8, D=128, dtype="bf16", num_splits=splits,
