@@ -96,7 +96,8 @@ def main() -> int:
 
         def record(kind, t, us):
             gbps = cache_bytes / us / 1e3
-            out_rows.append(dict(B=B, KV=KV, D=D, kv_dtype=str(kv_dt).replace("torch.", ""), kind=kind, block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
+            out_rows.append(dict(B=B, KV=KV, D=D, kv_dtype=str(kv_dt).replace("torch.", ""), kind=kind,
+                                 block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
                                  stages=t.num_stages, splits=t.num_splits, us=round(us, 2), gbps=round(gbps, 1)))
             print(f"B {B:4d} KV {KV:6d} D {D} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
             return gbps

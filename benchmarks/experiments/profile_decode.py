@@ -46,7 +46,8 @@ def main() -> int:
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
-    print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "") + (" sinks" if args.sinks else "")
+    print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "")
+          + (" sinks" if args.sinks else "")
           + f": {args.calls} calls")
     return 0
 

@@ -48,8 +48,8 @@ class Problem:
     @property
     def head_dim_pad(self) -> int:
         """The portable kernel's head dim that sizes its tiles (ops.tiles.head_dim_pad): q's and k's, or v's
-        where it is wider."""
-        return head_dim_pad(max(self.head_dim, self.head_dim_v))
+        where it is wider; v's against a latent cache (the K columns past v's are a narrow tile of their own)."""
+        return head_dim_pad(self.head_dim_v if self.v_in_k else max(self.head_dim, self.head_dim_v))
 
     def row_tiles(self, block_m: int) -> int:
         """Programs (work tiles) of block_m query rows over every (batch, q head)."""
@@ -213,8 +213,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     head_blocks = 1
-    if p.v_in_k:  # a latent cache: V's columns size the tiles, and a group wider than LATENT_ROWS is split
-        d = head_dim_pad(p.head_dim_v)
+    if p.v_in_k:  # a latent cache: a group wider than LATENT_ROWS is split over programs
         head_blocks = next(b for b in range(1, group + 1) if group % b == 0 and group // b <= tables.LATENT_ROWS)
         group, heads_k = group // head_blocks, heads_k * head_blocks
     rows = group * max(1, p.n_q)

@@ -408,11 +408,12 @@ class KVCacheCase:
             page_seq = torch.zeros(pages, dtype=torch.long)
             for b, n in enumerate(need):
                 page_seq[table[b, :n].long()] = b
-            (k_cache, descales["k_descale"], k_real), (v_cache, descales["v_descale"], v_real) = (
-                _fp8_cache(x, page_seq, self.fp8, len(need)) for x in (k_cache, v_cache))
+            k_cache, descales["k_descale"], k_real = _fp8_cache(k_cache, page_seq, self.fp8, len(need))
             if self.latent:  # one cache, one descale
                 v_cache, descales["v_descale"], v_real = (k_cache[..., :self.Dv], descales["k_descale"],
                                                           k_real[..., :self.Dv])
+            else:
+                v_cache, descales["v_descale"], v_real = _fp8_cache(v_cache, page_seq, self.fp8, len(need))
             k_cache = k_cache.to(device)
             v_cache = k_cache[..., :self.Dv] if self.latent else v_cache.to(device)
             descales = {n: d.to(device) for n, d in descales.items()}

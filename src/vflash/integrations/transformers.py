@@ -354,21 +354,19 @@ def _padded(query, key, value, mask, opts):
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask=None, dropout: float = 0.0, scaling: Optional[float] = None,
-                            softcap: Optional[float] = None, **kwargs) -> Tuple[torch.Tensor, None]:
-    """transformers' continuous-batching attention ("paged|<name>"): a batch's new tokens packed, query [1, Hq,
-    total_q, D], key / value [1, Hkv, total_q, D], with the engine's paged cache (`cache`), its `read_index` /
-    `write_index` and the batch's `cu_seq_lens_q` / `cu_seq_lens_k` (a dict by layer type where sliding and full
-    layers mix) and their maxima. The cache's update writes the new keys and hands back each sequence's keys,
-    cached and new, packed (transformers gathers them through read_index); one `vflash.attention_varlen` call,
-    causal bottom-right (a request's new tokens are its last), the layer's sliding window and sinks. Returns
-    (out [1, total_q, Hq, D_v], None)."""
-    cache = kwargs.get("cache")
+                            attention_mask=None, **kwargs) -> Tuple[torch.Tensor, None]:
+    """transformers' continuous-batching attention ("paged|<name>", 5.17-5.22): a batch's new tokens packed,
+    query [1, Hq, total_q, D], key / value [1, Hkv, total_q, D], with the engine's paged cache (`cache`), its
+    `read_index` / `write_index` and the batch's `cu_seq_lens_q` / `cu_seq_lens_k` (a dict by layer type where
+    sliding and full layers mix) and their maxima (`max_seqlen_q` / `_k`). The cache's update writes the new keys
+    and hands back each sequence's keys, cached and new, packed (transformers gathers them through read_index);
+    then `attention_forward`'s packed path, as 5.23 on call it: one `vflash.attention_varlen` call, bottom-right
+    (a request's new tokens are its last), the layer's sliding window and sinks, the batch's metadata checked
+    once. Returns (out [1, total_q, Hq, D_v], None)."""
+    cache = kwargs.pop("cache", None)
     if cache is None:
         raise ValueError("vflash: the paged attention was called without transformers' paged cache; it serves "
                          "continuous batching (generate_batch, transformers serve), not a plain forward")
-    if dropout:
-        raise NotImplementedError(f"vflash: attention dropout ({dropout}) is not supported")
     window = getattr(module, "sliding_window", None)
     layer_type = "sliding_attention" if window else "full_attention"
     cu_k, max_k = kwargs["cu_seq_lens_k"], kwargs["max_seqlen_k"]
@@ -376,13 +374,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         cu_k, max_k = cu_k[layer_type], max_k[layer_type]
     k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                         read_index=kwargs["read_index"], write_index=kwargs["write_index"])
-    q = query[0].transpose(0, 1)  # [total_q, Hq, D]
-    check = _first_sight(kwargs["cu_seq_lens_q"], cu_k)  # the engine's own tensors, before any conversion
-    cu_q, cu_k = kwargs["cu_seq_lens_q"].to(torch.int32), cu_k.to(torch.int32)
-    out = vflash.attention_varlen(q, k, v, cu_q, cu_k, int(kwargs["max_seqlen_q"]), int(max_k), causal=True,
-                                  scale=scaling, window=(window - 1, 0) if window else None, softcap=softcap,
-                                  sinks=_sinks(kwargs.get("s_aux")), check_metadata=check)
-    return out.unsqueeze(0), None
+    kwargs.update(cu_seq_lens_k=cu_k, max_length_q=kwargs["max_seqlen_q"], max_length_k=max_k,
+                  sliding_window=window)
+    return attention_forward(module, query, k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, **kwargs)
 
 
 _SEEN: dict = {}  # the batch metadata checked last, by (data pointer, version) of cu_seqlens_q and _k
@@ -402,7 +396,8 @@ def _first_sight(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
     return True
 
 
-if __name__ == "__main__":  # `python -m vflash.integrations.transformers serve MODEL --attn-implementation vf_attention`
+# `python -m vflash.integrations.transformers serve MODEL --attn-implementation vf_attention`
+if __name__ == "__main__":
     import sys
 
     register()

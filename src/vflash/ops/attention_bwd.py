@@ -35,9 +35,9 @@ def attention_backward(
     the sinks' (fp32 [Hq]; an empty fp32 tensor without), for do (any strides) and the
     forward's out and natural-log lse: dense q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, D_v], out and
     do [B, Hq, Nq, D_v], lse [B, Hq, Nq]; or `varlen` (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    top_left) with packed q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, D_v], lse [Hq, total_q]. The kernels take
-    P = exp(S - lse) from the saved LSE, which holds the sink's term where there is one: sinks change
-    nothing here. Deterministic: every output tile is written by one program, its sums in a fixed order.
+    top_left) with packed q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, D_v], lse [Hq, total_q].
+    The kernels take P = exp(S - lse) from the saved LSE, which holds the sink's term where there is one: sinks
+    change nothing here. Deterministic: every output tile is written by one program, its sums in a fixed order.
     dlse (lse's shape): the loss's gradient with respect to lse too (its dS term is P * dlse).
     kernel "sm90" (TMA-ready q, k, v: dispatch.sm90_backward_refusal; dense or varlen) runs the Gluon
     dK/dV and dQ kernels with `tiles`; "portable" the Triton ones. plan_key (ops.plans.op_plan_key): the
