@@ -206,6 +206,22 @@ def test_fp8_contiguous_cache_is_attention_on_the_dequantized_cache(device):
         torch.testing.assert_close(out[b:b + 1].transpose(1, 2).double().cpu(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("power", [18, -30])
+def test_fp8_cache_under_a_bf16_q_outside_fp16s_range_is_scale_invariant(power, device):
+    # the products run in fp16 (q scaled into its range by a power of two): q times 2^power with the softmax
+    # scale times 2^-power is the same call, bit for bit, where a plain fp16 q would overflow or flush to zero
+    (kc, vc), (kd, vd), _ = _fp8_contiguous_cache(device)
+    q = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
+    lens = torch.tensor([40, 23], dtype=torch.int32, device=device)
+    scale = 16 ** -0.5
+    ref, ref_lse = vflash.attention_with_kvcache(q, kc, vc, lens, k_descale=kd, v_descale=vd, scale=scale,
+                                                 return_lse=True)
+    out, lse = vflash.attention_with_kvcache(q * 2.0 ** power, kc, vc, lens, k_descale=kd, v_descale=vd,
+                                             scale=scale * 2.0 ** -power, return_lse=True)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
 def test_write_kvcache_quantizes_as_vllm_bit_for_bit(device):
     # stored = saturate_e4m3(x / descale), round to nearest even: values past 448 x descale clamp to 448
     g = torch.Generator().manual_seed(5)

@@ -21,7 +21,7 @@ from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import page_ids, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import P_E4M3_SCALE, cast, dot, load_at, load_rows, load_tile, scores, to_e4m3
+from vflash.kernels.tile import P_E4M3_SCALE, cast, dot, f16_scale, load_at, load_rows, load_tile, scores, to_e4m3
 
 
 @triton.jit
@@ -137,7 +137,7 @@ def _attend_cache_tiles(
             k = load_at(k_in + tl.cast(start_n, tl.int64) * stride_kn, offs_n, offs_d, n_k, HEAD_DIM, MASKED, CHECK_D)
             v = load_at(v_in + tl.cast(start_n, tl.int64) * stride_vn, offs_n, offs_dv, n_k, HEAD_DIM_V, MASKED,
                         CHECK_DV)
-        if k.dtype != q.dtype:  # an FP8 cache: widened to q's dtype (exact), its descales applied by the caller
+        if k.dtype != q.dtype:  # an FP8 cache: widened to fp16 (exact), its descales applied by the caller
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         qk = scores(q, k, EMULATE_BF16, DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
@@ -391,9 +391,9 @@ def attention_kvcache_kernel(
     # off the counter, leaving it at zero for the next launch on the stream (whose scratch this
     # is: ops/scratch.py). One launch, no combine kernel. HAS_SINK: SINKS [Hq] fp32, each query head's
     # sink logit, in the unsplit row's finish or the merged row's (fold_splits), never a partial's.
-    # IS_FP8: e4m3 caches, widened to Q's dtype as they are loaded (exact); K_DESCALE / V_DESCALE fp32
-    # (None: 1) read at (batch, KV head) with descale_strides' (k's, v's) pairs (0 where a descale is
-    # shared): k's scales the raw scores, v's the output (each split's partial, so the merge is unchanged).
+    # IS_FP8: e4m3 caches, widened to fp16 as they are loaded (exact; a bf16 q goes to fp16, scaled);
+    # K_DESCALE / V_DESCALE fp32 (None: 1) read at (batch, KV head) with descale_strides' (k's, v's) pairs
+    # (0 where a descale is shared): k's scales the raw scores, v's the output (each split's partial, so the merge is unchanged).
     # V_IN_K: V is the first HEAD_DIM_V columns of each K row (a view of the same memory: MLA's latent
     # cache), read once for both products (_attend_cache_tiles); HEAD_DIM_PAD then pads K's other columns.
     # HEAD_BLOCKS: program_id(1) runs GROUP of its KV head's HEAD_BLOCKS * GROUP query heads (a group too
@@ -467,6 +467,22 @@ def attention_kvcache_kernel(
                       mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     else:
         q_v = q
+    if IS_FP8 and Q.dtype.element_ty == tl.bfloat16:
+        # An FP8 cache under a bf16 q: both products run in fp16, where widening e4m3 is one conversion a pair
+        # of values and bf16 takes three (e4m3 -> fp16 -> bf16, on the SM's 16-a-clock conversion unit: the cap
+        # on decode's rate, docs/perf). q goes to fp16 once, times a power of two that fits it (exact), taken
+        # back off the scores; P in fp16 keeps more bits than in bf16.
+        amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        if V_IN_K:
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(q_v.to(tl.float32)), 1), 0))
+        q_scale = f16_scale(amax)
+        q = (q.to(tl.float32) * q_scale).to(tl.float16)
+        if V_IN_K:
+            q_v = (q_v.to(tl.float32) * q_scale).to(tl.float16)
+        else:
+            q_v = q
+        qk_scale = qk_scale / q_scale
+        softcap_in = softcap_in / q_scale
 
     lo, full_lo, full_hi, hi = key_range(start_q, n_k, off, left, right, QUERIES, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     ONE_MASKED_LOOP: tl.constexpr = ONE_LOOP or IS_SPLIT

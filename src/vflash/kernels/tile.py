@@ -82,6 +82,15 @@ def to_e4m3(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def f16_scale(amax):
+    # The power of two s that puts amax (fp32, >= 0) in [2^14, 2^15): x * s is then exact in fp16 for every
+    # bf16 x within 2^-28 of amax (fp16's normals keep bf16's 8 significant bits), and none overflows. From
+    # amax's exponent bits, not log2 (approximate on a GPU); 0 gives 2^127, inf or NaN 2^-114.
+    e = (amax.to(tl.uint32, bitcast=True) >> 23).to(tl.int32)
+    return (tl.minimum(tl.maximum(268 - e, 1), 254).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dot(a, b, acc, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # a [M, K] @ b [K, N] (+ acc [M, N] fp32, or None) in fp32.
     if EMULATE_BF16:
