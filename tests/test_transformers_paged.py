@@ -14,6 +14,7 @@ cb_cache = pytest.importorskip("transformers.generation.continuous_batching.cach
 
 import vflash  # noqa: E402
 import vflash.integrations.transformers as vt  # noqa: E402
+from vflash.reference import attention_explicit  # noqa: E402
 
 NEW_TOKENS = 6
 
@@ -78,6 +79,55 @@ def test_the_batch_metadata_is_checked_once_a_batch(cpu_engine, monkeypatch):
     layers = model.config.num_hidden_layers
     assert len(calls) % layers == 0 and all(calls[::layers]) and not any(
         c for i, c in enumerate(calls) if i % layers)  # the first layer of each batch checks, the others not
+
+
+def test_decode_batches_read_the_paged_cache_in_place(cpu_engine, monkeypatch):
+    # a decode-only batch gets the engine's block table (register() admits vflash to that path): each layer writes
+    # its new keys into their slots and reads the cache through the table (no gather), the batch's metadata
+    # checked at its first layer only; the tokens are plain generate's
+    name = vt.register()
+    model = _llama()
+    calls = []
+    real = vflash.attention_with_kvcache
+
+    def recording(q, k_cache, v_cache, cache_seqlens, **kwargs):
+        calls.append((kwargs["block_table"] is not None, kwargs["check_metadata"]))
+        return real(q, k_cache, v_cache, cache_seqlens, **kwargs)
+    monkeypatch.setattr(vt.vflash, "attention_with_kvcache", recording)
+    prompts = _prompts(128, (5, 9))
+    ours = _generate_batch(model, name, prompts)
+    layers = model.config.num_hidden_layers
+    assert len(calls) >= 3 * layers and len(calls) % layers == 0
+    assert all(table for table, _ in calls)
+    checks = [check for _, check in calls]
+    assert all(checks[::layers]) and not any(c for i, c in enumerate(checks) if i % layers)
+    assert ours == _generate(model, "sdpa", prompts)
+
+
+def test_a_padded_decode_batch_writes_and_reads_its_requests_only():
+    # transformers pads a decode batch to a captured size: rows with no key (cu_seq_lens_k plateaus) and a block
+    # table row of -1. They write nothing and return zeros; the real rows write their token's slot and attend to
+    # their pages through the table
+    g = torch.Generator().manual_seed(0)
+    pages, page, Hkv, Hq, D = 9, 4, 2, 4, 16
+    k_cache, v_cache = (torch.randn(pages, page, Hkv, D, generator=g) for _ in range(2))
+    table = torch.tensor([[3, 7, -1], [0, -1, -1], [-1, -1, -1]], dtype=torch.int32)
+    lengths = [6, 2, 0]  # each request's keys, its new one included
+    cu_k = torch.tensor([0, 6, 8, 8], dtype=torch.int32)
+    q, k, v = (torch.randn(1, h, 3, D, generator=g) for h in (Hq, Hkv, Hkv))
+    before = (k_cache.clone(), v_cache.clone())
+    opts = dict(causal=True, scale=None, window=None, softcap=None, sinks=None)
+    out = vt._decode_in_place(None, q, k, v, k_cache, v_cache, table, cu_k, opts)  # [1, 3, Hq, D]
+    changed = (k_cache != before[0]).any(-1).any(-1).nonzero().tolist()
+    assert changed == [[0, 1], [7, 1]]  # request 1's slot (page 0, row 1) and request 0's (page 7, row 1)
+    assert torch.equal(k_cache[7, 1], k[0, :, 0]) and torch.equal(v_cache[0, 1], v[0, :, 1])
+    assert torch.equal(out[0, 2], torch.zeros(Hq, D))
+    for b in range(2):
+        keys, values = (c[table[b, :-(-lengths[b] // page)].long()].flatten(0, 1)[:lengths[b]] for c in (k_cache,
+                                                                                                           v_cache))
+        ref, _ = attention_explicit(q[:, :, b:b + 1], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                                    causal=True)
+        torch.testing.assert_close(out[0, b], ref[0, :, 0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -37,7 +37,11 @@ attention, custom `or_mask_function` / `and_mask_function`), `output_attentions`
 
 Continuous batching (`model.generate_batch`, `transformers serve --continuous-batching`):
 transformers switches the model's implementation X to "paged|X" and calls what is registered
-under that name; `register()` registers `paged_attention_forward` there too (below).
+under that name (5.17-5.22; `register()` registers `paged_attention_forward` there), or calls X
+with its paged cache (5.23 on). A batch with prefill in it runs as one `attention_varlen` call a
+layer on the keys the engine gathers from its cache; a decode-only batch reads the paged cache in
+place, through its block table (`write_kvcache` then `attention_with_kvcache`); the batch's
+metadata is checked at its first layer only.
 """
 
 import weakref
@@ -71,8 +75,38 @@ def register(name: str = NAME) -> str:
     # implementation X to "paged|X" and calls what is registered under that name
     transformers.AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     _admit_to_continuous_batching(name)
+    _admit_to_decode_path()
     _admit_to_serve()
     return name
+
+
+def _admit_to_decode_path() -> None:
+    """Continuous batching's decode path (a decode-only batch handed the paged cache's block table instead of each
+    request's keys gathered) is offered to FlashAttention 2 / 3 on CUDA only: `ensure_decode_fast_path_is_available`
+    turns it off (max_blocks_per_request = 0) for any other implementation. The narrowest change that admits
+    vflash: for vflash's names that function keeps the path, on any device, where the model's attention types all
+    take block tables (5.23 on: the allocators say; 5.17-5.22: the cache turns the path off itself for sliding
+    layers). `attention_forward` then reads the paged cache in place (`_decode_in_place`). An upstream hook (an
+    attention function declaring that it takes a block table) would make it unnecessary."""
+    try:
+        from transformers.generation.continuous_batching import initialization
+    except ImportError:
+        return
+    original = getattr(initialization, "ensure_decode_fast_path_is_available", None)
+    if original is None or getattr(original, "_vflash", False):
+        return
+
+    def ensure_decode_fast_path_is_available(config, cb_config, *args, **kwargs):
+        implementation = getattr(config, "_attn_implementation", None) or ""
+        if implementation.removeprefix("paged|") not in _CB_NAMES:
+            return original(config, cb_config, *args, **kwargs)
+        allocators = getattr(initialization, "ATTN_TYPE_TO_ALLOCATOR", None)
+        types = getattr(initialization, "group_layers_by_attn_type", None)
+        if allocators is not None and types is not None and not all(
+                allocators[t].supports_block_table for t in types(config)):
+            cb_config.max_blocks_per_request = 0
+    ensure_decode_fast_path_is_available._vflash = True
+    initialization.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
 
 
 def _admit_to_serve() -> None:
@@ -114,9 +148,9 @@ def _admit_to_continuous_batching(name: str) -> None:
     batch), and the engine refuses every implementation but "sdpa", "paged|eager" and FlashAttention's. The
     narrowest change that admits vflash: the engine's own test, `is_flash_attention_requested` as its modules
     imported it, also answers yes for vflash's names (asked without a FlashAttention version), so the engine
-    builds no 4D mask and passes the packed rows' cu_seq_lens, as it does for FlashAttention; its block-table
-    decode path stays FlashAttention's own (it asks for versions 2 / 3 and their kernel). Nothing outside
-    continuous batching sees the change. An upstream hook (an attention function declaring that it
+    builds no 4D mask and passes the packed rows' cu_seq_lens, as it does for FlashAttention (its block-table
+    decode path asks for versions 2 / 3: `_admit_to_decode_path`). Nothing outside continuous batching sees the
+    change. An upstream hook (an attention function declaring that it
     takes the paged cache's kwargs) would make it unnecessary."""
     _CB_NAMES.add(name)
     try:
@@ -316,6 +350,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                             "vflash: packed sequences (restarting position_ids) under torch.compile: pass "
                             "cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs="
                             "True) does)")
+    if kwargs.get("block_table") is not None and kwargs.get("k_cache") is not None:
+        # continuous batching's decode-only batch (5.23 on): the paged cache, read in place
+        return _decode_in_place(module, query, key, value, kwargs["k_cache"], kwargs["v_cache"],
+                                kwargs["block_table"], cu_k, opts), None
     if attention_mask is None and cu_q is None:
         return vflash.attention(query, key, value, **opts).transpose(1, 2), None
     q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
@@ -324,7 +362,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         v = value.transpose(1, 2).reshape(-1, value.shape[1], Dv)
         # continuous batching (transformers 5.23 on: the engine's read / write indices beside the packed rows)
         # checks a batch's metadata once, not once a layer
-        check = _first_sight(cu_q, cu_k) if "read_index" in kwargs else True
+        check = _per_batch(cu_q, cu_k)[0] if "read_index" in kwargs else True
         out = vflash.attention_varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
                                       int(kwargs["max_length_q"]), int(kwargs["max_length_k"]),
                                       check_metadata=check, **opts)
@@ -362,7 +400,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     and hands back each sequence's keys, cached and new, packed (transformers gathers them through read_index);
     then `attention_forward`'s packed path, as 5.23 on call it: one `vflash.attention_varlen` call, bottom-right
     (a request's new tokens are its last), the layer's sliding window and sinks, the batch's metadata checked
-    once. Returns (out [1, total_q, Hq, D_v], None)."""
+    once. A decode-only batch comes with a `block_table` instead: the layer's cache read in place
+    (`_decode_in_place`). Returns (out [1, total_q, Hq, D_v], None)."""
     cache = kwargs.pop("cache", None)
     if cache is None:
         raise ValueError("vflash: the paged attention was called without transformers' paged cache; it serves "
@@ -372,6 +411,13 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     cu_k, max_k = kwargs["cu_seq_lens_k"], kwargs["max_seqlen_k"]
     if isinstance(cu_k, dict):
         cu_k, max_k = cu_k[layer_type], max_k[layer_type]
+    block_table = kwargs.get("block_table")
+    if block_table is not None:  # a decode-only batch: its group's cache and table, as 5.23 on hand them over
+        group, index = cache.layer_index_to_group_indices[module.layer_idx]
+        shape = (-1, cache.block_size, cache.num_key_value_heads, cache.head_dim)
+        kwargs.update(block_table=block_table[group], k_cache=cache.key_cache[index].view(shape),
+                      v_cache=cache.value_cache[index].view(shape), cu_seq_lens_k=cu_k, sliding_window=window)
+        return attention_forward(module, query, key, value, None, **kwargs)
     k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                         read_index=kwargs["read_index"], write_index=kwargs["write_index"])
     kwargs.update(cu_seq_lens_k=cu_k, max_length_q=kwargs["max_seqlen_q"], max_length_k=max_k,
@@ -379,21 +425,88 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     return attention_forward(module, query, k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, **kwargs)
 
 
-_SEEN: dict = {}  # the batch metadata checked last, by (data pointer, version) of cu_seqlens_q and _k
+def _decode_in_place(module, query, key, value, k_cache, v_cache, block_table, cu_k, opts) -> torch.Tensor:
+    """A decode-only batch (one new token a request) on the engine's paged cache, read in place: the new keys and
+    values written into their slots (`vflash.write_kvcache`), then `vflash.attention_with_kvcache` through the
+    block table, with no gather. query [1, Hq, n, D], key / value [1, Hkv, n, D] (the new tokens); k_cache /
+    v_cache [pages, page_size, Hkv, D]; block_table int32 [n, max_pages] (-1 past a request's pages and on the
+    rows that pad the batch); cu_k [n + 1], each request's keys with its new one (a padding row's 0). Returns out
+    [1, n, Hq, D_v]."""
+    n = cu_k.numel() - 1
+    if query.shape[2] != n or block_table.shape[0] != n:
+        raise ValueError(f"vflash: a decode batch of {query.shape[2]} tokens with {n} sequences and "
+                         f"{block_table.shape[0]} block-table rows: one token a sequence expected")
+    k_cache, v_cache, stride = _pages_apart(module, k_cache, v_cache)
+    check, (table, slots, lengths) = _per_batch(block_table, cu_k, compute=lambda: _decode_metadata(
+        block_table, cu_k, stride, k_cache.shape[1]))
+    vflash.write_kvcache(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), slots,
+                         check_metadata=check)
+    out = vflash.attention_with_kvcache(query[0].transpose(0, 1)[:, None], k_cache, v_cache, lengths,
+                                        block_table=table, check_metadata=check, **opts)
+    return out.transpose(0, 1)
 
 
-def _first_sight(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-    # Whether this batch's metadata is new: a batch's layers share its cu_seqlens tensors (a full layer's and a
-    # sliding one's cu_seqlens_k differ: each is checked once), and the engine rewrites them in place for the
-    # next batch, which bumps their versions. So the check (a kernel, no host sync) runs once a batch. The
-    # entries hold the tensors, so no other tensor takes their memory (and pointer) while they are here.
-    key = (cu_q.data_ptr(), cu_q._version, cu_k.data_ptr(), cu_k._version)
+def _pages_apart(module, k_cache, v_cache):
+    """(k_cache, v_cache, S): page views of the layer's keys and values that do not overlap, and the stride S (in
+    pages) of the block table's entries. 5.17-5.22 hand each layer's keys and values as tensors of their own: as
+    they are, S = 1. 5.23 on hand views of one buffer in which a block holds, for each full-attention layer, its K
+    page then its V page, so the V view is the K view one page on (K page p + 1 is V page p: aliased, and apart only
+    as the allocator uses them), and a block's entry is its number times S = 2 x the full-attention layers. Taken
+    every S pages, the views are apart (vflash.write_kvcache refuses aliased caches) and the table divides by S."""
+    if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
+        return k_cache, v_cache, 1
+    from transformers.generation.continuous_batching import cache as cb
+    full = cb.group_layers_by_attn_type(module.config).get("full_attention", ())
+    stride = cb.ATTN_TYPE_TO_ALLOCATOR["full_attention"].rows_per_token * len(full)
+    page = k_cache[0].numel()
+    if stride < 2 or not k_cache.is_contiguous() or not v_cache.is_contiguous() or \
+            v_cache.data_ptr() - k_cache.data_ptr() != page * k_cache.element_size():
+        raise NotImplementedError("vflash: this transformers release's paged cache layout is not one vflash knows "
+                                  "(a layer's V pages one page after its K pages); turn the decode path off with "
+                                  "ContinuousBatchingConfig(max_blocks_per_request=0)")
+    shape = (-(-k_cache.shape[0] // stride), *k_cache.shape[1:])
+    strides = (stride * page, *k_cache.stride()[1:])
+    return k_cache.as_strided(shape, strides), v_cache.as_strided(shape, strides), stride
+
+
+def _decode_metadata(block_table: torch.Tensor, cu_k: torch.Tensor, stride: int, page_size: int):
+    # (the table over the views taken every `stride` pages, each request's slot for its new token, its keys with
+    # the new one). The slot is page * page_size + the new token's row; a padding row (no key) or a missing page
+    # writes nothing (-1). Entries that are not multiples of the stride would name pages the views skip: refused.
+    if stride > 1:
+        if not _capturing() and bool(((block_table >= 0) & (block_table % stride != 0)).any()):
+            raise ValueError(f"vflash: the engine's block table holds entries that are not multiples of its "
+                             f"{stride} pages a block")
+        block_table = torch.where(block_table >= 0, block_table // stride, -1).to(block_table.dtype)
+    lengths = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+    position = (lengths - 1).clamp_min(0).to(torch.int64)
+    page = block_table.gather(1, (position // page_size)[:, None]).squeeze(1).to(torch.int64)
+    slots = torch.where((lengths > 0) & (page >= 0), page * page_size + position % page_size, -1)
+    return block_table, slots, lengths
+
+
+_SEEN: dict = {}  # per batch: (data pointer, version) of its metadata tensors -> (the tensors, derived values)
+
+
+def _per_batch(*tensors: torch.Tensor, compute=None):
+    # (whether this batch's metadata is new, what `compute` derived from it the first time). A batch's layers
+    # share its metadata tensors (a full layer's and a sliding one's cu_seqlens_k differ: each is seen once),
+    # and the engine rewrites them in place for the next batch, which bumps their versions. So the check (a
+    # kernel, and a host sync for CUDA tensors) runs once a batch, and never inside a CUDA-graph capture (whose
+    # replays rerun no Python). The entries hold the tensors, so no other tensor takes their memory (and
+    # pointer) while they are here.
+    key = tuple(x for t in tensors for x in (t.data_ptr(), t._version))
     if key in _SEEN:
-        return False
+        return False, _SEEN[key][1]
     if len(_SEEN) > 64:
         _SEEN.clear()
-    _SEEN[key] = (cu_q, cu_k)
-    return True
+    value = compute() if compute is not None else None
+    _SEEN[key] = (tensors, value)
+    return not _capturing(), value
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # `python -m vflash.integrations.transformers serve MODEL --attn-implementation vf_attention`
