@@ -14,7 +14,7 @@
 # (benchmarks/experiments/NAME.py; tune* run benchmarks/tune.py).
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
-  chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss ring_single_gpu ring_nccl ring_scaling
+  chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
   launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 fp8_bars decode_fp8 check_mla sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
@@ -106,6 +106,9 @@ for step in "$@"; do
               grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
     hf_gpt_oss) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_gpt_oss --out "$R/hf_gpt_oss.csv" \
                   > "$R/hf_gpt_oss.txt" 2>&1; tail -9 "$R/hf_gpt_oss.txt" ;;
+    hf_cb) # issue 56: generate_batch (continuous batching) with vflash against paged|sdpa / paged|eager
+           timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_cb --out "$R/hf_cb.csv" \
+             ${CB_REQUESTS:+--requests $CB_REQUESTS} > "$R/hf_cb.txt" 2>&1; grep -v WARNING "$R/hf_cb.txt" | tail -12 ;;
     ring_nccl) # issue 26: ring attention over NCCL on 2, 4 and 8 GPUs (as many as the host has), forward and
                # backward, against one GPU's vflash.attention on the full sequence
                VFLASH_TEST_DEVICE=cuda timeout ${RING_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \

@@ -194,9 +194,9 @@ def require_cuda(script: str) -> bool:
 
 
 def write_rows(path: str, rows: Sequence[dict]) -> None:
-    """A list of dicts as a CSV, the columns in the first row's order."""
+    """A list of dicts as a CSV, the columns in the order the rows first name them (a row's missing ones empty)."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval="")
         w.writeheader()
         w.writerows(rows)
 
