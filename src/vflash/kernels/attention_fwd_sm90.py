@@ -68,6 +68,7 @@ from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import cache_row, page_ids, pages_used, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
+from vflash.kernels.tile import P_E4M3_SCALE
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 
 
@@ -81,7 +82,8 @@ _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] +
 
 if HAVE_GLUON:
     from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
-                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_rows_from)
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_cols_from,
+                                           zero_rows_from)
 
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
     _RESCALE_CONSTRAINTS = gl.constexpr(_RESCALE_CONSTRAINTS_TEXT)
@@ -118,30 +120,34 @@ if HAVE_GLUON:
         KV_CACHE: gl.constexpr
         PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
         HAS_SINK: gl.constexpr
+        IS_FP8: gl.constexpr  # e4m3 Q, K, V (V's keys contiguous: its ring tiles [HEAD_DIM, BLOCK_N])
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
-        P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
+        P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand (16-bit inputs)
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, HAS_SINK):
+                     PAGE_SIZE, HAS_SINK, IS_FP8):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
-                                ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK)):
+                                ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK), ("IS_FP8", IS_FP8)):
                 setattr(self, name, gl.constexpr(value))
+            # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
+            self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
+            k = 32 if IS_FP8 else 16  # a wgmma's K: 32 bytes of its operands' rows
             self.S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                   instr_shape=[16, self.BLOCK_N.value, 16]))
+                                                                   instr_shape=[16, self.BLOCK_N.value, k]))
             self.O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                   instr_shape=[16, self.HEAD_DIM.value, 16]))
+                                                                   instr_shape=[16, self.HEAD_DIM.value, k]))
             self.P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=self.O_LAYOUT.value, k_width=2))
 
     @aggregate
@@ -159,6 +165,7 @@ if HAVE_GLUON:
         total_q: gl.tensor
         o_stride_row: gl.tensor
         o_stride_head: gl.tensor
+        o_stride_batch: gl.tensor  # the pointer store's (0: varlen)
         kv_seq_rows: gl.tensor  # KV_CACHE, contiguous: rows a sequence in the cache
         table_stride: gl.tensor  # KV_CACHE, paged: block_table's row stride
         off: gl.tensor  # the band (kernels/mask.py)
@@ -167,13 +174,22 @@ if HAVE_GLUON:
         qk_scale: gl.tensor
         softcap_in: gl.tensor
         softcap_out: gl.tensor
+        qd_b: gl.tensor  # IS_FP8: q's, k's and v's descales' (batch, KV head) strides (0, 0: one a tensor)
+        qd_h: gl.tensor
+        kd_b: gl.tensor
+        kd_h: gl.tensor
+        vd_b: gl.tensor
+        vd_h: gl.tensor
 
         @gluon.constexpr_function
         def __init__(self, n_work, n_m, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-                     kv_seq_rows, table_stride, off, left, right, qk_scale, softcap_in, softcap_out):
+                     o_stride_batch, kv_seq_rows, table_stride, off, left, right, qk_scale, softcap_in, softcap_out,
+                     descale_strides):
             self.n_work, self.n_m, self.n_heads_q, self.kv_group = n_work, n_m, n_heads_q, kv_group
             self.n_q, self.n_k, self.off, self.left, self.right = n_q, n_k, off, left, right
             self.total_q, self.o_stride_row, self.o_stride_head = total_q, o_stride_row, o_stride_head
+            self.o_stride_batch = o_stride_batch
+            self.qd_b, self.qd_h, self.kd_b, self.kd_h, self.vd_b, self.vd_h = descale_strides
             self.kv_seq_rows, self.table_stride = kv_seq_rows, table_stride
             self.qk_scale, self.softcap_in, self.softcap_out = qk_scale, softcap_in, softcap_out
 
@@ -193,14 +209,15 @@ if HAVE_GLUON:
         turns: gl.shared_memory_descriptor
         tile_ids: gl.shared_memory_descriptor
         anchor: gl.shared_memory_descriptor
+        p_smem: gl.shared_memory_descriptor  # IS_FP8: each consumer's P (else unused)
 
         @gluon.constexpr_function
         def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                     tile_ids, anchor):
+                     tile_ids, anchor, p_smem):
             self.q_smem, self.k_smem, self.v_smem = q_smem, k_smem, v_smem
             self.q_ready, self.q_empty, self.k_ready, self.v_ready = q_ready, q_empty, k_ready, v_ready
             self.k_empty, self.v_empty, self.turns = k_empty, v_empty, turns
-            self.tile_ids, self.anchor = tile_ids, anchor
+            self.tile_ids, self.anchor, self.p_smem = tile_ids, anchor, p_smem
 
     @aggregate
     class Tile:
@@ -336,7 +353,11 @@ if HAVE_GLUON:
             _copy_tile(k_desc, kt_desc, smem.k_smem.index(slot), smem.k_ready.index(slot), rows, run, tile, cfg)
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
-            _copy_tile(v_desc, vt_desc, smem.v_smem.index(slot), smem.v_ready.index(slot), rows, run, tile, cfg)
+            if cfg.IS_FP8:  # V's keys contiguous: the tile's keys are the descriptor's last coordinate
+                tma_load(v_desc, [tile.desc_b, tile.off_hk, 0, rows[0]], smem.v_ready.index(slot),
+                         smem.v_smem.index(slot))
+            else:
+                _copy_tile(v_desc, vt_desc, smem.v_smem.index(slot), smem.v_ready.index(slot), rows, run, tile, cfg)
             kv += 1
         return kv
 
@@ -397,6 +418,18 @@ if HAVE_GLUON:
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
+    def _v_tile(smem, tile, cfg):
+        # V's ring tile `tile` once landed, as the PV product's [BLOCK_N, HEAD_DIM] B operand: FP8's ring holds
+        # [HEAD_DIM, BLOCK_N] tiles (keys contiguous: an e4m3 wgmma reads its B operand K-major), transposed
+        # as a view.
+        if cfg.IS_FP8:
+            slot, phase = _ring(tile, cfg.STAGES)
+            mbarrier.wait(smem.v_ready.index(slot), phase)
+            return smem.v_smem.index(slot).reshape([cfg.HEAD_DIM, cfg.BLOCK_N]).permute((1, 0))
+        else:
+            return _kv_tile(smem.v_smem, smem.v_ready, tile, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+
+    @gluon.jit
     def _carried_p(p_f32, dtype: gl.constexpr, P_FP32: gl.constexpr):
         # P [ROWS, BLOCK_N] as carried to the iteration that issues its PV
         # product: fp32 in the S layout with P_FP32, else rounded to 16 bits and
@@ -405,7 +438,9 @@ if HAVE_GLUON:
         # opposite order to the product's operand and swapped each pair back with
         # a PRMT before the product (32 per tile); a
         # 32-bit carry leaves it nothing to pair.
-        if P_FP32:
+        if dtype == gl.float8e4nv:  # P scaled for e4m3's range (kernels/tile.py), divided out in the finish
+            return p_f32 * P_E4M3_SCALE
+        elif P_FP32:
             return p_f32
         else:
             ROWS: gl.constexpr = p_f32.shape[0]
@@ -417,13 +452,20 @@ if HAVE_GLUON:
                                              [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr):
+    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr, p_smem, C: gl.constexpr):
         # The PV product's A operand from the carried P. With P_FP32 it is packed
         # here, in the iteration that issues the product; the empty non-pure asm
         # pins the packing before the S_j issue: left free, LLVM sinks it below,
         # where the fp32 P, S_j and O do not fit in a three-consumer register
-        # budget (2.7 KB of spills at D = 64).
-        if P_FP32:
+        # budget (2.7 KB of spills at D = 64). FP8: P rounded to e4m3 into
+        # consumer C's buffer of p_smem (its previous PV product has completed),
+        # which the product reads.
+        if dtype == gl.float8e4nv:
+            p_buf = p_smem.index(C)
+            p_buf.store(p.to(dtype))
+            fence_async_shared()
+            return p_buf
+        elif P_FP32:
             p = gl.convert_layout(p.to(dtype), p_layout)
             return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)
         else:
@@ -460,7 +502,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
-                         MASKED: gl.constexpr, C: gl.constexpr, cfg):
+                         qk_scale, softcap_in, MASKED: gl.constexpr, C: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
         # it), whose PV product is still to be issued, and alpha the factor o
@@ -479,7 +521,7 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32)
+            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32, smem.p_smem, C)
             k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             if cfg.PINGPONG:
                 _wait_turn(smem.turns, turn, C)
@@ -489,7 +531,7 @@ if HAVE_GLUON:
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait).
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
-            v_tile = _kv_tile(smem.v_smem, smem.v_ready, kv + j - 1, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            v_tile = _v_tile(smem, kv + j - 1, cfg)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             if cfg.PINGPONG:
                 mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
@@ -503,9 +545,9 @@ if HAVE_GLUON:
             # before the S wait and packing them into integer bitmasks (a masked
             # loop at D = 128 causal drops from 704 to 595 instructions).
             base = lo + j * cfg.BLOCK_N
-            s = masked_logits(s, offs_m, cols, n_k - base, off - base, call.left, call.right, call.softcap_in,
+            s = masked_logits(s, offs_m, cols, n_k - base, off - base, call.left, call.right, softcap_in,
                               call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, cfg.SOFTCAP,
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, MASKED, cfg.SOFTCAP,
                                                   cfg.LAZY_RESCALE)
             if cfg.LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
@@ -550,8 +592,8 @@ if HAVE_GLUON:
             mbarrier.arrive(q_empty.index(C * 2 + (done - 1) % 2), count=1)
 
     @gluon.jit
-    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, t, kv, done, turn,
-                       call, C: gl.constexpr, cfg):
+    def _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE,
+                       V_DESCALE, smem, t, kv, done, turn, call, C: gl.constexpr, cfg):
         # Consumer warpgroup C's rows of work tile t; returns the ring tiles
         # consumed and the PINGPONG turns taken so far.
         ROWS: gl.constexpr = 64
@@ -559,13 +601,27 @@ if HAVE_GLUON:
         o_layout: gl.constexpr = cfg.O_LAYOUT
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = o_desc.dtype
+        in_dtype: gl.constexpr = smem.q_smem.dtype  # the products' operands'
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         tile = _work_tile(t, call, cu_seqlens_q, cu_seqlens_k, cache_seqlens, cfg)
         if cfg.HAS_SINK:  # the head's sink logit for the finish, loaded ahead of the key loop to hide its latency
             sink = gl.load(SINKS + tile.off_h)
         else:
             sink = 0.0
+        qk_scale = call.qk_scale
+        softcap_in = call.softcap_in
+        out_scale = 1.0
+        if cfg.IS_FP8:  # the descales of the tile's (sequence, KV head): q's and k's scale the scores, v's the output
+            qk_descale = 1.0
+            if Q_DESCALE is not None:
+                qk_descale = qk_descale * gl.load(Q_DESCALE + tile.off_b * call.qd_b + tile.off_hk * call.qd_h)
+            if K_DESCALE is not None:
+                qk_descale = qk_descale * gl.load(K_DESCALE + tile.off_b * call.kd_b + tile.off_hk * call.kd_h)
+            qk_scale = qk_scale * qk_descale
+            softcap_in = softcap_in * qk_descale
+            out_scale = 1.0 / P_E4M3_SCALE
+            if V_DESCALE is not None:
+                out_scale = out_scale * gl.load(V_DESCALE + tile.off_b * call.vd_b + tile.off_hk * call.vd_h)
         lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
                                                      tile.off)
         row0 = tile.start_m + C * ROWS
@@ -599,10 +655,10 @@ if HAVE_GLUON:
             mbarrier.arrive(smem.k_empty.index(_ring(kv, cfg.STAGES)[0]), count=1)
             if cfg.Q_BUFFERS == 2:
                 _release_previous_q(smem.q_empty, C, done)
-            s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, call.left, call.right, call.softcap_in,
+            s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, call.left, call.right, softcap_in,
                               call.softcap_out, True, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, True, cfg.SOFTCAP, False)
-            p = _carried_p(p_f32, dtype, cfg.P_FP32)
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, cfg.SOFTCAP, False)
+            p = _carried_p(p_f32, in_dtype, cfg.P_FP32)
 
             # Key tiles [1, c_left) masked, [c_left, c_mid) unmasked, [c_mid, c_end)
             # masked: three loops, each compiled for its mask (tile 0 went above).
@@ -618,20 +674,23 @@ if HAVE_GLUON:
                     last = c_end
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
                     o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
-                    segment != 1, C, cfg)
+                    qk_scale, softcap_in, segment != 1, C, cfg)
 
             # The last key tile's PV product.
             last = kv + c_end - 1
-            v_tile = _kv_tile(smem.v_smem, smem.v_ready, last, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            v_tile = _v_tile(smem, last, cfg)
             if cfg.IS_VARLEN:
                 # Only the work tile's last key tile can reach past the sequence's end (key_range):
                 # its rows there are the next sequence's V (or a cache's unused rows), which P's
                 # zeros would not cancel if they held inf or NaN.
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
-                    zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM)
+                    if cfg.IS_FP8:
+                        zero_cols_from(v_tile.permute((1, 0)), n_k - base, cfg.HEAD_DIM, cfg.BLOCK_N)
+                    else:
+                        zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
-            p_op = _p_operand(p, cfg.P_LAYOUT, dtype, cfg.P_FP32)
+            p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
             mbarrier.arrive(smem.v_empty.index(_ring(last, cfg.STAGES)[0]), count=1)
@@ -642,21 +701,22 @@ if HAVE_GLUON:
         kv += n_tiles
 
         inv_l, lse = softmax_finish(m_i, l_i, sink, cfg.HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or sink)
+        if cfg.IS_FP8:
+            inv_l = inv_l * out_scale
         o = o * gl.convert_layout(inv_l, o_rows)[:, None]
         # The output rows go out by TMA from this tile's Q buffer (no MMA
         # reads it any more); rows past n_q are clipped by the TMA unit. The
         # buffer returns to the producer once the store has read it: at once
         # with one Q buffer; with two, during the next tile (its Q is already
-        # in the other buffer), so the store's latency is hidden too.
-        if cfg.IS_VARLEN:
+        # in the other buffer), so the store's latency is hidden too. FP8: the
+        # output (16-bit) does not fit an e4m3 Q buffer: a pointer store.
+        if cfg.IS_FP8:
+            _store_by_pointer(o, Out, tile, row0, call, cfg)
+        elif cfg.IS_VARLEN:
             if row0 + ROWS <= n_q:
                 _store_by_tma(o, q_tile, q_buf, o_desc, tile.desc_b, tile.off_h, tile.q_row + row0)
             else:  # the slab crosses the sequence's end: only its own rows
-                o_cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-                o_offs = row0 + gl.arange(0, ROWS, layout=o_rows)
-                o_ptrs = (Out + tile.off_h.to(gl.int64) * call.o_stride_head
-                          + (tile.q_row + o_offs).to(gl.int64)[:, None] * call.o_stride_row + o_cols[None, :])
-                gl.store(o_ptrs, o.to(dtype), mask=(o_offs < n_q)[:, None])
+                _store_by_pointer(o, Out, tile, row0, call, cfg)
         else:
             _store_by_tma(o, q_tile, q_buf, o_desc, tile.desc_b, tile.off_h, row0)
         if cfg.STORE_LSE:
@@ -671,6 +731,19 @@ if HAVE_GLUON:
         return kv, turn
 
     @gluon.jit
+    def _store_by_pointer(o, Out, tile, row0, call, cfg):
+        # O's rows [row0, + 64) of the tile's (batch or sequence, head), those before n_q, through pointers
+        ROWS: gl.constexpr = 64
+        o_layout: gl.constexpr = cfg.O_LAYOUT
+        o_cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_offs = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        base = Out + tile.off_h.to(gl.int64) * call.o_stride_head
+        if not cfg.IS_VARLEN:
+            base += tile.off_b.to(gl.int64) * call.o_stride_batch
+        o_ptrs = base + (tile.q_row + o_offs).to(gl.int64)[:, None] * call.o_stride_row + o_cols[None, :]
+        gl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=(o_offs < tile.n_q)[:, None])
+
+    @gluon.jit
     def _store_by_tma(o, q_tile, q_buf, o_desc, desc_b, off_h, row):
         # O's rows to the output from this tile's Q buffer (no MMA reads it any more)
         q_tile.store(o.to(o_desc.dtype))
@@ -678,8 +751,8 @@ if HAVE_GLUON:
         tma_store(o_desc, [desc_b, off_h, row, 0], q_buf)
 
     @gluon.jit
-    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
-                            C: gl.constexpr, cfg):
+    def _consumer_partition(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE,
+                            V_DESCALE, smem, call, C: gl.constexpr, cfg):
         # Consumer warpgroup C: query rows [start_m + C * ROWS, + ROWS) of each work
         # tile against its K/V tiles. S is [ROWS, BLOCK_N], O [ROWS, HEAD_DIM],
         # both wgmma accumulators spread over the 4 warps (16 rows each).
@@ -688,7 +761,8 @@ if HAVE_GLUON:
         turn = 0  # PINGPONG turns taken so far
         t = gl.program_id(0)
         while t < call.n_work:
-            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, t, kv,
+            kv, turn = _consumer_tile(o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE,
+                                      K_DESCALE, V_DESCALE, smem, t, kv,
                                       done, turn, call, C, cfg)
             done += 1
             if cfg.DYNAMIC:  # the next tile's index arrives with its Q (_load_partition); n_work ends
@@ -702,9 +776,9 @@ if HAVE_GLUON:
     @gluon.jit
     def attention_fwd_sm90_kernel(
         q_desc, k_desc, v_desc, o_desc, LSE, tile_counter, cu_seqlens_q, cu_seqlens_k, Out,
-        cache_seqlens, block_table, kt_desc, vt_desc, SINKS,
-        batch, n_heads_q, kv_group, n_q, n_k, total_q, o_stride_row, o_stride_head,
-        kv_seq_rows, table_stride, band, scales,
+        cache_seqlens, block_table, kt_desc, vt_desc, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE,
+        batch, n_heads_q, kv_group, n_q, n_k, total_q, o_strides,
+        kv_seq_rows, table_stride, band, scales, descale_strides,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
@@ -722,9 +796,20 @@ if HAVE_GLUON:
         # [1, Hkv, rows, D] in blocks of PAGE_ROWS rows, cache_seqlens [B] int32,
         # block_table [B, max_pages] int32 (PAGE_SIZE > 0); pages shorter than BLOCK_N:
         # kt_desc / vt_desc over the same rows in blocks of BLOCK_N (a run of pages' copy).
-        # band (off, left, right), scales (qk_scale, softcap_in, softcap_out): ops/scales.py.
+        # e4m3 Q, K, V (IS_FP8): v_desc over V with its keys contiguous ([B, Hkv, HEAD_DIM, N], blocks
+        # [1, 1, HEAD_DIM, BLOCK_N]), Out the output (16-bit, stored through pointers), Q_DESCALE / K_DESCALE /
+        # V_DESCALE fp32 (None: 1) read at (batch or sequence, KV head) with descale_strides' pairs.
+        # o_strides: Out's (row, head) strides (FP8: and batch). band (off, left, right), scales (qk_scale, softcap_in,
+        # softcap_out): ops/scales.py.
         off, left, right = band
         qk_scale, softcap_in, softcap_out = scales
+        IS_FP8: gl.constexpr = q_desc.dtype == gl.float8e4nv
+        if IS_FP8:
+            o_stride_row, o_stride_head, o_stride_batch = o_strides
+            qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
+        else:
+            o_stride_row, o_stride_head = o_strides
+            o_stride_batch, qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = 0, 0, 0, 0, 0, 0, 0
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -736,7 +821,10 @@ if HAVE_GLUON:
 
         q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS * Q_BUFFERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        if IS_FP8:  # keys contiguous
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
+        else:
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -766,14 +854,21 @@ if HAVE_GLUON:
         # equal to 1 a constant, so scalars are wrapped.
         call = Call(gl.to_tensor(n_work), gl.to_tensor(n_m), gl.to_tensor(n_heads_q), gl.to_tensor(kv_group),
                     gl.to_tensor(n_q), gl.to_tensor(n_k), gl.to_tensor(total_q), gl.to_tensor(o_stride_row),
-                    gl.to_tensor(o_stride_head), gl.to_tensor(kv_seq_rows), gl.to_tensor(table_stride),
-                    gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
-                    gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out))
+                    gl.to_tensor(o_stride_head), gl.to_tensor(o_stride_batch), gl.to_tensor(kv_seq_rows),
+                    gl.to_tensor(table_stride), gl.to_tensor(off), gl.to_tensor(left), gl.to_tensor(right),
+                    gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out),
+                    (gl.to_tensor(qd_b), gl.to_tensor(qd_h), gl.to_tensor(kd_b), gl.to_tensor(kd_h), gl.to_tensor(vd_b),
+                     gl.to_tensor(vd_h)))
+        if IS_FP8:  # P goes to the PV product through shared memory: a wgmma takes no 8-bit register operand here
+            p_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, ROWS, BLOCK_N],
+                                               gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], gl.float8e4nv))
+        else:
+            p_smem = anchor
         smem = Smem(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, tile_ids,
-                    anchor)
+                    anchor, p_smem)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
                      PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     HAS_SINK)
+                     HAS_SINK, IS_FP8)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).
@@ -781,26 +876,26 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(0), cfg)),
             ], [4], [CONSUMER_REGS])
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(1), cfg)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_load_partition, (q_desc, k_desc, v_desc, smem, call, tile_counter, cu_seqlens_q, cu_seqlens_k,
                                      cache_seqlens, block_table, kt_desc, vt_desc, cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(0), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(1), cfg)),
-                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, smem, call,
+                (_consumer_partition, (o_desc, LSE, Out, cu_seqlens_q, cu_seqlens_k, cache_seqlens, SINKS, Q_DESCALE, K_DESCALE, V_DESCALE, smem, call,
                                          gl.constexpr(2), cfg)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])

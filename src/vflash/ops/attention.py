@@ -19,7 +19,7 @@ from vflash.ops import sm90 as sm90_launch
 from vflash.ops import metadata
 from vflash.ops import launch as launches
 from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
-from vflash.ops.scales import score_scales
+from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
 
@@ -273,7 +273,7 @@ def attention_kvcache_forward(
         q, k_cache, v_cache, out, lse, cu_seqlens_q, block_table, cache_seqlens, o_part, lse_part, arrivals,
         score.sinks, *descales, q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), part_strides,
         (lse_part_stride, total_q),
-        (band.left, band.right), score_scales(score), _descale_strides(descales) if fp8 else None,
+        (band.left, band.right), score_scales(score), descale_strides(descales) if fp8 else None,
         0 if block_table is None else block_table.stride(0), 0 if block_table is None else block_table.shape[1],
         splits, tiles.split_keys,
         0 if cu_seqlens_q is not None else max_seqlen_q,
@@ -333,12 +333,6 @@ def _head_dims(d_qk: int, d_v: int, fp8: bool = False, v_in_k: bool = False) -> 
                 HEAD_DIM_V_PAD=head_dim_pad(d_v))
 
 
-def _descale_strides(descales) -> Tuple[int, ...]:
-    # FP8 descales' (batch, KV head) strides, each's in turn: 0, 0 for a 0-d one (or one not given: the kernel
-    # reads none)
-    return tuple(s for d in descales for s in (d.stride() if d is not None and d.dim() == 2 else (0, 0)))
-
-
 def packed_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     # A packed [total, H, D] tensor's strides as the kernel's (batch, head, row,
     # dim): batch 0, each sequence's first row comes from cu_seqlens.
@@ -367,7 +361,7 @@ def _portable_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Portabl
     fp8 = q.dtype == torch.float8_e4m3fn
     args = (
         q, k, v, out, lse if lse is not None else out, *cu_seqlens, score.sinks, *descales, *strides,
-        _descale_strides(descales) if fp8 else None, Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right),
+        descale_strides(descales) if fp8 else None, Hq, Hq // Hkv, Nq, Nk, (band.off, band.left, band.right),
         score_scales(score),
     )
     constexprs = dict(

@@ -9,10 +9,11 @@ import torch
 
 from vflash.kernels import attention_fwd_sm90 as sm90
 from vflash.call import Band, Score
-from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch
-from vflash.ops.scales import score_scales
+from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch, given_slots
+from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
-from vflash.ops.tma import cache_ready, cache_rows, describers, heads_first, page_rows, page_runs, pages_fit
+from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, keys_last_describer, page_rows,
+                            page_runs, pages_fit)
 
 
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, right_edge: bool,
@@ -72,9 +73,17 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     [total_q, Hq, D] and lse [Hq, total_q]; None for dense [B, H, N, D] ones.
     `cache` (cache_seqlens, block_table or None) with varlen (cu_seqlens_k None):
     k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]; pages shorter than
-    a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy)."""
+    a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy).
+    e4m3 q, k, v (FP8, not with a cache): v with its keys contiguous (its dimension N, or total with varlen, of
+    unit stride and a multiple of 16 bytes apart: ops.attention.keys_contiguous), its descriptor over the
+    [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales."""
     D = q.shape[-1]
+    fp8 = q.dtype == torch.float8_e4m3fn
     rows, keys = describers(tiles.block_n, D, q.dtype)
+    out_rows = describers(tiles.block_n, D, out.dtype)[0] if fp8 else rows
+    values = keys
+    if fp8:  # the [.., D, N] view of v, keys contiguous
+        values = (lambda t, d=keys_last_describer(tiles.block_n, D, q.dtype): d(t.transpose(-1, -2)))
     seqlens = table = None
     cache_strides, page_size, runs = (0, 0), 0, False
     if cache is not None:
@@ -92,34 +101,38 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        cu_q = cu_k = packed_out = None
-        total_q, o_strides, top_left = Nq, (0, 0), False
-        descs = (rows(q), keys(k), keys(v), rows(out))
+        cu_q = cu_k = None
+        total_q, top_left = Nq, False
+        packed_out, o_strides = (out, (out.stride(2), out.stride(1), out.stride(0))) if fp8 else (None, (0, 0))
+        descs = (rows(q), keys(k), values(v), out_rows(out))
     else:
         cu_q, cu_k, Nq, top_left = varlen
         total_q, Hq, _ = q.shape
         B = cu_q.numel() - 1
-        packed_out, o_strides = out, (out.stride(0), out.stride(1))
+        packed_out, o_strides = out, (out.stride(0), out.stride(1)) + ((0,) if fp8 else ())
         if cache is None:
             Nk, Hkv = k.shape[:2]
-            descs = (rows(heads_first(q)), keys(heads_first(k)), keys(heads_first(v)), rows(heads_first(out)))
+            descs = (rows(heads_first(q)), keys(heads_first(k)), values(heads_first(v)),
+                     out_rows(heads_first(out)))
         else:
             Nk, Hkv = 0, k.shape[2]
             descs = (rows(heads_first(q)), cache_keys(cache_rows(k)), cache_keys(cache_rows(v)),
                      rows(heads_first(out)))
     run_descs = (keys(cache_rows(k)), keys(cache_rows(v))) if runs else (None, None)
+    descales = (score.q_descale, score.k_descale, score.v_descale) if fp8 else (None, None, None)
     args = (
         *descs, lse if lse is not None else out, counter, cu_q, cu_k, packed_out, seqlens, table, *run_descs,
-        score.sinks, B, Hq, Hq // Hkv, Nq, Nk, total_q, *o_strides, *cache_strides,
-        (band.off, band.left, band.right), score_scales(score),
+        score.sinks, *descales, B, Hq, Hq // Hkv, Nq, Nk, total_q, o_strides, *cache_strides,
+        (band.off, band.left, band.right), score_scales(score), descale_strides(descales) if fp8 else None,
     )
     if varlen is None:
-        slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", keys),
-                 Slot("o_desc", "out", rows))
+        slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", values),
+                 Slot("o_desc", "out", out_rows))
+        slots += (Slot("Out", "out"),) if fp8 else ()
     elif cache is None:
         slots = tuple(Slot(param, name, lambda t, d=d: d(heads_first(t)))
-                      for param, name, d in (("q_desc", "q", rows), ("k_desc", "k", keys), ("v_desc", "v", keys),
-                                             ("o_desc", "out", rows)))
+                      for param, name, d in (("q_desc", "q", rows), ("k_desc", "k", keys), ("v_desc", "v", values),
+                                             ("o_desc", "out", out_rows)))
         slots += (Slot("cu_seqlens_q", "cu_seqlens_q"), Slot("cu_seqlens_k", "cu_seqlens_k"), Slot("Out", "out"))
     else:
         packed, cached = (lambda t: rows(heads_first(t))), (lambda t: cache_keys(cache_rows(t)))
@@ -135,6 +148,8 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         slots += (Slot("tile_counter", "tile_counter"),)
     if score.sinks is not None:
         slots += (Slot("SINKS", "sinks"),)
+    if fp8:
+        slots += given_slots(q_descale=score.q_descale, k_descale=score.k_descale, v_descale=score.v_descale)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
                              varlen is not None, top_left, cache is not None, page_size, score.sinks is not None)
     return KernelLaunch(sm90.attention_fwd_sm90_kernel,
@@ -167,11 +182,22 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
     no multiple of 16), compiled from its own arguments as Triton's JIT would take them
     (ops.launch.compile_sm90_launch): no signature written by hand."""
     heads, kv_heads = 4, 2
+    fp8 = dtype == torch.float8_e4m3fn
 
     def empty(*shape, dt=dtype):
         return torch.empty(shape, dtype=dt)
+
+    def values(k):  # FP8: v with its keys contiguous, 16 bytes apart (ops.attention.keys_contiguous)
+        if not fp8:
+            return k.clone()
+        keys = 0 if varlen else 2
+        n = k.shape[keys]
+        order = [d for d in range(k.dim()) if d != keys] + [keys]
+        padded = empty(*[k.shape[d] for d in order[:-1]], (n + 15) // 16 * 16)[..., :n]
+        return padded.permute([order.index(d) for d in range(k.dim())])
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
-    score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None)
+    descales = (torch.ones(2, kv_heads), torch.ones(()), None) if fp8 else (None, None, None)
+    score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None, *descales)
     counter = torch.zeros(1, dtype=torch.int32) if tiles.dynamic else None
     kv: dict = {}
     if not varlen:
@@ -189,5 +215,6 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
             k = empty(600, kv_heads, head_dim)
             kv = dict(varlen=(cu, cu, 350, top_left))
     lse_t = empty(*stats, dt=torch.float32) if lse else None
-    launch = build(q, k, k.clone(), torch.empty_like(q), lse_t, counter, band, score, tiles, 132, **kv)
+    out = torch.empty_like(q, dtype=torch.bfloat16 if fp8 else dtype)
+    launch = build(q, k, values(k), out, lse_t, counter, band, score, tiles, 132, **kv)
     return compile_sm90_launch(launch)

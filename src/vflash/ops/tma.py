@@ -60,7 +60,8 @@ def cache_rows(cache: torch.Tensor) -> torch.Tensor:
 @lru_cache(maxsize=None)
 def shared_layout(block: Tuple[int, ...], dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
 def _descriptor(t: torch.Tensor, block, layout):
@@ -81,6 +82,15 @@ def describers(block_n: int, head_dim: int, dtype: torch.dtype):
     rows, keys = block_shapes(block_n, head_dim)
     rows_layout, keys_layout = shared_layout(tuple(rows), dtype), shared_layout(tuple(keys), dtype)
     return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
+
+
+@lru_cache(maxsize=None)
+def keys_last_describer(block_n: int, head_dim: int, dtype: torch.dtype):
+    """tensor -> its 4-D TMA descriptor over [B, H, D, N] (V with its keys contiguous, FP8's), in blocks of
+    block_n keys."""
+    block = [1, 1, head_dim, block_n]
+    layout = shared_layout(tuple(block), dtype)
+    return lambda t: _descriptor(t, block, layout)
 
 
 def heads_first(t: torch.Tensor) -> torch.Tensor:
