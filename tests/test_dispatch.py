@@ -288,7 +288,7 @@ def test_the_registry_says_what_each_family_takes_as_data():
     from vflash import _validate
     p = problem(128, True, 4096, 32)
     assert dispatch.refusal("sm90", dataclasses.replace(p, dtype=torch.float32)) == \
-        "it takes float16 / bfloat16, not torch.float32"
+        "it takes float16 / bfloat16 / float8_e4m3fn, not torch.float32"
     assert dispatch.refusal("portable", dataclasses.replace(p, dtype=torch.float32)) is None
     cache = dataclasses.replace(p, layout="cache")
     assert "backward takes dense / packed calls, not cache" in dispatch.refusal("sm90", cache, backward=True)
@@ -296,6 +296,19 @@ def test_the_registry_says_what_each_family_takes_as_data():
     assert dispatch.refusal("portable", dataclasses.replace(p, options=("softcap",))) is None
     assert dispatch.refusal("portable", dataclasses.replace(p, options=("bias",))) == "it does not take bias"
     assert set(_validate.SUPPORTED_DTYPES) == {d for k in dispatch.REGISTRY.values() for d in k.dtypes}
+
+
+def test_fp8_runs_the_sm90_build_where_forced_until_its_gpu_check(h200, monkeypatch):
+    # tables.SM90_FP8_CHOSEN off: an FP8 call dispatch would give the sm90 kernel goes to the portable one,
+    # saying why, and forcing sm90 gives SM90_FP8's tiles; on, the same call takes them unforced
+    fp8 = problem(128, False, 4096, 32, dtype=torch.float8_e4m3fn)
+    unforced = dispatch.select(fp8)
+    assert unforced.kernel == "portable" and "forced only" in unforced.why
+    forced = dispatch.select(fp8, "sm90")
+    assert (forced.kernel, forced.tiles) == ("sm90", tables.SM90_FP8[(128, False)])
+    monkeypatch.setattr(tables, "SM90_FP8_CHOSEN", True)
+    assert dispatch.select(fp8).tiles == tables.SM90_FP8[(128, False)]
+    assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
 
 
 def test_problem_of_reads_the_layout_and_the_score_options():

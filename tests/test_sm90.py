@@ -2,6 +2,8 @@
 needed), the launcher only hands it tensors TMA can address, and on an H200 it
 matches the fp64 oracle on every head dim and feature it serves."""
 
+import re
+
 import pytest
 import torch
 from _sm90 import needs_sm90
@@ -80,6 +82,21 @@ def test_kernel_compiles_for_sm90(tmp_path, monkeypatch):
             plain = sm90.compile_sm90(**dict(kw, sinks=False)).asm["ptx"]
             assert ptx.count("ld.global") > plain.count("ld.global"), kw
         assert len(k.asm["cubin"]) > 0, kw
+
+
+@pytest.mark.slow
+@needs_gluon
+def test_fp8_build_compiles_for_sm90(tmp_path, monkeypatch):
+    # e4m3 q, k, v: both products are e4m3 wgmmas (K 32) from shared memory (P through a shared buffer, V's
+    # tiles keys-contiguous), the descales read per work tile, the bf16 output stored through pointers (no
+    # TMA store: the e4m3 Q buffer cannot stage it)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for kw in (dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
+               dict(head_dim=64, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True)):
+        ptx = sm90.compile_sm90(dtype=torch.float8_e4m3fn, **kw).asm["ptx"]
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx), kw
+        assert "cp.async.bulk.tensor.4d.global.shared" not in ptx and "st.global" in ptx, kw
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx, kw  # P rounded to e4m3
 
 
 def test_grid_persistence_and_stride():

@@ -71,6 +71,8 @@ def problem_of(call: Call) -> Problem:
     given = (q,) if call.out is None else (q, call.out)
     if isinstance(layout, Cache):
         tma = all(map(tma_ready, given)) and cache_ready(call.k) and cache_ready(call.v)
+    elif q.dtype == torch.float8_e4m3fn:  # v as the launcher gives it (ops.attention.keys_ready, or its copy)
+        tma = all(map(tma_ready, given + (call.k,)))
     else:
         tma = all(map(tma_ready, given + (call.k, call.v)))
     options = tuple(name for name in Score._fields[1:] if getattr(call.score, name) is not None)
@@ -119,8 +121,9 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     refusal = _sm90_device_refusal(p)
     if refusal is not None:
         return refusal
-    if (p.head_dim, p.band.has_right) not in tables.SM90:
-        return f"it has tiles for head dims {sorted({d for d, _ in tables.SM90})}, not {p.head_dim}"
+    table = tables.SM90_FP8 if p.dtype == torch.float8_e4m3fn else tables.SM90
+    if (p.head_dim, p.band.has_right) not in table:
+        return f"it has tiles for head dims {sorted({d for d, _ in table})}, not {p.head_dim}"
     if p.head_dim_v:
         return _v_head_dim_refusal(p)
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
@@ -145,6 +148,8 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
         if refused is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
         return _sm90_choice(p, forced=True)
+    if refused is None and p.dtype == torch.float8_e4m3fn and not tables.SM90_FP8_CHOSEN:
+        refused = "its FP8 build is taken when forced only (tables.SM90_FP8_CHOSEN)"
     if refused is None:
         use = tables.SM90_USE[p.head_dim]
         shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
@@ -158,6 +163,8 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
 
 def _sm90_choice(p: Problem, forced: bool) -> Choice:
     key = (p.head_dim, p.band.has_right)
+    if p.dtype == torch.float8_e4m3fn:
+        return Choice("sm90", tables.SM90_FP8[key], f"sm90 kernel{' (forced)' if forced else ''}: SM90_FP8")
     use = tables.SM90_USE[p.head_dim]
     sms = _sm_count(p)
     tiles, why = tables.SM90[key], "SM90"
@@ -354,8 +361,8 @@ _DESCALES = ("q_descale", "k_descale", "v_descale")
 REGISTRY = {"portable": Kernel("portable", _16_BIT + (torch.float32, torch.float8_e4m3fn), ("dense", "packed", "cache"),
                                ("dense", "packed"), ("softcap", "sinks") + _DESCALES, (torch.float8_e4m3fn,),
                                _takes_any, _takes_any),
-            "sm90": Kernel("sm90", _16_BIT, ("dense", "packed", "cache"), ("dense", "packed"), ("softcap", "sinks"),
-                           (), sm90_refusal, sm90_backward_refusal)}
+            "sm90": Kernel("sm90", _16_BIT + (torch.float8_e4m3fn,), ("dense", "packed", "cache"), ("dense", "packed"),
+                           ("softcap", "sinks") + _DESCALES, (), sm90_refusal, sm90_backward_refusal)}
 KERNELS = tuple(REGISTRY)
 DTYPES = tuple(dict.fromkeys(d for k in REGISTRY.values() for d in k.dtypes))  # every family's, in order
 

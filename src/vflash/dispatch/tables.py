@@ -70,6 +70,21 @@ SM90: Dict[Tuple[int, bool], Sm90Tiles] = {
 }
 
 
+# FP8 (e4m3 q, k, v): shared memory at 1 byte an element, plus P's [64, block_n] a consumer (the PV wgmma's
+# operand); the 16-bit tables' shapes, without their measured switches (pingpong, lazy rescale).
+SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
+    (64, False): Sm90Tiles(128, 128, 2, q_buffers=2),
+    (64, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),
+    (128, False): Sm90Tiles(128, 128, 2, q_buffers=2),
+    (128, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),
+    (256, False): Sm90Tiles(128, 64, 2, q_buffers=1),
+    (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),
+}
+# Whether dispatch chooses the FP8 build unforced: not until `vflash check --match fp8` passes on it on an
+# sm_90 GPU (VFLASH_KERNEL=sm90); until then it runs where a caller forces it.
+SM90_FP8_CHOSEN = False
+
+
 class ShortBand(NamedTuple):
     longest_n_q: int  # the band holds calls with n_q up to this
     tiles: Sm90Tiles

@@ -22,6 +22,7 @@ from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
+from vflash.ops.tma import tma_ready
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
@@ -137,7 +138,7 @@ def attention_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    if q.dtype == torch.float8_e4m3fn and v.stride(2) != 1:
+    if q.dtype == torch.float8_e4m3fn and not keys_ready(v, 2):
         v, plan_key = keys_contiguous(v, 2), None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles)
     compiled = launches.run(launch, q.device)
@@ -146,13 +147,25 @@ def attention_forward(
     return out, lse
 
 
+def keys_ready(v: torch.Tensor, keys: int) -> bool:
+    """FP8 v as the kernels take it: its dimension `keys` contiguous, the other strides 16-byte multiples and
+    the base 16-byte aligned (the sm90 kernel's TMA descriptor covers v with the keys last)."""
+    return v.stride(keys) == 1 and tma_ready(v.transpose(keys, -1))
+
+
 def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
-    """A copy of FP8 v whose dimension `keys` is contiguous, for the portable kernel's P.V: Hopper's e4m3
-    tensor-core dot reads both operands K-major from shared memory, and P.V's K is the keys. With d-contiguous
-    rows the compiler moves each V tile through registers to transpose it, unpipelined (about half the speed);
-    the copy is one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
+    """A copy of FP8 v whose dimension `keys` is contiguous (keys_ready: their count padded to 16 bytes' worth),
+    for P.V: Hopper's e4m3 tensor-core dot reads both operands K-major from shared memory, and P.V's K is the
+    keys. With d-contiguous rows the portable kernel's compiler moves each V tile through registers to
+    transpose it, unpipelined (about half the speed), and the sm90 kernel's TMA cannot transpose; the copy is
+    one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
     order = [d for d in range(v.dim()) if d != keys] + [keys]
-    return v.permute(order).contiguous().permute([order.index(d) for d in range(v.dim())])
+    shape = [v.shape[d] for d in order]
+    n = shape[-1]
+    shape[-1] = -(-n // 16) * 16
+    copy = v.new_empty(shape)[..., :n]
+    copy.copy_(v.permute(order))
+    return copy.permute([order.index(d) for d in range(v.dim())])
 
 
 def _no_key_lse(lse: torch.Tensor, score: Score, heads: int) -> None:
@@ -200,7 +213,7 @@ def attention_varlen_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    if q.dtype == torch.float8_e4m3fn and v.stride(0) != 1:
+    if q.dtype == torch.float8_e4m3fn and not keys_ready(v, 0):
         v, plan_key = keys_contiguous(v, 0), None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles, varlen=varlen)
     compiled = launches.run(launch, q.device)

@@ -1,0 +1,94 @@
+"""The sm90 kernel's FP8 build against the portable FP8 forward, on the GPU, before dispatch chooses it
+(tables.SM90_FP8_CHOSEN): each kernel forced in turn (plans off), its output and LSE against fp64 attention
+on the dequantized inputs (explicit, SDPA's math on fp64), then the issue's bar shapes timed (CUDA events,
+the median of 20 after warm-up): FP8 sm90, FP8 portable and bf16 vflash, in TFLOP/s.
+
+  PYTHONPATH=src:. python3 -m benchmarks.experiments.fp8_sm90
+"""
+
+import torch
+import triton
+
+import vflash
+from vflash.dispatch import rules
+from vflash.harness import lab
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _inputs(B, Hq, Hkv, N, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, h, N, D, device="cuda", generator=g).to(E4M3) for h in (Hq, Hkv, Hkv))
+    descales = (torch.rand(B, Hkv, device="cuda", generator=g) + 0.5, torch.rand((), device="cuda", generator=g) + 0.5,
+                torch.rand(B, Hkv, device="cuda", generator=g) + 0.5)
+    return q, k, v, descales
+
+
+def _forced(kernel, fn):
+    rules.FORCED = kernel
+    try:
+        with lab.plans_off():
+            return fn()
+    finally:
+        rules.FORCED = None
+
+
+def check(B, Hq, Hkv, N, D, causal):
+    q, k, v, (qd, kd, vd) = _inputs(B, Hq, Hkv, N, D)
+    g = Hq // Hkv
+    real_q = q.double() * qd.double().repeat_interleave(g, 1)[..., None, None]
+    real_k, real_v = k.double() * kd.double(), v.double() * vd.double()[..., None, None]
+    s = real_q @ real_k.repeat_interleave(g, 1).transpose(-1, -2) * D ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(N, N, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    ref_lse = torch.logsumexp(s, -1)
+    ref = torch.softmax(s, -1) @ real_v.repeat_interleave(g, 1)
+    for kernel in ("portable", "sm90"):
+        try:
+            out, lse = _forced(kernel, lambda: vflash.attention(q, k, v, causal=causal, q_descale=qd, k_descale=kd,
+                                                                v_descale=vd, return_lse=True))
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"B {B} H {Hq}/{Hkv} N {N} D {D} causal {causal} {kernel}: {type(e).__name__} {str(e)[:200]}",
+                  flush=True)
+            continue
+        err = (out.double() - ref).abs()
+        print(f"B {B} H {Hq}/{Hkv} N {N} D {D} causal {causal} {kernel:8s}: out max {err.max().item():.4f} "
+              f"rmse {err.pow(2).mean().sqrt().item():.5f} lse max {(lse.double() - ref_lse).abs().max().item():.5f} "
+              f"nan {bool(torch.isnan(out).any())}", flush=True)
+
+
+def speed(B, H, N, D):
+    q, k, v, (qd, kd, vd) = _inputs(B, H, H, N, D)
+    v_t = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # keys contiguous, as the FP8 kernels take V
+    b = tuple(x.to(torch.bfloat16) for x in (q, k, v))
+    flops = 4 * B * H * N * N * D
+    calls = {
+        "fp8 sm90": lambda: _forced("sm90", lambda: vflash.attention(q, k, v_t, q_descale=qd, k_descale=kd,
+                                                                     v_descale=vd)),
+        "fp8 sm90 (v copied)": lambda: _forced("sm90", lambda: vflash.attention(q, k, v, q_descale=qd,
+                                                                                k_descale=kd, v_descale=vd)),
+        "fp8 portable": lambda: _forced("portable", lambda: vflash.attention(q, k, v_t, q_descale=qd,
+                                                                             k_descale=kd, v_descale=vd)),
+        "bf16 vflash": lambda: vflash.attention(*b),
+    }
+    for name, fn in calls.items():
+        try:
+            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            print(f"B {B} H {H} N {N} D {D} {name:20s}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"B {B} H {H} N {N} D {D} {name}: {type(e).__name__} {str(e)[:200]}", flush=True)
+
+
+def main() -> int:
+    print(torch.cuda.get_device_name(), flush=True)
+    for shape in [(2, 4, 2, 300, 128, False), (2, 4, 2, 300, 128, True), (1, 8, 8, 1024, 64, False),
+                  (1, 4, 4, 512, 256, True), (1, 4, 2, 2048, 128, False)]:
+        check(*shape)
+    for shape in [(1, 16, 16384, 128), (1, 8, 16384, 256)]:
+        speed(*shape)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
