@@ -92,11 +92,15 @@ def test_fp8_build_compiles_for_sm90(tmp_path, monkeypatch):
     # TMA store: the e4m3 Q buffer cannot stage it)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     for kw in (dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
+               dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, q_buffers=2, p_shared=True)),
                dict(head_dim=64, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True)):
         ptx = sm90.compile_sm90(dtype=torch.float8_e4m3fn, **kw).asm["ptx"]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx), kw
         assert "cp.async.bulk.tensor.4d.global.shared" not in ptx and "st.global" in ptx, kw
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx, kw  # P rounded to e4m3
+        # P from registers: PV wgmmas with a four-register A operand; P_SHARED: P's stores to shared memory
+        register_a = re.search(r"wgmma\.mma_async[^\n]*e4m3\.e4m3 \{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", ptx)
+        assert bool(register_a) != kw["tiles"].p_shared, kw
 
 
 def test_grid_persistence_and_stride():

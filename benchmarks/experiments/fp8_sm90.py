@@ -1,7 +1,8 @@
 """The sm90 kernel's FP8 build against the portable FP8 forward, on the GPU, before dispatch chooses it
-(tables.SM90_FP8_CHOSEN): each kernel forced in turn (plans off), its output and LSE against fp64 attention
-on the dequantized inputs (explicit, SDPA's math on fp64), then the issue's bar shapes timed (CUDA events,
-the median of 20 after warm-up): FP8 sm90, FP8 portable and bf16 vflash, in TFLOP/s.
+(tables.SM90_FP8_CHOSEN): each kernel forced in turn (plans off; the sm90 build with P from registers, the
+table's, and through shared memory, P_SHARED), its output and LSE against fp64 attention on the dequantized
+inputs (explicit, on fp64), then the issue's bar shapes timed (triton.testing.do_bench, median): FP8 sm90
+(both), FP8 portable and bf16 vflash, in TFLOP/s.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.fp8_sm90
 """
@@ -10,7 +11,7 @@ import torch
 import triton
 
 import vflash
-from vflash.dispatch import rules
+from vflash.dispatch import rules, tables
 from vflash.harness import lab
 
 E4M3 = torch.float8_e4m3fn
@@ -25,12 +26,17 @@ def _inputs(B, Hq, Hkv, N, D, seed=0):
 
 
 def _forced(kernel, fn):
-    rules.FORCED = kernel
+    # kernel "portable", "sm90" (the table's tiles) or "sm90 P shared" (P through shared memory)
+    table = dict(tables.SM90_FP8)
+    rules.FORCED = kernel.split()[0]
+    if kernel == "sm90 P shared":
+        tables.SM90_FP8.update({key: t._replace(p_shared=True) for key, t in table.items()})
     try:
         with lab.plans_off():
             return fn()
     finally:
         rules.FORCED = None
+        tables.SM90_FP8.update(table)
 
 
 def check(B, Hq, Hkv, N, D, causal):
@@ -43,7 +49,7 @@ def check(B, Hq, Hkv, N, D, causal):
         s = s.masked_fill(torch.ones(N, N, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
     ref_lse = torch.logsumexp(s, -1)
     ref = torch.softmax(s, -1) @ real_v.repeat_interleave(g, 1)
-    for kernel in ("portable", "sm90"):
+    for kernel in ("portable", "sm90", "sm90 P shared"):
         try:
             out, lse = _forced(kernel, lambda: vflash.attention(q, k, v, causal=causal, q_descale=qd, k_descale=kd,
                                                                 v_descale=vd, return_lse=True))
@@ -53,7 +59,7 @@ def check(B, Hq, Hkv, N, D, causal):
                   flush=True)
             continue
         err = (out.double() - ref).abs()
-        print(f"B {B} H {Hq}/{Hkv} N {N} D {D} causal {causal} {kernel:8s}: out max {err.max().item():.4f} "
+        print(f"B {B} H {Hq}/{Hkv} N {N} D {D} causal {causal} {kernel:13s}: out max {err.max().item():.4f} "
               f"rmse {err.pow(2).mean().sqrt().item():.5f} lse max {(lse.double() - ref_lse).abs().max().item():.5f} "
               f"nan {bool(torch.isnan(out).any())}", flush=True)
 
@@ -66,6 +72,8 @@ def speed(B, H, N, D):
     calls = {
         "fp8 sm90": lambda: _forced("sm90", lambda: vflash.attention(q, k, v_t, q_descale=qd, k_descale=kd,
                                                                      v_descale=vd)),
+        "fp8 sm90 P shared": lambda: _forced("sm90 P shared", lambda: vflash.attention(
+            q, k, v_t, q_descale=qd, k_descale=kd, v_descale=vd)),
         "fp8 sm90 (v copied)": lambda: _forced("sm90", lambda: vflash.attention(q, k, v, q_descale=qd,
                                                                                 k_descale=kd, v_descale=vd)),
         "fp8 portable": lambda: _forced("portable", lambda: vflash.attention(q, k, v_t, q_descale=qd,

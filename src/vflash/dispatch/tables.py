@@ -70,8 +70,9 @@ SM90: Dict[Tuple[int, bool], Sm90Tiles] = {
 }
 
 
-# FP8 (e4m3 q, k, v): shared memory at 1 byte an element, plus P's [64, block_n] a consumer (the PV wgmma's
-# operand); the 16-bit tables' shapes, without their measured switches (pingpong, lazy rescale).
+# FP8 (e4m3 q, k, v): shared memory at 1 byte an element; P the PV wgmma's register operand (p_shared: a
+# [64, block_n] buffer a consumer); the 16-bit tables' shapes, without their measured switches (pingpong,
+# lazy rescale).
 SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (64, False): Sm90Tiles(128, 128, 2, q_buffers=2),
     (64, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),

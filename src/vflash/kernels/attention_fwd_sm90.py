@@ -121,22 +121,24 @@ if HAVE_GLUON:
         PAGE_SIZE: gl.constexpr  # 0: a contiguous cache (or no cache)
         HAS_SINK: gl.constexpr
         IS_FP8: gl.constexpr  # e4m3 Q, K, V (V's keys contiguous: its ring tiles [HEAD_DIM, BLOCK_N])
+        P_SHARED: gl.constexpr  # IS_FP8: P to the PV wgmma through shared memory (else from registers)
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
-        P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand (16-bit inputs)
+        P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, HAS_SINK, IS_FP8):
+                     PAGE_SIZE, HAS_SINK, IS_FP8, P_SHARED):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
                                 ("REVERSE_M", REVERSE_M), ("PINGPONG", PINGPONG), ("P_FP32", P_FP32),
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
-                                ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK), ("IS_FP8", IS_FP8)):
+                                ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK), ("IS_FP8", IS_FP8),
+                                ("P_SHARED", P_SHARED)):
                 setattr(self, name, gl.constexpr(value))
             # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
             self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
@@ -148,7 +150,8 @@ if HAVE_GLUON:
                                                                    instr_shape=[16, self.BLOCK_N.value, k]))
             self.O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                    instr_shape=[16, self.HEAD_DIM.value, k]))
-            self.P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=self.O_LAYOUT.value, k_width=2))
+            self.P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=self.O_LAYOUT.value,
+                                                             k_width=4 if IS_FP8 else 2))
 
     @aggregate
     class Call:
@@ -452,19 +455,23 @@ if HAVE_GLUON:
                                              [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr, p_smem, C: gl.constexpr):
+    def _p_operand(p, p_layout: gl.constexpr, dtype: gl.constexpr, P_FP32: gl.constexpr, p_smem, C: gl.constexpr,
+                   P_SHARED: gl.constexpr):
         # The PV product's A operand from the carried P. With P_FP32 it is packed
         # here, in the iteration that issues the product; the empty non-pure asm
         # pins the packing before the S_j issue: left free, LLVM sinks it below,
         # where the fp32 P, S_j and O do not fit in a three-consumer register
-        # budget (2.7 KB of spills at D = 64). FP8: P rounded to e4m3 into
-        # consumer C's buffer of p_smem (its previous PV product has completed),
-        # which the product reads.
+        # budget (2.7 KB of spills at D = 64). FP8: P rounded to e4m3, into the
+        # operand's register layout, or with P_SHARED into consumer C's buffer of
+        # p_smem (its previous PV product has completed), which the product reads.
         if dtype == gl.float8e4nv:
-            p_buf = p_smem.index(C)
-            p_buf.store(p.to(dtype))
-            fence_async_shared()
-            return p_buf
+            if P_SHARED:
+                p_buf = p_smem.index(C)
+                p_buf.store(p.to(dtype))
+                fence_async_shared()
+                return p_buf
+            else:
+                return gl.convert_layout(p.to(dtype), p_layout)
         elif P_FP32:
             p = gl.convert_layout(p.to(dtype), p_layout)
             return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)
@@ -475,6 +482,19 @@ if HAVE_GLUON:
                                                dtype=_F16_PAIR if dtype == gl.float16 else _BF16_PAIR,
                                                is_pure=True, pack=1)
             return gl.convert_layout(gl.reshape(gl.join(lo, hi), [ROWS, 2 * HALF_N]), p_layout)
+
+    @gluon.jit
+    def _pv_wait(o, p_op, v_tile, cfg):
+        # The PV product's completion. An e4m3 P in registers is kept live past it by a use after the wait
+        # (its registers must hold until the product has read them), since Triton 3.6's wait takes no 8-bit
+        # operands among its dependencies.
+        if cfg.IS_FP8 and not cfg.P_SHARED:
+            o, v_tile = warpgroup_mma_wait(0, deps=(o, v_tile))
+            p_op = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p_op], dtype=p_op.dtype, is_pure=False,
+                                             pack=4)
+        else:
+            o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
+        return o, p_op, v_tile
 
     @gluon.jit
     def _rescale(o, alpha, LAZY: gl.constexpr):
@@ -521,7 +541,7 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32, smem.p_smem, C)
+            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
             k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
             if cfg.PINGPONG:
                 _wait_turn(smem.turns, turn, C)
@@ -556,7 +576,7 @@ if HAVE_GLUON:
                 # shared-memory store: the row sums, the softmax's last result,
                 # go to a scratch row that nothing reads.
                 smem.anchor.slice(C * ROWS, ROWS).store(l_i)
-            o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
+            o, p_op, v_tile = _pv_wait(o, p_op, v_tile, cfg)
             mbarrier.arrive(smem.v_empty.index(_ring(kv + j - 1, cfg.STAGES)[0]), count=1)
             p = _carried_p(p_f32, q_tile.dtype, cfg.P_FP32)
         return o, m_i, l_i, p, alpha, turn
@@ -690,9 +710,9 @@ if HAVE_GLUON:
                     else:
                         zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
-            p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C)
+            p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
-            o, p_op, v_tile = warpgroup_mma_wait(0, deps=(o, p_op, v_tile))
+            o, p_op, v_tile = _pv_wait(o, p_op, v_tile, cfg)
             mbarrier.arrive(smem.v_empty.index(_ring(last, cfg.STAGES)[0]), count=1)
         elif cfg.Q_BUFFERS == 2:
             _release_previous_q(smem.q_empty, C, done)
@@ -784,7 +804,7 @@ if HAVE_GLUON:
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
-        PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr,
+        PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr, P_SHARED: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -859,7 +879,7 @@ if HAVE_GLUON:
                     gl.to_tensor(qk_scale), gl.to_tensor(softcap_in), gl.to_tensor(softcap_out),
                     (gl.to_tensor(qd_b), gl.to_tensor(qd_h), gl.to_tensor(kd_b), gl.to_tensor(kd_h), gl.to_tensor(vd_b),
                      gl.to_tensor(vd_h)))
-        if IS_FP8:  # P goes to the PV product through shared memory: a wgmma takes no 8-bit register operand here
+        if IS_FP8 and P_SHARED:  # each consumer's P for the PV product
             p_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, ROWS, BLOCK_N],
                                                gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], gl.float8e4nv))
         else:
@@ -868,7 +888,7 @@ if HAVE_GLUON:
                     anchor, p_smem)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
                      PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     HAS_SINK, IS_FP8)
+                     HAS_SINK, IS_FP8, P_SHARED)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).

@@ -168,7 +168,7 @@ def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, so
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
-                KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks)
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks, P_SHARED=t.p_shared)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90Tiles = Sm90Tiles(128, 128, 2), *,

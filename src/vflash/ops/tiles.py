@@ -41,6 +41,7 @@ class Sm90Tiles(NamedTuple):
     lazy_rescale: bool = False  # LAZY_RESCALE
     ctas_per_sm: int = 1  # CTAs resident on an SM: sets the register cap and the persistent grid
     dynamic: bool = False  # DYNAMIC: CTAs draw work tiles from a per-launch counter
+    p_shared: bool = False  # P_SHARED (FP8 inputs): P reaches the PV wgmma through shared memory, not registers
 
 
 class BackwardLaunch(NamedTuple):
