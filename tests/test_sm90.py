@@ -200,7 +200,7 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
     assert qd.shape == (1, 8, 700, 128) and qd.base.data_ptr() == q.data_ptr() and qd.strides[2] == 8 * 128
     assert by_name["k_desc"].shape == (1, 2, 900, 128) and by_name["o_desc"].base.data_ptr() == out.data_ptr()
     assert by_name["batch"] == 3 and by_name["n_q"] == 400 and by_name["total_q"] == 700
-    assert (by_name["o_stride_row"], by_name["o_stride_head"]) == (8 * 128, 128) and by_name["Out"] is out
+    assert by_name["o_strides"] == (8 * 128, 128) and by_name["Out"] is out
     assert by_name["cu_seqlens_q"] is cu_q and by_name["cu_seqlens_k"] is cu_k and by_name["LSE"] is lse
     assert launch.constexprs["IS_VARLEN"] and launch.constexprs["TOP_LEFT"]
     assert [(s.position, s.name) for s in launch.slots] == [(0, "q"), (1, "k"), (2, "v"), (3, "out"),
