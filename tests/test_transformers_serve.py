@@ -1,8 +1,9 @@
 """`transformers serve --continuous-batching` with vflash's attention (issue 56): the server started in this process
 on 127.0.0.1 (transformers' own test mode, a background thread) with a random-weight tiny Llama and a word-level
 tokenizer saved to a temporary folder; several concurrent streaming completions, each equal to transformers' own
-server's (sdpa) answer and, where that one agrees with plain `generate`'s greedy tokens, to those; a request that
-transformers' own server survives (max_tokens 0) leaves it serving. Needs transformers' serving packages (the
+server's (sdpa) answer and, where that one agrees with plain `generate`'s greedy tokens, to those; requests that
+transformers' own server survives (max_tokens 0; a prompt past the model's positions that fits the cache, answered
+as that server answers it) leave it serving. Needs transformers' serving packages (the
 `serve` extra, in `dev`); skipped without them. Every request has a timeout and each server stops in a finally."""
 
 import json
@@ -67,9 +68,10 @@ def _free_port():
     return port
 
 
-def _serve_answers(folder, implementation, prompts):
+def _serve_answers(folder, implementation, prompts, long_prompt):
     # the streamed answers of concurrent requests to a server of `implementation`; then a request with
-    # max_tokens 0, and the server still answering after it
+    # max_tokens 0, one whose prompt is past the model's positions (it fits the cache), and the server still
+    # answering after them
     port = _free_port()
     server = serve_cli.Serve(force_model=folder, continuous_batching=True, attn_implementation=implementation,
                              device="cpu", host="127.0.0.1", port=port, non_blocking=True, cb_block_size=16,
@@ -95,6 +97,7 @@ def _serve_answers(folder, implementation, prompts):
             t.join(timeout=180)
         with _post(port, dict(model=folder, prompt=prompts[0], max_tokens=0, temperature=0)) as r:
             assert r.status == 200
+        got.append(_stream(port, folder, long_prompt, max_tokens=3))
         assert _stream(port, folder, prompts[1]) == got[1]  # still serving, the same answer
         return got
     finally:
@@ -116,8 +119,9 @@ def test_serve_continuous_batching_with_vflash(tmp_path, monkeypatch):
         ids = tokenizer(p, return_tensors="pt").input_ids
         out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         plain.append(tokenizer.decode(out[0, ids.shape[1]:]))
-    ours = _serve_answers(folder, name, prompts)
-    reference = _serve_answers(folder, "sdpa", prompts)
-    assert ours == reference
+    long_prompt = " ".join(f"t{i}" for i in torch.randint(3, VOCAB, (80,), generator=g).tolist())  # past 64
+    ours = _serve_answers(folder, name, prompts, long_prompt)
+    reference = _serve_answers(folder, "sdpa", prompts, long_prompt)
+    assert ours == reference and len(ours[-1].split()) == 3
     agree = [i for i in range(len(prompts)) if reference[i] == plain[i]]
     assert len(agree) >= 2 and all(ours[i] == plain[i] for i in agree)
