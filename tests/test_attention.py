@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import vflash
-from vflash._backend import interpreter_refusal, launcher
+from vflash._backend import launcher
 from vflash.harness.cases import Case, make_inputs, run_case
 from vflash.harness.oracle import compare
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
@@ -21,6 +21,7 @@ from vflash.ops.tiles import PortableTiles
 from vflash.reference import attention_explicit
 from vflash.reference.explicit import visible_mask
 from vflash.call import Score
+from _devices import needs_interpreter
 
 
 def assert_case(case, device, attention=None):
@@ -357,7 +358,6 @@ def test_interpreter_warnings_stay_inside(device, recwarn):
 
 
 # CPU tensors through this Triton's interpreter (the GPU machine's Triton 3.6 refuses its numpy)
-needs_interpreter = pytest.mark.skipif(interpreter_refusal() is not None, reason=str(interpreter_refusal()))
 
 
 @triton.jit

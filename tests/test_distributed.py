@@ -12,10 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vflash
-from vflash._backend import interpreter_refusal
 from vflash.reference import attention_explicit, attention_varlen_reference
 from vflash.distributed import (ring_attention, ring_attention_varlen, shard_sequence, shard_varlen,
                                 unshard_sequence, unshard_varlen)
+from _devices import needs_interpreter
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
@@ -143,7 +143,6 @@ def _varlen_worker(rank, world, port, case, out_dir):
 # The multi-rank tests run CPU tensors (gloo) through the interpreter, whatever device the
 # suite targets: where the interpreter cannot run (Triton 3.6 with numpy 2.4 or later, as on
 # the GPU machine), they cannot either. One rank on the suite's device runs below.
-needs_interpreter = pytest.mark.skipif(bool(interpreter_refusal()), reason=interpreter_refusal() or "")
 
 
 def _run(world, case):

@@ -8,16 +8,15 @@ import pytest
 import torch
 
 import vflash
-from vflash._backend import interpreter_refusal
 from vflash.cli import main
 from vflash.harness.bench import CSV_COLUMNS, Shape, attention_flops, time_calls_interleaved, visible_pairs
 from vflash.reference import visible_mask
+from _devices import needs_interpreter
 
 FIXTURES = __file__.rsplit("/", 1)[0] + "/fixtures"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # CPU tensors run through Triton's interpreter, which some Triton / numpy pairs refuse (the GPU machine's)
-needs_interpreter = pytest.mark.skipif(interpreter_refusal() is not None, reason=str(interpreter_refusal()))
 
 
 @needs_interpreter

@@ -13,6 +13,7 @@ from vflash.dispatch import tables
 from vflash.harness.cases import KVCacheCase
 from vflash.harness.lab import captured_launches
 from vflash.reference import attention_with_kvcache_reference
+from _devices import needs_interpreter
 
 F64 = torch.float64
 D, DV = 576, 512
@@ -70,6 +71,7 @@ def test_latent_cases_pass_the_accuracy_rule(case, device):
         assert verdict.passed, f"{verdict.what}: max {verdict.max_err:.3e} tol {verdict.tol:.3e} {verdict.note}"
 
 
+@needs_interpreter
 def test_the_kernel_reads_v_from_k_and_splits_a_wide_group():
     cache, table = _latent([40], 64, "cpu")
     q = torch.randn(1, 1, 128, D, dtype=torch.float16)

@@ -3,14 +3,12 @@ the interpreter: every vflash method runs and its row carries a time and a bandw
 
 import csv
 
-import pytest
 import torch
 
-from vflash._backend import interpreter_refusal
 from vflash.harness.serving import COLUMNS, run_serving
+from _devices import needs_interpreter
 
 # CPU tensors run through Triton's interpreter, which some Triton / numpy pairs refuse (the GPU machine's)
-needs_interpreter = pytest.mark.skipif(interpreter_refusal() is not None, reason=str(interpreter_refusal()))
 
 
 @needs_interpreter
