@@ -366,7 +366,8 @@ BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv", "bwd_fp16.csv
             ("benchmarks/results/2026-12-04-h200-s33-backward", ("bwd_d256.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 # The run of the gpt-oss-shaped model (attention sinks) in transformers against eager (issue 53).
-GPT_OSS = "benchmarks/results/2026-12-06-h100-s44-sinks"
+GPT_OSS = "benchmarks/results/2026-12-06-h200-s46"
+CONTINUOUS_BATCHING = "benchmarks/results/2026-12-06-h200-s46"
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -586,8 +587,9 @@ def run_report(folder):
     backward, backward_csvs = backward_text(folder, base)
     hf, hf_csvs = transformers_text(folder, base)
     oss, oss_csvs = gpt_oss_text(folder, base)
-    hf += oss
-    hf_csvs += oss_csvs
+    cb, cb_csvs = continuous_batching_text(folder, base)
+    hf += oss + cb
+    hf_csvs += oss_csvs + cb_csvs
     ring, ring_csvs = ring_text(folder, base)
     scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
@@ -605,7 +607,7 @@ def run_report(folder):
 
 
 def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
-          scaling=RING_SCALING, gpt_oss=GPT_OSS):
+          scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -649,6 +651,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += kvops_text(kvops, base)[0] if kvops else []
     out += transformers_text(hf, base)[0] if hf else []
     out += gpt_oss_text(gpt_oss, base)[0] if gpt_oss else []
+    out += continuous_batching_text(continuous_batching, base)[0] if continuous_batching else []
     out += ring_text(ring, base)[0] if ring else []
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
@@ -975,13 +978,62 @@ def gpt_oss_text(folder, base=""):
                        f"{float(vf['tokens_per_s']):.0f} | {float(ref['ms']) / float(vf['ms']):.2f}x |")
     out.append("")
     more = ""
-    if r0.get("attention_max_diff"):  # the runs with the per-layer comparison
+    if r0.get("fp32_eager_max_diff"):  # the runs that feed each layer eager's input and compare with fp32
+        more = (f", mean {float(r0['logits_mean_diff']):.4f}, the same top-1 token on "
+                f"{float(r0['same_top1']):.2%} of them; each layer's attention output against eager's on eager's "
+                f"input, largest difference: {r0['attention_max_diff']}; against the same model in fp32 under "
+                f"eager, eager's logits {float(r0['fp32_eager_max_diff']):.2f} at most (top-1 "
+                f"{float(r0['fp32_eager_top1']):.1%}), vflash's {float(r0['fp32_vflash_max_diff']):.2f} (top-1 "
+                f"{float(r0['fp32_vflash_top1']):.1%})")
+    elif r0.get("attention_max_diff"):  # the runs with the per-layer comparison
         more = (f", mean {float(r0['logits_mean_diff']):.4f}, the same top-1 token on "
                 f"{float(r0['same_top1']):.2%} of them; each layer's attention output against eager's (layer 0 on "
                 f"identical inputs), largest difference: {r0['attention_max_diff']}")
     out.append(_wrap(f"Prefill logits: largest difference from eager on real tokens {float(r0['logits_max_diff']):.2f}"
                      f"{more} (bf16, random weights; the run's NOTE.md says what it does and does not tell).") + "\n")
     return out, ["hf_gpt_oss.csv"]
+
+
+def continuous_batching_text(folder, base=""):
+    """A run's hf_cb.csv (benchmarks/experiments/hf_cb.py): transformers' generate_batch with vflash against
+    paged|sdpa / paged|eager in the same run, and hf_cb_share.csv's attention shares; returns (lines, CSV names)."""
+    path = os.path.join(folder, "hf_cb.csv")
+    if not os.path.exists(path):
+        return [], []
+    rows = _read(path)
+    share_path = os.path.join(folder, "hf_cb_share.csv")
+    shares = {r["impl"]: r for r in _read(share_path) if r.get("attention_share") or r.get("error")} \
+        if os.path.exists(share_path) else {}
+    names = {"sdpa": "paged\\|sdpa", "eager": "paged\\|eager"}  # escaped for the table's cells
+    out = [f"## Continuous batching in transformers (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/hf_cb.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): a Llama-3.2-1B-shaped model (random weights, bf16), "
+                 f"`model.generate_batch` with the engine's default configuration, requests of "
+                 f"{rows[0]['new_tokens']} new tokens each and prompts of 100-4000 tokens, vflash's attention "
+                 "(decode-only batches reading the paged cache in place, prefill on the engine's gathered keys) "
+                 "against transformers' own paged implementations in one run.") + "\n",
+           "| requests | attention | output tokens/s | wall s | TTFT median s | TTFT p90 s | vflash / paged\\|sdpa |",
+           "|---|---|---|---|---|---|---|"]
+    sdpa = {r["requests"]: r for r in rows if r["impl"] == "sdpa" and r["output_tokens_per_s"]}
+    for r in rows:
+        impl = names.get(r["impl"], "vflash")
+        if not r["output_tokens_per_s"]:
+            out.append(f"| {r['requests']} | {impl} | {r['error']} | | | | |")
+            continue
+        ratio = ""
+        if impl == "vflash" and r["requests"] in sdpa:
+            ratio = f"{float(r['output_tokens_per_s']) / float(sdpa[r['requests']]['output_tokens_per_s']):.2f}x"
+        out.append(f"| {r['requests']} | {impl} | {float(r['output_tokens_per_s']):.0f} | {float(r['wall_s']):.1f} | "
+                   f"{r['ttft_median_s']} | {r['ttft_p90_s']} | {ratio} |")
+    out.append("")
+    if shares:
+        parts = [f"{names.get(k, 'vflash').replace(chr(92), '')} {float(v['attention_share']):.2f}"
+                 for k, v in shares.items() if v["attention_share"] not in ("", "nan")]
+        n = next(iter(shares.values()))["requests"]
+        out.append(_wrap(f"The attention function's share of a {n}-request run (CUDA events around each call of "
+                         f"the engine's \"paged|X\" function: the cache write, the engine's gather where it makes one, "
+                         f"and the attention; hf_cb_share.csv): {', '.join(parts)}.") + "\n")
+    return out, ["hf_cb.csv"] + (["hf_cb_share.csv"] if shares else [])
 
 
 def ring_text(folder, base=""):

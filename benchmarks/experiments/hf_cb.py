@@ -73,9 +73,11 @@ def _attention_share(model, transformers, impl, prompts, new_tokens) -> float:
         return out
     transformers.AttentionInterface.register(key, timed)
     try:
-        wall = _run(model, transformers, impl, prompts, new_tokens)[0]
+        wall, _, failed, _ = _run(model, transformers, impl, prompts, new_tokens)
     finally:
         transformers.AttentionInterface.register(key, original)
+    if failed:  # the engine caught the requests' errors (out of memory, say): no share to give
+        return float("nan")
     seconds = sum(b.elapsed_time(e) / 1e3 for b, e in spans) if cuda else sum(spans)
     return seconds / wall
 
@@ -132,12 +134,15 @@ def main() -> int:
             same = ""
             if impl != "sdpa" and "sdpa" in tokens:
                 same = f"{sum(a == b for a, b in zip(tokens[impl], tokens['sdpa']))}/{n}"
+            ok = not failed  # a run whose requests failed (the engine catches their errors) has no rate
             row = dict(requests=n, impl=impl, prompt_tokens=sum(map(len, prompts)), new_tokens=args.new_tokens,
-                       wall_s=round(wall, 3), output_tokens_per_s=round(n * args.new_tokens / wall, 1),
+                       wall_s=round(wall, 3), output_tokens_per_s=round(n * args.new_tokens / wall, 1) if ok else "",
                        ttft_median_s=round(statistics.median(ttft), 3) if ttft else "",
                        ttft_p90_s=round(ttft[int(0.9 * (len(ttft) - 1))], 3) if ttft else "",
-                       failed=len(failed), greedy_same_as_sdpa=same, error="")
+                       failed=len(failed), greedy_same_as_sdpa=same,
+                       error="" if ok else f"{len(failed)} requests failed (the engine's log says why)")
             rows.append(row)
+            write_rows(args.out, rows)  # each row as it comes: a run cut short keeps the rows before it
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     prompts = _prompts(args.profile_requests, args.min_prompt, args.max_prompt, cfg.vocab_size,
                        seed=args.profile_requests)
@@ -150,8 +155,8 @@ def main() -> int:
         print(f"attention share of the run's time, {args.profile_requests} requests, {impl}: {share:.3f}",
               flush=True)
         rows.append(dict(requests=args.profile_requests, impl=impl, attention_share=round(share, 4),
-                         error="" if share == share else "out of memory"))
-    write_rows(args.out, rows)
+                         error="" if share == share else "the run failed (out of memory?)"))
+        write_rows(args.out, rows)
     return 0
 
 
