@@ -46,6 +46,22 @@ def test_check_names_a_broken_kernel_and_counts_it():
     assert text.strip().endswith("0 passed, 2 failed")
 
 
+def test_check_reports_a_forced_kernels_refusals_apart(monkeypatch):
+    # a forced kernel that cannot take a case: "REFUSED" with the dispatch's reason, neither a pass nor a
+    # failure; a run with nothing but refusals checked nothing and fails
+    from vflash.dispatch import rules
+    monkeypatch.setattr(rules, "FORCED", "sm90")  # the CPU runs the interpreter, which sm90 refuses
+    stream = io.StringIO()
+    failed = run_matrix([Case(Nq=20, Nk=20, D=16)], torch.device("cpu"), stream=stream)
+    text = stream.getvalue()
+    assert "REFUSED fp16 B1 H2/2 N20x20 D16" in text and "the sm90 kernel cannot take this call" in text
+    assert text.strip().endswith("0 passed, 0 failed, 1 refused by the forced kernel") and failed == 1
+    monkeypatch.setattr(rules, "FORCED", "portable")
+    stream = io.StringIO()
+    assert run_matrix([Case(Nq=20, Nk=20, D=16)], torch.device("cpu"), stream=stream) == 0
+    assert stream.getvalue().strip().endswith("1 passed, 0 failed")
+
+
 def test_check_reports_a_crash_as_failure():
     def crashes(q, k, v, **kw):
         raise RuntimeError("illegal instruction")

@@ -116,6 +116,10 @@ def cmd_check(args) -> int:
     if args.match:
         cases = [c for c in cases if args.match in c.name]
         what += f", the cases named with {args.match!r}"
+    if args.kernel:
+        from vflash.dispatch import rules
+        rules.FORCED = args.kernel
+        what += f", the {args.kernel} kernels forced"
     info = _env()
     header = f"vflash check on {device} ({info.get('gpu', 'CPU')}): {len(cases)} cases, {what}"
     log = open(args.log, "w") if args.log else None
@@ -256,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", metavar="FILE", help="also write the full record, with the environment, here")
     p.add_argument("--shape", metavar="B,Hq,Hkv,Nq,Nk,D", help="check this one shape instead of the matrix")
     p.add_argument("--match", metavar="WORD", help="only the matrix's cases whose name holds WORD (e.g. sinks, grad)")
+    p.add_argument("--kernel", choices=["portable", "sm90"],
+                   help="force this kernel family (as VFLASH_KERNEL does); cases it cannot take are reported as "
+                        "refused, with the reason, not run")
     # The options below describe the --shape case; given without --shape they are a usage error.
     # Their defaults are None so that "not given" can be told apart; _custom_case fills them in.
     p.add_argument("--dtype", choices=["fp16", "bf16", "fp32", "fp8"],
