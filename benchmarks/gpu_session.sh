@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 check_fp8_sm90 check_mla sm90_launcher sm90_variants profile_sm90 profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 check_sm90_forced check_mla sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -186,9 +186,12 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
                   --shape "$s" --dtype bf16 --methods vflash,vflash_fp8,sdpa_cudnn --out "$R/fp8_bar_${s//,/_}.csv" \
                   | tail -1
               done ;;
-    check_fp8_sm90) # the FP8 cases on the sm90 kernel's FP8 build, forced (cases it cannot take: refused, not run)
-              timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match fp8 --kernel sm90 \
-                --log "$R/check_gpu_fp8_sm90.log" | tail -2 ;;
+    check_sm90_forced) # the sm90 builds dispatch takes where forced only (tables.SM90_FORCED_ONLY): the FP8
+              # cases and the v-head-dim ones, the sm90 kernels forced (cases they cannot take: refused, not run)
+              for m in fp8 D128/64 D192/128; do
+                timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match "$m" --kernel sm90 \
+                  --log "$R/check_gpu_sm90_${m//\//_}.log" | tail -1
+              done ;;
     fp8_sm90) timeout ${SWEEP_TIMEOUT:-200} python3 -m benchmarks.experiments.fp8_sm90 > "$R/fp8_sm90.txt" 2>&1
               tail -20 "$R/fp8_sm90.txt" ;;
     check_mla) # issue 55: the GPU matrix's v-head-dim cases (forward and gradients: D 192 / 128, D 128 / 64) and MLA

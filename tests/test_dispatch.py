@@ -299,16 +299,32 @@ def test_the_registry_says_what_each_family_takes_as_data():
 
 
 def test_fp8_runs_the_sm90_build_where_forced_until_its_gpu_check(h200, monkeypatch):
-    # tables.SM90_FP8_CHOSEN off: an FP8 call dispatch would give the sm90 kernel goes to the portable one,
-    # saying why, and forcing sm90 gives SM90_FP8's tiles; on, the same call takes them unforced
+    # "fp8" in tables.SM90_FORCED_ONLY: an FP8 call dispatch would give the sm90 kernel goes to the portable one,
+    # saying why, and forcing sm90 gives SM90_FP8's tiles; without it, the same call takes them unforced
     fp8 = problem(128, False, 4096, 32, dtype=torch.float8_e4m3fn)
     unforced = dispatch.select(fp8)
     assert unforced.kernel == "portable" and "forced only" in unforced.why
     forced = dispatch.select(fp8, "sm90")
     assert (forced.kernel, forced.tiles) == ("sm90", tables.SM90_FP8[(128, False)])
-    monkeypatch.setattr(tables, "SM90_FP8_CHOSEN", True)
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
     assert dispatch.select(fp8).tiles == tables.SM90_FP8[(128, False)]
     assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
+
+
+def test_a_v_head_dim_of_its_own_runs_the_sm90_forward_where_forced(h200, monkeypatch):
+    # v narrower than q / k, a power of two, dense or packed: the sm90 forward takes it with q's head dim's tiles,
+    # where forced while "v head dim" is in tables.SM90_FORCED_ONLY; a wider v, one of no power of two and a KV
+    # cache's go to the portable kernel, saying why
+    p = dataclasses.replace(problem(128, True, 4096, 32), head_dim_v=64)
+    assert "forced only" in dispatch.select(p).why
+    assert dispatch.select(p, "sm90").tiles == dispatch.select(problem(128, True, 4096, 32)).tiles
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
+    assert dispatch.select(p).kernel == "sm90"
+    for dv, layout, words in ((256, "dense", "from 16 to q's (128), not 256"), (96, "packed", "power of two"),
+                              (64, "cache", "against a KV cache")):
+        refused = dispatch.refusal("sm90", dataclasses.replace(p, head_dim_v=dv, layout=layout))
+        assert refused is not None and words in refused, refused
+    assert "backward" in dispatch.select_backward(p).why  # the sm90 backward takes no v head dim yet
 
 
 def test_problem_of_reads_the_layout_and_the_score_options():

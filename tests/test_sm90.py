@@ -92,6 +92,7 @@ def test_fp8_build_compiles_for_sm90(tmp_path, monkeypatch):
     # TMA store: the e4m3 Q buffer cannot stage it)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     for kw in (dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
+               dict(head_dim=128, head_dim_v=64, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
                dict(head_dim=128, tiles=Sm90Tiles(128, 128, 2, q_buffers=2, p_shared=True)),
                dict(head_dim=64, tiles=Sm90Tiles(128, 128, 2, dynamic=True), right_edge=True, varlen=True)):
         ptx = sm90.compile_sm90(dtype=torch.float8_e4m3fn, **kw).asm["ptx"]
@@ -101,6 +102,21 @@ def test_fp8_build_compiles_for_sm90(tmp_path, monkeypatch):
         # P from registers: PV wgmmas with a four-register A operand; P_SHARED: P's stores to shared memory
         register_a = re.search(r"wgmma\.mma_async[^\n]*e4m3\.e4m3 \{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", ptx)
         assert bool(register_a) != kw["tiles"].p_shared, kw
+
+
+@pytest.mark.slow
+@needs_gluon
+def test_a_v_head_dim_of_its_own_compiles_for_sm90(tmp_path, monkeypatch):
+    # v (and the output) narrower than q / k: the PV wgmma's N is v's width, the output through pointers (the Q
+    # buffer is q's width), dense and packed
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for kw in (dict(head_dim=128, head_dim_v=64, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
+               dict(head_dim=256, head_dim_v=128, tiles=Sm90Tiles(128, 64, 2, dynamic=True), right_edge=True,
+                    varlen=True)):
+        ptx = sm90.compile_sm90(**kw).asm["ptx"]
+        widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
+        assert widths == {str(kw["tiles"].block_n), str(kw["head_dim_v"])}, (kw, widths)
+        assert "cp.async.bulk.tensor.4d.global.shared" not in ptx and "st.global" in ptx, kw
 
 
 def test_grid_persistence_and_stride():

@@ -1,5 +1,5 @@
 """The sm90 kernel's FP8 build against the portable FP8 forward, on the GPU, before dispatch chooses it
-(tables.SM90_FP8_CHOSEN): each kernel forced in turn (plans off; the sm90 build with P from registers, the
+(tables.SM90_FORCED_ONLY): each kernel forced in turn (plans off; the sm90 build with P from registers, the
 table's, and through shared memory, P_SHARED), its output and LSE against fp64 attention on the dequantized
 inputs (explicit, on fp64), then the issue's bar shapes timed (triton.testing.do_bench, median): FP8 sm90
 (both), FP8 portable and bf16 vflash, in TFLOP/s.

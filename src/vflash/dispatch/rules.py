@@ -124,7 +124,7 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     table = tables.SM90_FP8 if p.dtype == torch.float8_e4m3fn else tables.SM90
     if (p.head_dim, p.band.has_right) not in table:
         return f"it has tiles for head dims {sorted({d for d, _ in table})}, not {p.head_dim}"
-    if p.head_dim_v:
+    if p.head_dim_v and _v_head_dim_refusal(p):
         return _v_head_dim_refusal(p)
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
@@ -148,8 +148,9 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
         if refused is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
         return _sm90_choice(p, forced=True)
-    if refused is None and p.dtype == torch.float8_e4m3fn and not tables.SM90_FP8_CHOSEN:
-        refused = "its FP8 build is taken when forced only (tables.SM90_FP8_CHOSEN)"
+    unchecked = [f for f in _sm90_features(p) if f in tables.SM90_FORCED_ONLY]
+    if refused is None and unchecked:
+        refused = f"its {' and '.join(unchecked)} build is taken where forced only (tables.SM90_FORCED_ONLY)"
     if refused is None:
         use = tables.SM90_USE[p.head_dim]
         shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
@@ -328,8 +329,20 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
     return None
 
 
-def _v_head_dim_refusal(p: Problem) -> str:
-    return f"it takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
+def _v_head_dim_refusal(p: Problem) -> Optional[str]:
+    # v's own head dim: a power of two no wider than q's (its tiles are q's head dim's; a wider V's ring would pass
+    # shared memory), in dense and packed calls
+    dv = p.head_dim_v
+    if p.layout == "cache" or p.v_in_k:
+        return f"it takes v's head dim equal to q's and k's ({p.head_dim}) against a KV cache, not {dv}"
+    if dv & (dv - 1) or not 16 <= dv <= p.head_dim:
+        return f"it takes v's head dim of its own as a power of two from 16 to q's ({p.head_dim}), not {dv}"
+    return None
+
+
+def _sm90_features(p: Problem) -> Tuple[str, ...]:
+    # the features of p that tables.SM90_FORCED_ONLY names
+    return tuple(f for f, on in (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v))) if on)
 
 
 class Kernel(NamedTuple):

@@ -81,9 +81,10 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (256, False): Sm90Tiles(128, 64, 2, q_buffers=1),
     (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),
 }
-# Whether dispatch chooses the FP8 build unforced: not until `vflash check --match fp8` passes on it on an
-# sm_90 GPU (VFLASH_KERNEL=sm90); until then it runs where a caller forces it.
-SM90_FP8_CHOSEN = False
+# Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
+# --kernel sm90`), by feature, until `vflash check --kernel sm90` passes on them on an sm_90 GPU: "fp8" (e4m3
+# inputs) and "v head dim" (v's head dim unlike q's and k's).
+SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8", "v head dim")
 
 
 class ShortBand(NamedTuple):

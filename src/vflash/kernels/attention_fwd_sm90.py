@@ -102,6 +102,8 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr
         BLOCK_N: gl.constexpr
         HEAD_DIM: gl.constexpr
+        HEAD_DIM_V: gl.constexpr  # V's and the output's columns (HEAD_DIM, or a power of two of its own)
+        POINTER_STORE: gl.constexpr  # the output through pointers: it does not fit the Q buffer (FP8, HEAD_DIM_V)
         STAGES: gl.constexpr
         Q_BUFFERS: gl.constexpr
         NUM_CONSUMERS: gl.constexpr
@@ -124,13 +126,13 @@ if HAVE_GLUON:
         P_SHARED: gl.constexpr  # IS_FP8: P to the PV wgmma through shared memory (else from registers)
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
-        O_LAYOUT: gl.constexpr  # [64, HEAD_DIM] output, a wgmma accumulator
+        O_LAYOUT: gl.constexpr  # [64, HEAD_DIM_V] output, a wgmma accumulator
         P_LAYOUT: gl.constexpr  # [64, BLOCK_N] P as the PV product's register operand
 
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, HAS_SINK, IS_FP8, P_SHARED):
+                     PAGE_SIZE, HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
@@ -138,10 +140,11 @@ if HAVE_GLUON:
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
                                 ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK), ("IS_FP8", IS_FP8),
-                                ("P_SHARED", P_SHARED)):
+                                ("P_SHARED", P_SHARED), ("HEAD_DIM_V", HEAD_DIM_V)):
                 setattr(self, name, gl.constexpr(value))
             # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
             self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
+            self.POINTER_STORE = gl.constexpr(IS_FP8 or HEAD_DIM_V != HEAD_DIM)
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
@@ -149,7 +152,7 @@ if HAVE_GLUON:
             self.S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                    instr_shape=[16, self.BLOCK_N.value, k]))
             self.O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                   instr_shape=[16, self.HEAD_DIM.value, k]))
+                                                                   instr_shape=[16, self.HEAD_DIM_V.value, k]))
             self.P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=self.O_LAYOUT.value,
                                                              k_width=4 if IS_FP8 else 2))
 
@@ -422,15 +425,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _v_tile(smem, tile, cfg):
-        # V's ring tile `tile` once landed, as the PV product's [BLOCK_N, HEAD_DIM] B operand: FP8's ring holds
-        # [HEAD_DIM, BLOCK_N] tiles (keys contiguous: an e4m3 wgmma reads its B operand K-major), transposed
+        # V's ring tile `tile` once landed, as the PV product's [BLOCK_N, HEAD_DIM_V] B operand: FP8's ring holds
+        # [HEAD_DIM_V, BLOCK_N] tiles (keys contiguous: an e4m3 wgmma reads its B operand K-major), transposed
         # as a view.
         if cfg.IS_FP8:
             slot, phase = _ring(tile, cfg.STAGES)
             mbarrier.wait(smem.v_ready.index(slot), phase)
-            return smem.v_smem.index(slot).reshape([cfg.HEAD_DIM, cfg.BLOCK_N]).permute((1, 0))
+            return smem.v_smem.index(slot).reshape([cfg.HEAD_DIM_V, cfg.BLOCK_N]).permute((1, 0))
         else:
-            return _kv_tile(smem.v_smem, smem.v_ready, tile, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            return _kv_tile(smem.v_smem, smem.v_ready, tile, cfg.BLOCK_N, cfg.HEAD_DIM_V, cfg.STAGES)
 
     @gluon.jit
     def _carried_p(p_f32, dtype: gl.constexpr, P_FP32: gl.constexpr):
@@ -660,7 +663,7 @@ if HAVE_GLUON:
         offs_m = row0 + gl.arange(0, ROWS, layout=s_rows)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
         l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
-        o = gl.zeros([ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
+        o = gl.zeros([ROWS, cfg.HEAD_DIM_V], gl.float32, layout=o_layout)
         qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
         q_buf = smem.q_smem.index(qb)
         q_tile = q_buf.reshape([ROWS, cfg.HEAD_DIM])
@@ -706,9 +709,9 @@ if HAVE_GLUON:
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
                     if cfg.IS_FP8:
-                        zero_cols_from(v_tile.permute((1, 0)), n_k - base, cfg.HEAD_DIM, cfg.BLOCK_N)
+                        zero_cols_from(v_tile.permute((1, 0)), n_k - base, cfg.HEAD_DIM_V, cfg.BLOCK_N)
                     else:
-                        zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM)
+                        zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM_V)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
             p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
@@ -728,9 +731,10 @@ if HAVE_GLUON:
         # reads it any more); rows past n_q are clipped by the TMA unit. The
         # buffer returns to the producer once the store has read it: at once
         # with one Q buffer; with two, during the next tile (its Q is already
-        # in the other buffer), so the store's latency is hidden too. FP8: the
-        # output (16-bit) does not fit an e4m3 Q buffer: a pointer store.
-        if cfg.IS_FP8:
+        # in the other buffer), so the store's latency is hidden too. An output
+        # that does not fit the Q buffer (16-bit against FP8's e4m3, or V's own
+        # head dim): a pointer store.
+        if cfg.POINTER_STORE:
             _store_by_pointer(o, Out, tile, row0, call, cfg)
         elif cfg.IS_VARLEN:
             if row0 + ROWS <= n_q:
@@ -755,7 +759,7 @@ if HAVE_GLUON:
         # O's rows [row0, + 64) of the tile's (batch or sequence, head), those before n_q, through pointers
         ROWS: gl.constexpr = 64
         o_layout: gl.constexpr = cfg.O_LAYOUT
-        o_cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_cols = gl.arange(0, cfg.HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
         o_offs = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         base = Out + tile.off_h.to(gl.int64) * call.o_stride_head
         if not cfg.IS_VARLEN:
@@ -804,12 +808,12 @@ if HAVE_GLUON:
         STORE_LSE: gl.constexpr, REVERSE_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_BUFFERS: gl.constexpr,
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
-        PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr, P_SHARED: gl.constexpr,
+        PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr, P_SHARED: gl.constexpr, HEAD_DIM_V: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
         # Descriptors are 4-D over [B, H, N, D] with blocks [1, 1, 64 or BLOCK_N,
-        # HEAD_DIM]; LSE is [B, Hq, n_q] fp32. IS_VARLEN: batch sequences, the
+        # HEAD_DIM] (V's and the output's HEAD_DIM_V); LSE is [B, Hq, n_q] fp32. IS_VARLEN: batch sequences, the
         # descriptors over [1, H, total, D] views, n_q the longest sequence's rows,
         # LSE [Hq, total_q], Out (the output, for the masked store) [total_q, Hq, D].
         # KV_CACHE (with IS_VARLEN): k / v descriptors over the cache's rows
@@ -824,12 +828,15 @@ if HAVE_GLUON:
         off, left, right = band
         qk_scale, softcap_in, softcap_out = scales
         IS_FP8: gl.constexpr = q_desc.dtype == gl.float8e4nv
-        if IS_FP8:
+        if IS_FP8 or HEAD_DIM_V != HEAD_DIM:  # the output through pointers (Config.POINTER_STORE)
             o_stride_row, o_stride_head, o_stride_batch = o_strides
-            qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
         else:
             o_stride_row, o_stride_head = o_strides
-            o_stride_batch, qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = 0, 0, 0, 0, 0, 0, 0
+            o_stride_batch = 0
+        if IS_FP8:
+            qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
+        else:
+            qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = 0, 0, 0, 0, 0, 0
         ROWS: gl.constexpr = 64
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192,
@@ -842,9 +849,9 @@ if HAVE_GLUON:
         q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS * Q_BUFFERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         if IS_FP8:  # keys contiguous
-            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, HEAD_DIM_V, BLOCK_N], v_desc.layout)
         else:
-            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM_V], v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -888,7 +895,7 @@ if HAVE_GLUON:
                     anchor, p_smem)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
                      PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     HAS_SINK, IS_FP8, P_SHARED)
+                     HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).

@@ -76,14 +76,16 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy).
     e4m3 q, k, v (FP8, not with a cache): v with its keys contiguous (its dimension N, or total with varlen, of
     unit stride and a multiple of 16 bytes apart: ops.attention.keys_contiguous), its descriptor over the
-    [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales."""
-    D = q.shape[-1]
+    [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales. A v head dim of its
+    own (not with a cache): v's and out's descriptors in its width, out through the pointer store."""
+    D, Dv = q.shape[-1], v.shape[-1]
     fp8 = q.dtype == torch.float8_e4m3fn
+    pointer_store = fp8 or Dv != D  # the kernel's POINTER_STORE: out [.., Dv] 16-bit does not fit the Q buffer
     rows, keys = describers(tiles.block_n, D, q.dtype)
-    out_rows = describers(tiles.block_n, D, out.dtype)[0] if fp8 else rows
-    values = keys
-    if fp8:  # the [.., D, N] view of v, keys contiguous
-        values = (lambda t, d=keys_last_describer(tiles.block_n, D, q.dtype): d(t.transpose(-1, -2)))
+    out_rows = describers(tiles.block_n, Dv, out.dtype)[0] if pointer_store else rows
+    values = describers(tiles.block_n, Dv, q.dtype)[1]
+    if fp8:  # the [.., Dv, N] view of v, keys contiguous
+        values = (lambda t, d=keys_last_describer(tiles.block_n, Dv, q.dtype): d(t.transpose(-1, -2)))
     seqlens = table = None
     cache_strides, page_size, runs = (0, 0), 0, False
     if cache is not None:
@@ -103,13 +105,14 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
         Hkv, Nk = k.shape[1], k.shape[2]
         cu_q = cu_k = None
         total_q, top_left = Nq, False
-        packed_out, o_strides = (out, (out.stride(2), out.stride(1), out.stride(0))) if fp8 else (None, (0, 0))
+        packed_out, o_strides = ((out, (out.stride(2), out.stride(1), out.stride(0))) if pointer_store
+                                 else (None, (0, 0)))
         descs = (rows(q), keys(k), values(v), out_rows(out))
     else:
         cu_q, cu_k, Nq, top_left = varlen
         total_q, Hq, _ = q.shape
         B = cu_q.numel() - 1
-        packed_out, o_strides = out, (out.stride(0), out.stride(1)) + ((0,) if fp8 else ())
+        packed_out, o_strides = out, (out.stride(0), out.stride(1)) + ((0,) if pointer_store else ())
         if cache is None:
             Nk, Hkv = k.shape[:2]
             descs = (rows(heads_first(q)), keys(heads_first(k)), values(heads_first(v)),
@@ -128,7 +131,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     if varlen is None:
         slots = (Slot("q_desc", "q", rows), Slot("k_desc", "k", keys), Slot("v_desc", "v", values),
                  Slot("o_desc", "out", out_rows))
-        slots += (Slot("Out", "out"),) if fp8 else ()
+        slots += (Slot("Out", "out"),) if pointer_store else ()
     elif cache is None:
         slots = tuple(Slot(param, name, lambda t, d=d: d(heads_first(t)))
                       for param, name, d in (("q_desc", "q", rows), ("k_desc", "k", keys), ("v_desc", "v", values),
@@ -151,7 +154,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     if fp8:
         slots += given_slots(q_descale=score.q_descale, k_descale=score.k_descale, v_descale=score.v_descale)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
-                             varlen is not None, top_left, cache is not None, page_size, score.sinks is not None)
+                             varlen is not None, top_left, cache is not None, page_size, score.sinks is not None, Dv)
     return KernelLaunch(sm90.attention_fwd_sm90_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
@@ -159,7 +162,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
 
 def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, softcap: bool,
                 store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
-                page_size: int = 0, sinks: bool = False) -> dict:
+                page_size: int = 0, sinks: bool = False, head_dim_v: Optional[int] = None) -> dict:
     """attention_fwd_sm90_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -168,15 +171,17 @@ def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, so
                 CONSUMER_REGS=CONSUMER_REGS[(t.block_m // CONSUMER_ROWS, t.ctas_per_sm)], Q_BUFFERS=t.q_buffers,
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
-                KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks, P_SHARED=t.p_shared)
+                KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks, P_SHARED=t.p_shared,
+                HEAD_DIM_V=head_dim_v or head_dim)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90Tiles = Sm90Tiles(128, 128, 2), *,
                  right_edge: bool = False, left_edge: bool = False, softcap: bool = False, lse: bool = True,
                  varlen: bool = False, top_left: bool = False, kv_cache: bool = False, page_size: int = 0,
-                 sinks: bool = False):
+                 sinks: bool = False, head_dim_v: Optional[int] = None):
     """Compile the kernel for sm_90 without a GPU; returns Triton's CompiledKernel
-    (its .asm holds the TTGIR, PTX and cubin). varlen: the packed-sequence build;
+    (its .asm holds the TTGIR, PTX and cubin). head_dim_v: v's own head dim (None: q's); varlen: the
+    packed-sequence build;
     kv_cache (with varlen): keys from a cache, paged when page_size > 0. The launch is
     `build`'s for CPU tensors of such a call (2 sequences, 4 / 2 heads, lengths that are
     no multiple of 16), compiled from its own arguments as Triton's JIT would take them
@@ -187,13 +192,16 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
     def empty(*shape, dt=dtype):
         return torch.empty(shape, dtype=dt)
 
-    def values(k):  # FP8: v with its keys contiguous, 16 bytes apart (ops.attention.keys_contiguous)
+    dv = head_dim_v or head_dim
+
+    def values(k):  # v of dv columns; FP8: its keys contiguous, 16 bytes apart (ops.attention.keys_contiguous)
+        shape = (*k.shape[:-1], dv)
         if not fp8:
-            return k.clone()
+            return empty(*shape)
         keys = 0 if varlen else 2
-        n = k.shape[keys]
+        n = shape[keys]
         order = [d for d in range(k.dim()) if d != keys] + [keys]
-        padded = empty(*[k.shape[d] for d in order[:-1]], (n + 15) // 16 * 16)[..., :n]
+        padded = empty(*[shape[d] for d in order[:-1]], (n + 15) // 16 * 16)[..., :n]
         return padded.permute([order.index(d) for d in range(k.dim())])
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
     descales = (torch.ones(2, kv_heads), torch.ones(()), None) if fp8 else (None, None, None)
@@ -215,6 +223,6 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
             k = empty(600, kv_heads, head_dim)
             kv = dict(varlen=(cu, cu, 350, top_left))
     lse_t = empty(*stats, dt=torch.float32) if lse else None
-    out = torch.empty_like(q, dtype=torch.bfloat16 if fp8 else dtype)
+    out = empty(*q.shape[:-1], dv, dt=torch.bfloat16 if fp8 else dtype)
     launch = build(q, k, values(k), out, lse_t, counter, band, score, tiles, 132, **kv)
     return compile_sm90_launch(launch)
