@@ -108,15 +108,19 @@ def test_fp8_build_compiles_for_sm90(tmp_path, monkeypatch):
 @needs_gluon
 def test_a_v_head_dim_of_its_own_compiles_for_sm90(tmp_path, monkeypatch):
     # v (and the output) narrower than q / k: the PV wgmma's N is v's width, the output through pointers (the Q
-    # buffer is q's width), dense and packed
+    # buffer is q's width), dense and packed; q / k of 192 columns in three 64-column parts (three TMA copies
+    # each, 12 k-steps a QK product)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     for kw in (dict(head_dim=128, head_dim_v=64, tiles=Sm90Tiles(128, 128, 2, q_buffers=2)),
                dict(head_dim=256, head_dim_v=128, tiles=Sm90Tiles(128, 64, 2, dynamic=True), right_edge=True,
-                    varlen=True)):
+                    varlen=True),
+               dict(head_dim=192, head_dim_v=128, tiles=Sm90Tiles(128, 128, 2), right_edge=True)):
         ptx = sm90.compile_sm90(**kw).asm["ptx"]
         widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
         assert widths == {str(kw["tiles"].block_n), str(kw["head_dim_v"])}, (kw, widths)
         assert "cp.async.bulk.tensor.4d.global.shared" not in ptx and "st.global" in ptx, kw
+        if kw["head_dim"] == 192:  # Q's and K's parts: per work tile 2 consumers x 3 Q copies, per key tile 3 + V's
+            assert ptx.count("cp.async.bulk.tensor.4d.shared") >= 2 * 3 + 3 + 1, kw
 
 
 def test_grid_persistence_and_stride():
@@ -277,7 +281,7 @@ def test_kv_cache_build_covers_the_cache_as_rows(page):
 
 def _sm90_cases():
     cases = []
-    for d in sorted({d for d, _ in tables.SM90}):
+    for d in sorted({d for d, _ in tables.SM90 if d & (d - 1) == 0}):  # 192 only beside a v of its own (below)
         cases += [
             Case(B=2, Hq=4, Hkv=4, Nq=1, Nk=1, D=d),
             Case(B=2, Hq=4, Hkv=2, Nq=300, Nk=333, D=d, dtype="bf16"),
@@ -297,6 +301,13 @@ def _sm90_cases():
             # buffers from one work tile to the next.
             Case(B=2, Hq=8, Hkv=2, Nq=2000, Nk=2100, D=d, tag="persistent"),
             Case(B=4, Hq=8, Hkv=8, Nq=1500, Nk=1500, D=d, window=(300, -1), dtype="bf16", tag="persistent"),
+        ]
+    for d, dv in ((192, 128), (128, 64), (256, 128)):  # a v head dim of its own (DeepSeek's 192 / 128)
+        cases += [
+            Case(B=2, Hq=4, Hkv=2, Nq=300, Nk=333, D=d, Dv=dv, dtype="bf16"),
+            Case(B=2, Hq=8, Hkv=2, Nq=777, Nk=777, D=d, Dv=dv, causal=True),
+            Case(B=1, Hq=4, Hkv=4, Nq=1024, Nk=300, D=d, Dv=dv, causal=True, sinks=True, tag="fully masked rows"),
+            Case(B=2, Hq=8, Hkv=2, Nq=2000, Nk=2100, D=d, Dv=dv, tag="persistent"),
         ]
     return cases
 

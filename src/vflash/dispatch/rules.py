@@ -126,6 +126,9 @@ def sm90_refusal(p: Problem) -> Optional[str]:
         return f"it has tiles for head dims {sorted({d for d, _ in table})}, not {p.head_dim}"
     if p.head_dim_v and _v_head_dim_refusal(p):
         return _v_head_dim_refusal(p)
+    if p.head_dim & (p.head_dim - 1) and not p.head_dim_v:
+        return (f"it takes a head dim of no power of two ({p.head_dim}) only beside a v of its own that is one "
+                f"(DeepSeek's 192 / 128)")
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None

@@ -67,6 +67,10 @@ SM90: Dict[Tuple[int, bool], Sm90Tiles] = {
     (256, False): Sm90Tiles(128, 64, 2, q_buffers=1),
     # causal: DYNAMIC 447 -> 459 at N 1k, even at 16k
     (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),
+    # D = 192 (beside a v of its own, DeepSeek's 128): Q and K in three 64-column parts; one Q buffer (Q 48 KiB,
+    # K 96, V 64: 208 KiB of shared memory at D_v 128); untuned: D = 128's shapes
+    (192, False): Sm90Tiles(128, 128, 2, q_buffers=1),
+    (192, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),
 }
 
 
@@ -126,6 +130,7 @@ SM90_USE: Dict[int, Sm90Use] = {
     64: Sm90Use(512, 1024, 4),  # 368 against 345 at N 512; causal 337 against 300 at N 1k
     128: Sm90Use(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
     256: Sm90Use(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
+    192: Sm90Use(1, 1, 0),  # unmeasured; taken where forced only (SM90_FORCED_ONLY's "v head dim")
 }
 
 

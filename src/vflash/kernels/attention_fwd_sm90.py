@@ -95,6 +95,11 @@ if HAVE_GLUON:
     # A work tile's index in tile_ids, stored and loaded as a [1] tensor (DYNAMIC).
     _ID_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
+    @gluon.constexpr_function
+    def _qk_block(head_dim):
+        # Gluon's tensors and buffers are powers of two: a head dim that is not one (DeepSeek's 192) goes in parts
+        return head_dim if head_dim & (head_dim - 1) == 0 else 64
+
     @aggregate
     class Config:
         """The kernel's tiles and switches (its constexprs), and the register
@@ -103,7 +108,10 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr
         HEAD_DIM: gl.constexpr
         HEAD_DIM_V: gl.constexpr  # V's and the output's columns (HEAD_DIM, or a power of two of its own)
-        POINTER_STORE: gl.constexpr  # the output through pointers: it does not fit the Q buffer (FP8, HEAD_DIM_V)
+        QK_BLOCK: gl.constexpr  # Q's and K's columns a shared buffer holds: HEAD_DIM, or 64 where it is no power of two
+        QK_CHUNKS: gl.constexpr  # HEAD_DIM // QK_BLOCK: Q K^T as that many wgmma chains into one accumulator
+        POINTER_STORE: gl.constexpr  # the output through pointers: it does not fit the Q buffer (FP8, HEAD_DIM_V,
+        # Q in chunks)
         STAGES: gl.constexpr
         Q_BUFFERS: gl.constexpr
         NUM_CONSUMERS: gl.constexpr
@@ -144,7 +152,9 @@ if HAVE_GLUON:
                 setattr(self, name, gl.constexpr(value))
             # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
             self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
-            self.POINTER_STORE = gl.constexpr(IS_FP8 or HEAD_DIM_V != HEAD_DIM)
+            self.QK_BLOCK = gl.constexpr(_qk_block(HEAD_DIM))
+            self.QK_CHUNKS = gl.constexpr(HEAD_DIM // self.QK_BLOCK.value)
+            self.POINTER_STORE = gl.constexpr(IS_FP8 or HEAD_DIM_V != HEAD_DIM or self.QK_CHUNKS.value > 1)
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
@@ -338,9 +348,15 @@ if HAVE_GLUON:
             if cfg.DYNAMIC:  # before the arrival below, which publishes it (release)
                 smem.tile_ids.index(qb).store(gl.full([1], t, gl.int32, _ID_LAYOUT))
             if n_tiles > 0:
-                mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes)
-                tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
-                          smem.q_ready.index(qb), smem.q_smem.index(qb))
+                mbarrier.expect(smem.q_ready.index(qb), q_desc.block_type.nbytes * cfg.QK_CHUNKS)
+                if cfg.QK_CHUNKS == 1:
+                    tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS, 0],
+                              smem.q_ready.index(qb), smem.q_smem.index(qb))
+                else:  # Q in column parts (_q_chunks)
+                    for part in gl.static_range(cfg.QK_CHUNKS):
+                        tma_load(q_desc, [tile.desc_b, tile.off_h, tile.q_row + tile.start_m + c * ROWS,
+                                          part * cfg.QK_BLOCK],
+                                 smem.q_ready.index(qb), smem.q_smem.index(qb * cfg.QK_CHUNKS + part))
             else:  # nothing to load: hand the buffer straight over for the zero output
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
         COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS  # TMA copies a K or V tile
@@ -355,8 +371,13 @@ if HAVE_GLUON:
                 rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
             run = _page_run(rows, cfg)
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
-            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES)
-            _copy_tile(k_desc, kt_desc, smem.k_smem.index(slot), smem.k_ready.index(slot), rows, run, tile, cfg)
+            mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES * cfg.QK_CHUNKS)
+            if cfg.QK_CHUNKS == 1:
+                _copy_tile(k_desc, kt_desc, smem.k_smem.index(slot), smem.k_ready.index(slot), rows, run, tile, cfg)
+            else:  # K in column parts (_k_chunks; no KV cache)
+                for part in gl.static_range(cfg.QK_CHUNKS):
+                    tma_load(k_desc, [tile.desc_b, tile.off_hk, rows[0], part * cfg.QK_BLOCK],
+                             smem.k_ready.index(slot), smem.k_smem.index(slot * cfg.QK_CHUNKS + part))
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
             if cfg.IS_FP8:  # V's keys contiguous: the tile's keys are the descriptor's last coordinate
@@ -422,6 +443,41 @@ if HAVE_GLUON:
         slot, phase = _ring(tile, STAGES)
         mbarrier.wait(ready.index(slot), phase)
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+
+    @gluon.jit
+    def _k_chunks(smem, tile, cfg):
+        # K's ring tile `tile` once landed, as QK_CHUNKS [BLOCK_N, QK_BLOCK] column parts
+        if cfg.QK_CHUNKS == 1:
+            return (_kv_tile(smem.k_smem, smem.k_ready, tile, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES),)
+        else:
+            slot, phase = _ring(tile, cfg.STAGES)
+            mbarrier.wait(smem.k_ready.index(slot), phase)
+            chunks = ()
+            for c in gl.static_range(cfg.QK_CHUNKS):
+                chunks = chunks + (smem.k_smem.index(slot * cfg.QK_CHUNKS + c).reshape([cfg.BLOCK_N, cfg.QK_BLOCK]),)
+            return chunks
+
+    @gluon.jit
+    def _q_chunks(smem, qb, cfg):
+        # Q buffer qb as QK_CHUNKS [64, QK_BLOCK] column parts
+        ROWS: gl.constexpr = 64
+        if cfg.QK_CHUNKS == 1:
+            return (smem.q_smem.index(qb).reshape([ROWS, cfg.HEAD_DIM]),)
+        else:
+            chunks = ()
+            for c in gl.static_range(cfg.QK_CHUNKS):
+                chunks = chunks + (smem.q_smem.index(qb * cfg.QK_CHUNKS + c).reshape([ROWS, cfg.QK_BLOCK]),)
+            return chunks
+
+    @gluon.jit
+    def _qk(q_tiles, k_tiles, cfg):
+        # S = Q K^T [64, BLOCK_N], issued asynchronously: one wgmma chain a column part, into one accumulator
+        ROWS: gl.constexpr = 64
+        s = warpgroup_mma(q_tiles[0], k_tiles[0].permute((1, 0)),
+                          gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, cfg.S_LAYOUT), use_acc=False, is_async=True)
+        for c in gl.static_range(1, cfg.QK_CHUNKS):
+            s = warpgroup_mma(q_tiles[c], k_tiles[c].permute((1, 0)), s, is_async=True)
+        return s
 
     @gluon.jit
     def _v_tile(smem, tile, cfg):
@@ -524,7 +580,7 @@ if HAVE_GLUON:
             mbarrier.wait(turns.index(C), turn & 1)
 
     @gluon.jit
-    def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
+    def _pipelined_tiles(o, m_i, l_i, p, alpha, turn, q_tiles, smem, kv, first, last, lo, offs_m, n_k, off, call,
                          qk_scale, softcap_in, MASKED: gl.constexpr, C: gl.constexpr, cfg):
         # Key tiles [first, last) of the work tile whose first key tile is ring
         # tile kv; on entry p holds P of tile first - 1 (as _carried_p gives
@@ -544,12 +600,11 @@ if HAVE_GLUON:
         o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for j in range(first, last):
-            p_op = _p_operand(p, p_layout, q_tile.dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
-            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv + j, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
+            p_op = _p_operand(p, p_layout, q_tiles[0].dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
+            k_tiles = _k_chunks(smem, kv + j, cfg)
             if cfg.PINGPONG:
                 _wait_turn(smem.turns, turn, C)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            s = _qk(q_tiles, k_tiles, cfg)
             # o's rescale for P_{j-1} runs on the CUDA cores while the tensor
             # cores compute S_j (FA3's order; +0.3-1.4 % over rescaling after the
             # PV wait).
@@ -559,7 +614,7 @@ if HAVE_GLUON:
             if cfg.PINGPONG:
                 mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
                 turn += 1
-            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tile))  # S_j is done; P_{j-1} V_{j-1} may still run
+            s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tiles[0]))  # S_j is done; P_{j-1} V_{j-1} may still run
             mbarrier.arrive(smem.k_empty.index(_ring(kv + j, cfg.STAGES)[0]), count=1)
             # The key indices relative to the tile's first key: the columns stay
             # loop-invariant and the shift goes into the row bounds (two rows a
@@ -581,7 +636,7 @@ if HAVE_GLUON:
                 smem.anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = _pv_wait(o, p_op, v_tile, cfg)
             mbarrier.arrive(smem.v_empty.index(_ring(kv + j - 1, cfg.STAGES)[0]), count=1)
-            p = _carried_p(p_f32, q_tile.dtype, cfg.P_FP32)
+            p = _carried_p(p_f32, q_tiles[0].dtype, cfg.P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
     @gluon.jit
@@ -666,15 +721,15 @@ if HAVE_GLUON:
         o = gl.zeros([ROWS, cfg.HEAD_DIM_V], gl.float32, layout=o_layout)
         qb = C * cfg.Q_BUFFERS + done % cfg.Q_BUFFERS
         q_buf = smem.q_smem.index(qb)
-        q_tile = q_buf.reshape([ROWS, cfg.HEAD_DIM])
+        q_tiles = _q_chunks(smem, qb, cfg)
+        q_tile = q_tiles[0]
         mbarrier.wait(smem.q_ready.index(qb), (done // cfg.Q_BUFFERS) & 1)
         if c_end > 0:
             # Key tile 0 on its own (through the masked code, right for any
             # tile): it fills the pipeline with its P.
-            k_tile = _kv_tile(smem.k_smem, smem.k_ready, kv, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)),
-                              gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tile))
+            k_tiles = _k_chunks(smem, kv, cfg)
+            s = _qk(q_tiles, k_tiles, cfg)
+            s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tiles[0]))
             mbarrier.arrive(smem.k_empty.index(_ring(kv, cfg.STAGES)[0]), count=1)
             if cfg.Q_BUFFERS == 2:
                 _release_previous_q(smem.q_empty, C, done)
@@ -696,7 +751,7 @@ if HAVE_GLUON:
                     first = gl.maximum(c_mid, 1)
                     last = c_end
                 o, m_i, l_i, p, alpha, turn = _pipelined_tiles(
-                    o, m_i, l_i, p, alpha, turn, q_tile, smem, kv, first, last, lo, offs_m, n_k, off, call,
+                    o, m_i, l_i, p, alpha, turn, q_tiles, smem, kv, first, last, lo, offs_m, n_k, off, call,
                     qk_scale, softcap_in, segment != 1, C, cfg)
 
             # The last key tile's PV product.
@@ -828,7 +883,9 @@ if HAVE_GLUON:
         off, left, right = band
         qk_scale, softcap_in, softcap_out = scales
         IS_FP8: gl.constexpr = q_desc.dtype == gl.float8e4nv
-        if IS_FP8 or HEAD_DIM_V != HEAD_DIM:  # the output through pointers (Config.POINTER_STORE)
+        QK_BLOCK: gl.constexpr = _qk_block(HEAD_DIM)
+        QK_CHUNKS: gl.constexpr = HEAD_DIM // QK_BLOCK
+        if IS_FP8 or HEAD_DIM_V != HEAD_DIM or QK_CHUNKS > 1:  # the output through pointers (Config.POINTER_STORE)
             o_stride_row, o_stride_head, o_stride_batch = o_strides
         else:
             o_stride_row, o_stride_head = o_strides
@@ -846,8 +903,9 @@ if HAVE_GLUON:
         n_m = gl.cdiv(n_q, BLOCK_M)
         n_work = n_m * n_heads_q * batch
 
-        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS * Q_BUFFERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS * Q_BUFFERS * QK_CHUNKS, 1, 1, ROWS, QK_BLOCK],
+                                           q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES * QK_CHUNKS, 1, 1, BLOCK_N, QK_BLOCK], k_desc.layout)
         if IS_FP8:  # keys contiguous
             v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, HEAD_DIM_V, BLOCK_N], v_desc.layout)
         else:

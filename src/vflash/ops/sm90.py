@@ -16,6 +16,12 @@ from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, ke
                             page_runs, pages_fit)
 
 
+def qk_columns(head_dim: int) -> int:
+    """The columns of Q and K the kernel's buffers and descriptors hold (its QK_BLOCK): the head dim, or 64 where
+    it is no power of two (Gluon's tensors are powers of two)."""
+    return head_dim if head_dim & (head_dim - 1) == 0 else 64
+
+
 def grid(B: int, Hq: int, Nq: int, block_m: int, sms: int, right_edge: bool,
          ctas_per_sm: int = 1, dynamic: bool = False) -> Tuple[int, int, int]:
     """CTAs walk work tiles t = pid, pid + grid, ... (row block t % n_m of head
@@ -77,11 +83,15 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     e4m3 q, k, v (FP8, not with a cache): v with its keys contiguous (its dimension N, or total with varlen, of
     unit stride and a multiple of 16 bytes apart: ops.attention.keys_contiguous), its descriptor over the
     [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales. A v head dim of its
-    own (not with a cache): v's and out's descriptors in its width, out through the pointer store."""
+    own (not with a cache): v's and out's descriptors in its width, out through the pointer store. A q / k head
+    dim that is no power of two (192): their descriptors in blocks of 64 columns (the kernel's QK_BLOCK), out
+    through the pointer store."""
     D, Dv = q.shape[-1], v.shape[-1]
     fp8 = q.dtype == torch.float8_e4m3fn
-    pointer_store = fp8 or Dv != D  # the kernel's POINTER_STORE: out [.., Dv] 16-bit does not fit the Q buffer
-    rows, keys = describers(tiles.block_n, D, q.dtype)
+    qk_block = qk_columns(D)
+    # the kernel's POINTER_STORE: out [.., Dv] does not fit the Q buffer (FP8's, a v of its own, Q in parts)
+    pointer_store = fp8 or Dv != D or qk_block != D
+    rows, keys = describers(tiles.block_n, qk_block, q.dtype)
     out_rows = describers(tiles.block_n, Dv, out.dtype)[0] if pointer_store else rows
     values = describers(tiles.block_n, Dv, q.dtype)[1]
     if fp8:  # the [.., Dv, N] view of v, keys contiguous
