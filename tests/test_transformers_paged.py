@@ -104,6 +104,15 @@ def test_decode_batches_read_the_paged_cache_in_place(cpu_engine, monkeypatch):
     assert ours == _generate(model, "sdpa", prompts)
 
 
+def test_an_empty_prompt_is_served_as_paged_sdpa_serves_it(cpu_engine):
+    # a request with no prompt token beside a real one: vflash's attention sees a sequence with no query row in
+    # the prefill batch, and the tokens are transformers' own paged implementation's
+    name = vt.register()
+    model = _llama()
+    prompts = [[5, 6, 7], []]
+    assert _generate_batch(model, name, prompts) == _generate_batch(model, "sdpa", prompts)
+
+
 def test_a_padded_decode_batch_writes_and_reads_its_requests_only():
     # transformers pads a decode batch to a captured size: rows with no key (cu_seq_lens_k plateaus) and a block
     # table row of -1. They write nothing and return zeros; the real rows write their token's slot and attend to
