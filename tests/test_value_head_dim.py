@@ -112,13 +112,15 @@ def test_every_element_is_written(device):
     _close(out, ref)
 
 
-def test_the_sm90_kernel_refuses_it_and_says_why(monkeypatch):
+def test_the_sm90_forward_takes_a_narrower_power_of_two_and_refuses_the_rest(monkeypatch):
     monkeypatch.setattr(dispatch.rules, "_sm90_device_refusal", lambda p: None)  # as on an H100
-    q, k, v = torch.empty(1, 2, 64, 64), torch.empty(1, 2, 64, 64), torch.empty(1, 2, 64, 32)
-    call = Call(q, k, v, None, Band(0, -1, -1), Score(0.125), False)
-    p = dispatch.problem_of(call)
+    q, k = torch.empty(1, 2, 64, 64), torch.empty(1, 2, 64, 64)
+    p = dispatch.problem_of(Call(q, k, torch.empty(1, 2, 64, 32), None, Band(0, -1, -1), Score(0.125), False))
     assert p.head_dim_v == 32 and p.head_dim_pad == 64
-    assert "v's head dim" in dispatch.REGISTRY["sm90"].forward_refusal(p)
+    assert dispatch.REGISTRY["sm90"].forward_refusal(p) is None
+    for d_v in (24, 128):  # no power of two; wider than q's
+        p = dispatch.problem_of(Call(q, k, torch.empty(1, 2, 64, d_v), None, Band(0, -1, -1), Score(0.125), False))
+        assert "v's head dim of its own as a power of two" in dispatch.REGISTRY["sm90"].forward_refusal(p)
 
 
 @pytest.mark.parametrize("d_v,words", [(12, "multiple of 8"), (264, "between 8 and 256")])

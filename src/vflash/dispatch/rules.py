@@ -328,7 +328,7 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
     if p.head_dim not in tables.SM90_BACKWARD:
         return f"it has tiles for head dims {sorted(tables.SM90_BACKWARD)}, not {p.head_dim}"
     if p.head_dim_v:
-        return _v_head_dim_refusal(p)
+        return f"its backward takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
     return None
 
 
