@@ -21,7 +21,8 @@ from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import page_ids, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import P_E4M3_SCALE, cast, dot, f16_scale, load_at, load_rows, load_tile, scores, to_e4m3
+from vflash.kernels.tile import (P_E4M3_SCALE, cast, descaled, dot, f16_scale, load_at, load_rows, load_tile, scores,
+                                 to_e4m3)
 
 
 @triton.jit
@@ -257,18 +258,9 @@ def attention_fwd_kernel(
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // kv_group
     out_scale = 1.0
-    if IS_FP8:
-        qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
-        qk_descale = 1.0
-        if Q_DESCALE is not None:
-            qk_descale = qk_descale * tl.load(Q_DESCALE + off_b * qd_b + off_hk * qd_h)
-        if K_DESCALE is not None:
-            qk_descale = qk_descale * tl.load(K_DESCALE + off_b * kd_b + off_hk * kd_h)
-        qk_scale = qk_scale * qk_descale
-        softcap_in = softcap_in * qk_descale
-        out_scale = 1.0 / P_E4M3_SCALE
-        if V_DESCALE is not None:
-            out_scale = out_scale * tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
+    if IS_FP8:  # P's e4m3 scale divided out with v's descale
+        qk_scale, softcap_in, out_scale = descaled(qk_scale, softcap_in, 1.0 / P_E4M3_SCALE, Q_DESCALE, K_DESCALE,
+                                                   V_DESCALE, off_b, off_hk, descale_strides)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
@@ -393,7 +385,8 @@ def attention_kvcache_kernel(
     # sink logit, in the unsplit row's finish or the merged row's (fold_splits), never a partial's.
     # IS_FP8: e4m3 caches, widened to fp16 as they are loaded (exact; a bf16 q goes to fp16, scaled);
     # K_DESCALE / V_DESCALE fp32 (None: 1) read at (batch, KV head) with descale_strides' (k's, v's) pairs
-    # (0 where a descale is shared): k's scales the raw scores, v's the output (each split's partial, so the merge is unchanged).
+    # (0 where a descale is shared): k's scales the raw scores, v's the output (each split's partial, so the merge
+    # is unchanged).
     # V_IN_K: V is the first HEAD_DIM_V columns of each K row (a view of the same memory: MLA's latent
     # cache), read once for both products (_attend_cache_tiles); HEAD_DIM_PAD then pads K's other columns.
     # HEAD_BLOCKS: program_id(1) runs GROUP of its KV head's HEAD_BLOCKS * GROUP query heads (a group too
@@ -448,14 +441,10 @@ def attention_kvcache_kernel(
     else:
         sink = 0.0
     out_scale = 1.0
-    if IS_FP8:
+    if IS_FP8:  # an FP8 cache's k and v descales (q is 16-bit: none)
         kd_b, kd_h, vd_b, vd_h = descale_strides
-        if K_DESCALE is not None:
-            k_descale = tl.load(K_DESCALE + off_b * kd_b + kv_head * kd_h)
-            qk_scale = qk_scale * k_descale
-            softcap_in = softcap_in * k_descale
-        if V_DESCALE is not None:
-            out_scale = tl.load(V_DESCALE + off_b * vd_b + kv_head * vd_h)
+        qk_scale, softcap_in, out_scale = descaled(qk_scale, softcap_in, out_scale, None, K_DESCALE, V_DESCALE, off_b,
+                                                   kv_head, (0, 0, kd_b, kd_h, vd_b, vd_h))
     row_ok = (rows < QUERIES * GROUP) & (offs_q < n_q)
     offs_d = (HEAD_DIM_V if V_IN_K else 0) + tl.arange(0, HEAD_DIM_PAD)  # K's columns read as K (V_IN_K: past V's)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and the output's columns

@@ -68,7 +68,7 @@ from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import cache_row, page_ids, pages_used, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import P_E4M3_SCALE
+from vflash.kernels.tile import P_E4M3_SCALE, descaled
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 
 
@@ -689,17 +689,10 @@ if HAVE_GLUON:
         qk_scale = call.qk_scale
         softcap_in = call.softcap_in
         out_scale = 1.0
-        if cfg.IS_FP8:  # the descales of the tile's (sequence, KV head): q's and k's scale the scores, v's the output
-            qk_descale = 1.0
-            if Q_DESCALE is not None:
-                qk_descale = qk_descale * gl.load(Q_DESCALE + tile.off_b * call.qd_b + tile.off_hk * call.qd_h)
-            if K_DESCALE is not None:
-                qk_descale = qk_descale * gl.load(K_DESCALE + tile.off_b * call.kd_b + tile.off_hk * call.kd_h)
-            qk_scale = qk_scale * qk_descale
-            softcap_in = softcap_in * qk_descale
-            out_scale = 1.0 / P_E4M3_SCALE
-            if V_DESCALE is not None:
-                out_scale = out_scale * gl.load(V_DESCALE + tile.off_b * call.vd_b + tile.off_hk * call.vd_h)
+        if cfg.IS_FP8:  # the descales of the tile's (sequence, KV head), P's e4m3 scale divided out with v's
+            qk_scale, softcap_in, out_scale = descaled(
+                qk_scale, softcap_in, 1.0 / P_E4M3_SCALE, Q_DESCALE, K_DESCALE, V_DESCALE, tile.off_b, tile.off_hk,
+                (call.qd_b, call.qd_h, call.kd_b, call.kd_h, call.vd_b, call.vd_h))
         lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
                                                      tile.off)
         row0 = tile.start_m + C * ROWS

@@ -82,6 +82,24 @@ def to_e4m3(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def descaled(qk_scale, softcap_in, out_scale, Q_DESCALE, K_DESCALE, V_DESCALE, off_b, off_hk, descale_strides):
+    # FP8's descales (fp32; None: 1) of a (batch or sequence, KV head), read at descale_strides' (batch, head)
+    # pairs, q's, k's and v's (0, 0: one a tensor): q's and k's multiply the score's scale and the softcap's
+    # input, v's the output's factor out_scale. Returns the three.
+    qd_b, qd_h, kd_b, kd_h, vd_b, vd_h = descale_strides
+    qk_descale = 1.0
+    if Q_DESCALE is not None:
+        qk_descale = qk_descale * tl.load(Q_DESCALE + off_b * qd_b + off_hk * qd_h)
+    if K_DESCALE is not None:
+        qk_descale = qk_descale * tl.load(K_DESCALE + off_b * kd_b + off_hk * kd_h)
+    qk_scale = qk_scale * qk_descale
+    softcap_in = softcap_in * qk_descale
+    if V_DESCALE is not None:
+        out_scale = out_scale * tl.load(V_DESCALE + off_b * vd_b + off_hk * vd_h)
+    return qk_scale, softcap_in, out_scale
+
+
+@triton.jit
 def f16_scale(amax):
     # The power of two s that puts amax (fp32, >= 0) in [2^14, 2^15): x * s is then exact in fp16 for every
     # bf16 x within 2^-28 of amax (fp16's normals keep bf16's 8 significant bits), and none overflows. From
