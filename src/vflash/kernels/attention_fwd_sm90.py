@@ -95,11 +95,6 @@ if HAVE_GLUON:
     # A work tile's index in tile_ids, stored and loaded as a [1] tensor (DYNAMIC).
     _ID_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
-    @gluon.constexpr_function
-    def _qk_block(head_dim):
-        # Gluon's tensors and buffers are powers of two: a head dim that is not one (DeepSeek's 192) goes in parts
-        return head_dim if head_dim & (head_dim - 1) == 0 else 64
-
     @aggregate
     class Config:
         """The kernel's tiles and switches (its constexprs), and the register
@@ -140,7 +135,7 @@ if HAVE_GLUON:
         @gluon.constexpr_function
         def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE,
                      REVERSE_M, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE,
-                     PAGE_SIZE, HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V):
+                     PAGE_SIZE, HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V, QK_BLOCK, POINTER_STORE):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
                                 ("STAGES", STAGES), ("Q_BUFFERS", Q_BUFFERS), ("HAS_LEFT", HAS_LEFT),
                                 ("HAS_RIGHT", HAS_RIGHT), ("SOFTCAP", SOFTCAP), ("STORE_LSE", STORE_LSE),
@@ -148,13 +143,12 @@ if HAVE_GLUON:
                                 ("LATE_PV_WAIT", LATE_PV_WAIT), ("LAZY_RESCALE", LAZY_RESCALE), ("DYNAMIC", DYNAMIC),
                                 ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT), ("KV_CACHE", KV_CACHE),
                                 ("PAGE_SIZE", PAGE_SIZE), ("HAS_SINK", HAS_SINK), ("IS_FP8", IS_FP8),
-                                ("P_SHARED", P_SHARED), ("HEAD_DIM_V", HEAD_DIM_V)):
+                                ("P_SHARED", P_SHARED), ("HEAD_DIM_V", HEAD_DIM_V), ("QK_BLOCK", QK_BLOCK),
+                                ("POINTER_STORE", POINTER_STORE)):
                 setattr(self, name, gl.constexpr(value))
             # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
             self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
-            self.QK_BLOCK = gl.constexpr(_qk_block(HEAD_DIM))
-            self.QK_CHUNKS = gl.constexpr(HEAD_DIM // self.QK_BLOCK.value)
-            self.POINTER_STORE = gl.constexpr(IS_FP8 or HEAD_DIM_V != HEAD_DIM or self.QK_CHUNKS.value > 1)
+            self.QK_CHUNKS = gl.constexpr(self.HEAD_DIM.value // self.QK_BLOCK.value)
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
             self.NUM_CONSUMERS = gl.constexpr(self.BLOCK_M.value // 64)
@@ -857,6 +851,7 @@ if HAVE_GLUON:
         PINGPONG: gl.constexpr, P_FP32: gl.constexpr, LATE_PV_WAIT: gl.constexpr, LAZY_RESCALE: gl.constexpr,
         DYNAMIC: gl.constexpr, IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, KV_CACHE: gl.constexpr,
         PAGE_SIZE: gl.constexpr, HAS_SINK: gl.constexpr, P_SHARED: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+        QK_BLOCK: gl.constexpr, POINTER_STORE: gl.constexpr,
     ):
         # grid = (work tiles or fewer, 1, 1), num_warps = 4: those warps are the
         # producer; BLOCK_M / 64 more warpgroups (1, 2 or 3) are the consumers.
@@ -871,14 +866,15 @@ if HAVE_GLUON:
         # e4m3 Q, K, V (IS_FP8): v_desc over V with its keys contiguous ([B, Hkv, HEAD_DIM, N], blocks
         # [1, 1, HEAD_DIM, BLOCK_N]), Out the output (16-bit, stored through pointers), Q_DESCALE / K_DESCALE /
         # V_DESCALE fp32 (None: 1) read at (batch or sequence, KV head) with descale_strides' pairs.
-        # o_strides: Out's (row, head) strides (FP8: and batch). band (off, left, right), scales (qk_scale, softcap_in,
+        # QK_BLOCK: Q's and K's columns a shared buffer holds (HEAD_DIM, or a part of it: Config.QK_CHUNKS).
+        # POINTER_STORE: the output through pointers (it does not fit the Q buffer). o_strides: Out's (row, head)
+        # strides, and its batch stride with POINTER_STORE. band (off, left, right), scales (qk_scale, softcap_in,
         # softcap_out): ops/scales.py.
         off, left, right = band
         qk_scale, softcap_in, softcap_out = scales
         IS_FP8: gl.constexpr = q_desc.dtype == gl.float8e4nv
-        QK_BLOCK: gl.constexpr = _qk_block(HEAD_DIM)
         QK_CHUNKS: gl.constexpr = HEAD_DIM // QK_BLOCK
-        if IS_FP8 or HEAD_DIM_V != HEAD_DIM or QK_CHUNKS > 1:  # the output through pointers (Config.POINTER_STORE)
+        if POINTER_STORE:
             o_stride_row, o_stride_head, o_stride_batch = o_strides
         else:
             o_stride_row, o_stride_head = o_strides
@@ -946,7 +942,7 @@ if HAVE_GLUON:
                     anchor, p_smem)
         cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE, REVERSE_M,
                      PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, IS_VARLEN, TOP_LEFT, KV_CACHE, PAGE_SIZE,
-                     HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V)
+                     HAS_SINK, IS_FP8, P_SHARED, HEAD_DIM_V, QK_BLOCK, POINTER_STORE)
         # One warp_specialize per consumer count: the frontend takes the partition
         # list only as a literal in the call (a list built first, or grown in a
         # static loop, is turned into a tuple of tensors).

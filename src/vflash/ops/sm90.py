@@ -164,7 +164,8 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     if fp8:
         slots += given_slots(q_descale=score.q_descale, k_descale=score.k_descale, v_descale=score.v_descale)
     constexprs = _constexprs(D, tiles, band.has_left, band.has_right, score.softcap is not None, lse is not None,
-                             varlen is not None, top_left, cache is not None, page_size, score.sinks is not None, Dv)
+                             varlen is not None, top_left, cache is not None, page_size, score.sinks is not None, Dv,
+                             pointer_store)
     return KernelLaunch(sm90.attention_fwd_sm90_kernel,
                         grid(B, Hq, Nq, tiles.block_m, sms, band.has_right, tiles.ctas_per_sm, tiles.dynamic),
                         args, constexprs, launch_options(tiles.block_m, tiles.ctas_per_sm), slots)
@@ -172,7 +173,8 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
 
 def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, softcap: bool,
                 store_lse: bool, varlen: bool = False, top_left: bool = False, kv_cache: bool = False,
-                page_size: int = 0, sinks: bool = False, head_dim_v: Optional[int] = None) -> dict:
+                page_size: int = 0, sinks: bool = False, head_dim_v: Optional[int] = None,
+                pointer_store: bool = False) -> dict:
     """attention_fwd_sm90_kernel's constexpr arguments, for the launch and for
     compile_sm90 alike: tiles with a right edge run longest first (REVERSE_M),
     and the consumer count and CTAs an SM set the consumers' register budget."""
@@ -182,7 +184,7 @@ def _constexprs(head_dim: int, t: Sm90Tiles, has_left: bool, has_right: bool, so
                 PINGPONG=t.pingpong, P_FP32=t.p_fp32, LATE_PV_WAIT=t.late_pv_wait,
                 LAZY_RESCALE=t.lazy_rescale, DYNAMIC=t.dynamic, IS_VARLEN=varlen, TOP_LEFT=top_left,
                 KV_CACHE=kv_cache, PAGE_SIZE=page_size, HAS_SINK=sinks, P_SHARED=t.p_shared,
-                HEAD_DIM_V=head_dim_v or head_dim)
+                HEAD_DIM_V=head_dim_v or head_dim, QK_BLOCK=qk_columns(head_dim), POINTER_STORE=pointer_store)
 
 
 def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90Tiles = Sm90Tiles(128, 128, 2), *,
