@@ -193,6 +193,15 @@ def require_cuda(script: str) -> bool:
     return False
 
 
+def llama_1b_config(transformers, layers: int, hidden: int = 2048):
+    """Llama-3.2-1B's shape (hidden 2048: 32 query heads, 8 KV heads, D 64) with `layers` layers; another
+    `hidden` scales its widths and head counts alike (a smoke run's tiny model)."""
+    return transformers.LlamaConfig(vocab_size=128256, hidden_size=hidden, intermediate_size=4 * hidden,
+                                    num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                    num_key_value_heads=hidden // 256, max_position_embeddings=8192,
+                                    rope_theta=500000.0, tie_word_embeddings=True)
+
+
 def write_rows(path: str, rows: Sequence[dict]) -> None:
     """A list of dicts as a CSV, the columns in the order the rows first name them (a row's missing ones empty)."""
     with open(path, "w", newline="") as f:

@@ -21,7 +21,7 @@ import time
 import torch
 
 import vflash.integrations.transformers as vt
-from benchmarks.experiments.common import write_rows
+from benchmarks.experiments.common import llama_1b_config, write_rows
 
 
 def _prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0):
@@ -101,10 +101,7 @@ def main() -> int:
         from transformers.generation.continuous_batching import cache as cb_cache
         cb_cache.get_device_and_memory_breakdown = lambda: (torch.device("cpu"), 1 << 30, 0, 0)
     name = vt.register()
-    cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                                   num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                                   num_key_value_heads=args.hidden // 256,
-                                   max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True)
+    cfg = llama_1b_config(transformers, args.layers, args.hidden)
     torch.manual_seed(0)
     with torch.device(args.device):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()

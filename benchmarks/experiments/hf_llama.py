@@ -18,7 +18,7 @@ import statistics
 import torch
 
 import vflash.integrations.transformers as vt
-from benchmarks.experiments.common import model_inputs, wall_seconds, write_rows
+from benchmarks.experiments.common import llama_1b_config, model_inputs, wall_seconds, write_rows
 
 ROUNDS = 3
 
@@ -32,9 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     name = vt.register()
     dev = torch.device("cuda")
-    cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                                   num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
-                                   max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True)
+    cfg = llama_1b_config(transformers, args.layers)
     torch.manual_seed(0)
     with torch.device(dev):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
