@@ -436,9 +436,9 @@ def _decode_in_place(module, query, key, value, k_cache, v_cache, block_table, c
     if query.shape[2] != n or block_table.shape[0] != n:
         raise ValueError(f"vflash: a decode batch of {query.shape[2]} tokens with {n} sequences and "
                          f"{block_table.shape[0]} block-table rows: one token a sequence expected")
-    k_cache, v_cache, stride = _pages_apart(module, k_cache, v_cache)
-    check, (table, slots, lengths) = _per_batch(block_table, cu_k, compute=lambda: _decode_metadata(
-        block_table, cu_k, stride, k_cache.shape[1]))
+    check, (stride, table, slots, lengths) = _per_batch(block_table, cu_k, compute=lambda: _decode_metadata(
+        block_table, cu_k, _page_stride(module, k_cache, v_cache), k_cache.shape[1]))
+    k_cache, v_cache = _pages_apart(k_cache, v_cache, stride)
     vflash.write_kvcache(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), slots,
                          check_metadata=check)
     out = vflash.attention_with_kvcache(query[0].transpose(0, 1)[:, None], k_cache, v_cache, lengths,
@@ -446,18 +446,23 @@ def _decode_in_place(module, query, key, value, k_cache, v_cache, block_table, c
     return out.transpose(0, 1)
 
 
-def _pages_apart(module, k_cache, v_cache):
-    """(k_cache, v_cache, S): page views of the layer's keys and values that do not overlap, and the stride S (in
-    pages) of the block table's entries. 5.17-5.22 hand each layer's keys and values as tensors of their own: as
-    they are, S = 1. 5.23 on hand views of one buffer in which a block holds, for each full-attention layer, its K
-    page then its V page, so the V view is the K view one page on (K page p + 1 is V page p: aliased, and apart only
-    as the allocator uses them), and a block's entry is its number times S = 2 x the full-attention layers. Taken
-    every S pages, the views are apart (vflash.write_kvcache refuses aliased caches) and the table divides by S."""
+def _page_stride(module, k_cache, v_cache) -> int:
+    """The stride S (in pages) of the block table's entries. 5.17-5.22 hand each layer's keys and values as tensors
+    of their own: S = 1. 5.23 on hand views of one buffer in which a block holds, for each full-attention layer, its
+    K page then its V page, so the V view is the K view one page on (K page p + 1 is V page p: aliased, and apart
+    only as the allocator uses them), and a block's entry is its number times S = 2 x the full-attention layers."""
     if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
-        return k_cache, v_cache, 1
+        return 1
     from transformers.generation.continuous_batching import cache as cb
     full = cb.group_layers_by_attn_type(module.config).get("full_attention", ())
-    stride = cb.ATTN_TYPE_TO_ALLOCATOR["full_attention"].rows_per_token * len(full)
+    return cb.ATTN_TYPE_TO_ALLOCATOR["full_attention"].rows_per_token * len(full)
+
+
+def _pages_apart(k_cache, v_cache, stride: int):
+    """Page views of the layer's keys and values taken every `stride` pages (_page_stride), which do not overlap
+    (vflash.write_kvcache refuses aliased caches); the table divides by the stride (_decode_metadata)."""
+    if stride == 1:
+        return k_cache, v_cache
     page = k_cache[0].numel()
     if stride < 2 or not k_cache.is_contiguous() or not v_cache.is_contiguous() or \
             v_cache.data_ptr() - k_cache.data_ptr() != page * k_cache.element_size():
@@ -466,12 +471,12 @@ def _pages_apart(module, k_cache, v_cache):
                                   "ContinuousBatchingConfig(max_blocks_per_request=0)")
     shape = (-(-k_cache.shape[0] // stride), *k_cache.shape[1:])
     strides = (stride * page, *k_cache.stride()[1:])
-    return k_cache.as_strided(shape, strides), v_cache.as_strided(shape, strides), stride
+    return k_cache.as_strided(shape, strides), v_cache.as_strided(shape, strides)
 
 
 def _decode_metadata(block_table: torch.Tensor, cu_k: torch.Tensor, stride: int, page_size: int):
-    # (the table over the views taken every `stride` pages, each request's slot for its new token, its keys with
-    # the new one). The slot is page * page_size + the new token's row; a padding row (no key) or a missing page
+    # (the stride, the table over the views taken every `stride` pages, each request's slot for its new token, its
+    # keys with the new one): the batch's, computed at its first layer. The slot is page * page_size + the new token's row; a padding row (no key) or a missing page
     # writes nothing (-1). Entries that are not multiples of the stride would name pages the views skip: refused.
     if stride > 1:
         if not _capturing() and bool(((block_table >= 0) & (block_table % stride != 0)).any()):
@@ -482,7 +487,7 @@ def _decode_metadata(block_table: torch.Tensor, cu_k: torch.Tensor, stride: int,
     position = (lengths - 1).clamp_min(0).to(torch.int64)
     page = block_table.gather(1, (position // page_size)[:, None]).squeeze(1).to(torch.int64)
     slots = torch.where((lengths > 0) & (page >= 0), page * page_size + position % page_size, -1)
-    return block_table, slots, lengths
+    return stride, block_table, slots, lengths
 
 
 _SEEN: dict = {}  # per batch: (data pointer, version) of its metadata tensors -> (the tensors, derived values)
