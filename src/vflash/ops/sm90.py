@@ -206,15 +206,10 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
 
     dv = head_dim_v or head_dim
 
-    def values(k):  # v of dv columns; FP8: its keys contiguous, 16 bytes apart (ops.attention.keys_contiguous)
-        shape = (*k.shape[:-1], dv)
-        if not fp8:
-            return empty(*shape)
-        keys = 0 if varlen else 2
-        n = shape[keys]
-        order = [d for d in range(k.dim()) if d != keys] + [keys]
-        padded = empty(*[shape[d] for d in order[:-1]], (n + 15) // 16 * 16)[..., :n]
-        return padded.permute([order.index(d) for d in range(k.dim())])
+    def values(k):  # v of dv columns; FP8: as the launcher gives it, its keys contiguous
+        from vflash.ops.attention import keys_contiguous  # (that module imports this one)
+        v = empty(*k.shape[:-1], dv)
+        return keys_contiguous(v, 0 if varlen else 2) if fp8 else v
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
     descales = (torch.ones(2, kv_heads), torch.ones(()), None) if fp8 else (None, None, None)
     score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None, *descales)
