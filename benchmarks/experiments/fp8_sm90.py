@@ -13,7 +13,6 @@ import triton
 import vflash
 from vflash.dispatch import rules, tables
 from vflash.harness import lab
-from vflash.ops.attention import keys_contiguous
 
 E4M3 = torch.float8_e4m3fn
 
@@ -67,7 +66,7 @@ def check(B, Hq, Hkv, N, D, causal):
 
 def speed(B, H, N, D):
     q, k, v, (qd, kd, vd) = _inputs(B, H, H, N, D)
-    v_t = keys_contiguous(v, 2)  # as the FP8 kernels take V
+    v_t = lab.keys_contiguous(v, 2)  # as the FP8 kernels take V
     b = tuple(x.to(torch.bfloat16) for x in (q, k, v))
     flops = 4 * B * H * N * N * D
     calls = {

@@ -18,6 +18,7 @@ Masks and tiles
   MetadataTiles
 Launchers with their tiles forced (nothing validated, no plan recorded), the kernel the tiles name
   kernel_of                           the kernel family a tile type belongs to ("portable" or "sm90")
+  keys_contiguous                     V laid out as the FP8 kernels take it (keys at unit stride)
   attention_forward, attention_varlen_forward, attention_kvcache_forward, attention_backward, merge_states_forward,
   write_kvcache_forward, sequence_metadata_flags
 Launches
@@ -49,6 +50,7 @@ from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
 from vflash.ops import attention as _attention
 from vflash.ops import tiles as _tiles
+from vflash.ops.attention import keys_contiguous
 from vflash.ops.attention_bwd import attention_backward
 from vflash.call import ATTENTION, ATTENTION_KVCACHE, Band, Cache, Call, Packed, Score
 from vflash._validate import mask_band, sequence_band
@@ -63,7 +65,8 @@ __all__ = [
     "Band", "mask_band", "sequence_band", "Score", "Call", "Packed", "Cache",
     "PortableTiles", "Sm90Tiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
     "MetadataTiles",
-    "kernel_of", "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
+    "kernel_of", "keys_contiguous",
+    "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
     "merge_states_forward", "write_kvcache_forward", "sequence_metadata_flags",
     "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",
     "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
