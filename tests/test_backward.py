@@ -581,6 +581,130 @@ def test_hopper_backward_kernels_compile_for_packed_sequences(kernel):
     assert ptx.count("st.shared") > dense.count("st.shared")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel,outputs,d,d_v,varlen,widths", [
+    # D 256's tiles (32-row query tiles, 32-key dQ tiles): S^T / S and dP^T / dP 32 wide, dK and dQ over q's 192
+    # columns padded to 256, dV over v's 128
+    ("dkdv", "dk", 192, 128, False, {"32", "256"}),
+    ("dkdv", "dv", 192, 128, False, {"32", "128"}),
+    ("dq", None, 192, 128, False, {"32", "256"}),
+    ("dkdv", "dk dv", 128, 64, True, {"64", "128"}),
+    ("dq", None, 128, 64, True, {"64", "128"}),
+], ids=["d192_v128_dk", "d192_v128_dv", "d192_v128_dq", "d128_v64_varlen_dkdv", "d128_v64_varlen_dq"])
+def test_hopper_backward_kernels_compile_for_a_v_head_dim_of_its_own(kernel, outputs, d, d_v, varlen, widths):
+    # every wgmma's N is a streamed tile's rows, q's (padded) tile columns or v's
+    import re
+    from vflash.ops import sm90_bwd
+    from vflash.call import Band
+    if not sm90_bwd.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    tiles = {192: ((128, 32), (32, 128)), 128: ((192, 64), (64, 128))}[d]
+    if kernel == "dq":
+        ptx = sm90_bwd.compile_dq_sm90(d, torch.bfloat16, *tiles[0], band=Band(0, -1, 0), varlen=varlen,
+                                       head_dim_v=d_v).asm["ptx"]
+    else:
+        ptx = sm90_bwd.compile_dkdv_sm90(d, torch.bfloat16, *tiles[1], band=Band(0, -1, 0), outputs=outputs,
+                                         varlen=varlen, head_dim_v=d_v).asm["ptx"]
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)) == widths
+    assert "cp.async.bulk.tensor" in ptx
+
+
+def test_hopper_backward_launchers_take_a_v_head_dim_of_its_own_and_refuse_what_they_cannot():
+    # descriptors in v's own columns for v, dO (and dV); q's 192 in tiles of 256; a v wider than q's tiles, a dim
+    # that is no multiple of 8, and packed dk / dv of two head dims that are not contiguous refused
+    from vflash.ops import sm90_bwd
+    from vflash.call import Band
+    t = sm90_bwd._cpu_call(192, torch.bfloat16, False, False, 128)
+    dkdv = sm90_bwd.dkdv_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, torch.empty_like(t.k), torch.empty_like(t.v),
+                                Band(0, -1, 0), Score(0.1), 32, 128, outputs="dv")
+    blocks = {name: dkdv.args[i].block_shape[-1] for i, name in enumerate(("q", "k", "v", "do", "dk", "dv"))}
+    assert blocks == dict(q=256, k=256, v=128, do=128, dk=256, dv=128)
+    assert (dkdv.constexprs["HEAD_DIM"], dkdv.constexprs["HEAD_DIM_V"]) == (256, 128)
+    assert (dkdv.constexprs["QK_COLS"], dkdv.constexprs["V_COLS"]) == (192, 128)
+    dq = sm90_bwd.dq_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, torch.empty_like(t.q), Band(0, -1, 0), Score(0.1),
+                            128, 32)
+    assert [dq.args[i].block_shape[-1] for i in range(5)] == [256, 256, 128, 128, 256]
+    for d, d_v, words in ((128, 256, "no wider than q's"), (128, 60, "multiples of 8")):
+        t = sm90_bwd._cpu_call(d, torch.bfloat16, False, False, d_v)
+        with pytest.raises(ValueError, match=words):
+            sm90_bwd.dq_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, torch.empty_like(t.q), Band(0, -1, 0),
+                               Score(0.1), 64, 64)
+    t = sm90_bwd._cpu_call(128, torch.bfloat16, True, False, 64)
+    dk = torch.empty(t.k.shape[0], t.k.shape[1], 256, dtype=t.k.dtype)[..., :128]
+    with pytest.raises(ValueError, match="both contiguous"):
+        sm90_bwd.dkdv_launch(t.q, t.k, t.v, t.do, t.lse, t.delta, dk, torch.empty_like(t.v), Band(0, -1, 0),
+                             Score(0.1), 64, 128, varlen=t.varlen)
+
+
+# a v head dim of its own: (B, Hq, Hkv, Nq, Nk, D, D_v, options)
+SM90_BWD_V_CASES = {
+    "d192_v128": (1, 4, 2, 300, 333, 192, 128, dict()),
+    "d192_v128_causal_gqa": (2, 4, 1, 700, 700, 192, 128, dict(causal=True)),
+    "d128_v64_window_softcap": (1, 2, 2, 250, 257, 128, 64, dict(window=(64, 32), softcap=20.0)),
+    "d256_v128_rows_without_keys": (1, 2, 1, 333, 120, 256, 128, dict(causal=True)),
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", sorted(SM90_BWD_V_CASES))
+def test_gpu_hopper_backward_kernels_take_a_v_head_dim_of_its_own(case):
+    # the dispatch's tiles for q's head dim (D 192: D 256's, dK and dV apart), each gradient against fp64 autograd
+    # of the explicit reference (3x rule), every row written
+    from vflash import dispatch
+    from vflash.ops import sm90_bwd
+    from vflash._validate import mask_band
+    from vflash.ops import launch as launches
+    B, Hq, Hkv, Nq, Nk, D, Dv, opts = SM90_BWD_V_CASES[case]
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(B, h, n, D, generator=g).to("cuda", torch.bfloat16) for h, n in ((Hq, Nq), (Hkv, Nk)))
+    v = torch.randn(B, Hkv, Nk, Dv, generator=g).to("cuda", torch.bfloat16)
+    do = torch.randn(B, Hq, Nq, Dv, generator=g).to("cuda", torch.bfloat16)
+    out, lse = vflash.attention(q, k, v, return_lse=True, **opts)
+    delta = (do.float() * out.float()).sum(-1)
+    causal = {True: "bottom_right", False: None}.get(opts.get("causal", False), opts.get("causal"))
+    band = mask_band(Nq, Nk, causal, opts.get("window", (-1, -1)))
+    tiles = dispatch.select_backward(dispatch.problem_of(Call(q, k, v, None, band, Score(1.0), False)), "sm90").tiles
+    got = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    score = Score(D ** -0.5, opts.get("softcap"))
+    for outputs in (("dk", "dv") if tiles.dkdv_apart else ("dk dv",)):
+        launches.run(sm90_bwd.dkdv_launch(q, k, v, do, lse, delta, got[1], got[2], band, score, tiles.dkdv.block_m,
+                                          tiles.dkdv.block_n, outputs=outputs), q.device)
+    launches.run(sm90_bwd.dq_launch(q, k, v, do, lse, delta, got[0], band, score, tiles.dq.block_m,
+                                    tiles.dq.block_n), q.device)
+    ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
+                 torch.float64)
+    same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
+                  torch.bfloat16)
+    for name, gr, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        verdict = compare(name, gr.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
+@needs_sm90
+@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64)])
+def test_gpu_forced_sm90_autograd_takes_a_v_head_dim_of_its_own_packed(d, d_v, monkeypatch):
+    # attention_varlen's autograd with the sm90 kernels forced (forward and backward): sequences whose slabs cross
+    # their ends (the pointer stores of dq, dk and dv, the last two of different head dims), against fp64
+    from vflash import dispatch
+    from vflash.reference import attention_varlen_reference
+    monkeypatch.setattr(dispatch.rules, "FORCED", "sm90")
+    g = torch.Generator().manual_seed(9)
+    cu = torch.tensor([0, 300, 333, 1100], dtype=torch.int32, device="cuda")
+    q = torch.randn(1100, 4, d, generator=g).to("cuda", torch.bfloat16)
+    k = torch.randn(1100, 2, d, generator=g).to("cuda", torch.bfloat16)
+    v = torch.randn(1100, 2, d_v, generator=g).to("cuda", torch.bfloat16)
+    do = torch.randn(1100, 4, d_v, generator=g).to("cuda", torch.bfloat16)
+    got = _grads(lambda a, b, c: vflash.attention_varlen(a, b, c, cu, cu, 767, 767, causal=True), q, k, v, do,
+                 torch.bfloat16)
+    ref = _grads(lambda a, b, c: attention_varlen_reference(a, b, c, cu, cu, causal=True, compute_dtype=torch.float64),
+                 q, k, v, do, torch.float64)
+    same = _grads(lambda a, b, c: attention_varlen_reference(a, b, c, cu, cu, causal=True, compute_dtype=None),
+                  q, k, v, do, torch.bfloat16)
+    for name, gr, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        verdict = compare(name, gr.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
+        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():
     from vflash.ops import sm90_bwd
     from vflash.call import Band

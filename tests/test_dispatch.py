@@ -324,8 +324,27 @@ def test_a_v_head_dim_of_its_own_runs_the_sm90_forward_where_forced(h200, monkey
                               (64, "cache", "against a KV cache")):
         refused = dispatch.refusal("sm90", dataclasses.replace(p, head_dim_v=dv, layout=layout))
         assert refused is not None and words in refused, refused
-    backward = dispatch.select_backward(p)  # the sm90 backward takes no v head dim yet
-    assert backward.kernel == "portable" and "v's head dim equal to q's" in backward.why
+
+
+def test_a_v_head_dim_of_its_own_runs_the_sm90_backward_where_forced(h200, monkeypatch):
+    # the sm90 backward takes what its forward takes (v a power of two no wider than q's; q's 192 beside one, on
+    # D 256's tiles), where forced while "v head dim" is in tables.SM90_FORCED_ONLY, and refuses the rest saying why
+    p = dataclasses.replace(problem(128, True, 4096, 32), head_dim_v=64)
+    unforced = dispatch.select_backward(p)
+    assert unforced.kernel == "portable" and "forced only" in unforced.why
+    assert dispatch.select_backward(p, "sm90").tiles == tables.SM90_BACKWARD[128]
+    deepseek = dataclasses.replace(problem(192, True, 4096, 32), head_dim_v=128)
+    assert dispatch.select_backward(deepseek, "sm90").tiles == tables.SM90_BACKWARD[256]
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
+    assert dispatch.select_backward(p).kernel == "sm90" and dispatch.select_backward(deepseek).kernel == "sm90"
+    for refused_p, words in ((dataclasses.replace(p, head_dim_v=256), "from 16 to q's (128), not 256"),
+                             (dataclasses.replace(p, head_dim_v=96), "power of two"),
+                             (problem(192, True, 4096, 32), "only beside a v of its own"),
+                             (dataclasses.replace(problem(96, True, 4096, 32), head_dim_v=64), "not 96")):
+        choice = dispatch.select_backward(refused_p)
+        assert choice.kernel == "portable" and words in choice.why, choice.why
+        with pytest.raises(ValueError, match="sm90 backward cannot take"):
+            dispatch.select_backward(refused_p, "sm90")
 
 
 def test_problem_of_reads_the_layout_and_the_score_options():

@@ -184,11 +184,16 @@ def test_packed_backward_matches_the_oracle_and_repeats_bit_for_bit(device):
         torch.testing.assert_close(a.double().cpu(), c.cpu(), atol=1e-4, rtol=1e-4)
 
 
-def test_the_sm90_backward_refuses_it_and_says_why(monkeypatch):
+def test_the_sm90_backward_takes_what_its_forward_takes_and_refuses_the_rest(monkeypatch):
     monkeypatch.setattr(dispatch.rules, "_sm90_device_refusal", lambda p: None)  # as on an H100
-    q, k, v = torch.empty(1, 2, 64, 128), torch.empty(1, 2, 64, 128), torch.empty(1, 2, 64, 64)
-    p = dispatch.problem_of(Call(q, k, v, None, Band(0, -1, -1), Score(0.125), False))
-    assert "v's head dim" in dispatch.REGISTRY["sm90"].backward_refusal(p)
+    q, k = torch.empty(1, 2, 64, 128), torch.empty(1, 2, 64, 128)
+
+    def refusal(d_v):
+        p = dispatch.problem_of(Call(q, k, torch.empty(1, 2, 64, d_v), None, Band(0, -1, -1), Score(0.125), False))
+        return dispatch.REGISTRY["sm90"].backward_refusal(p)
+    assert refusal(64) is None and refusal(32) is None
+    for d_v in (24, 256):  # no power of two; wider than q's
+        assert "v's head dim of its own as a power of two" in refusal(d_v)
 
 
 def test_ring_attention_refuses_it_for_now(device):  # before any process group is asked for

@@ -9,7 +9,8 @@ launcher: what a GPU would compile for that call. The set covers
   the Gluon forward: dense tiles and masks over its switches (one, two and three consumers, two and three
     CTAs an SM, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, a left edge, softcap, no LSE, bf16),
     varlen, and KV caches (contiguous, paged with pages of 16 and of 64: page runs, pages shorter than a tile);
-  the Gluon backward's dQ and dK / dV, dense, varlen, and D 256's dK and dV apart;
+  the Gluon backward's dQ and dK / dV, dense, varlen, D 256's dK and dV apart, and a v head dim of its own
+    (192 / 128, 128 / 64 varlen);
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
     in-kernel merge, paged and contiguous, chunked prefill), attention sinks (the sm90 dense build, the
     portable forward, the KV-cache kernel unsplit and split, the backward's delta and sink gradient), FP8
@@ -284,6 +285,11 @@ GROUPS: Dict[str, Group] = {
     "bwd_varlen_d64_window": backward(64, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90", F16,
                                       causal=None, window=(200, 100), softcap=30.0, varlen=True),
     "bwd_d256_apart": backward(256, BackwardTiles(_B(32, 128, 4, 2), _B(128, 32, 4, 2), dkdv_apart=True), "sm90"),
+    # a v head dim of its own: DeepSeek's 192 / 128 (q's and k's tiles padded to 256, D 256's tiles), 128 / 64 varlen
+    "bwd_d192_v128_causal": backward(192, BackwardTiles(_B(32, 128, 4, 2), _B(128, 32, 4, 2), dkdv_apart=True),
+                                     "sm90", head_dim_v=128),
+    "bwd_varlen_d128_v64": backward(128, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90", varlen=True,
+                                    head_dim_v=64),
     # the portable forward: dense (HAS_LEFT, HAS_RIGHT, SOFTCAP, STORE_LSE) and varlen
     "p_d128_causal_lse": portable_dense(128, PortableTiles(128, 128, 8, 3), False, True, False, True),
     "p_d128_split": portable_dense(128, PortableTiles(256, 64, 8, 3, True), False, False, False, False),

@@ -124,11 +124,9 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     table = tables.SM90_FP8 if p.dtype == torch.float8_e4m3fn else tables.SM90
     if (p.head_dim, p.band.has_right) not in table:
         return f"it has tiles for head dims {sorted({d for d, _ in table})}, not {p.head_dim}"
-    if p.head_dim_v and _v_head_dim_refusal(p):
-        return _v_head_dim_refusal(p)
-    if p.head_dim & (p.head_dim - 1) and not p.head_dim_v:
-        return (f"it takes a head dim of no power of two ({p.head_dim}) only beside a v of its own that is one "
-                f"(DeepSeek's 192 / 128)")
+    refusal = _head_dims_refusal(p)
+    if refusal is not None:
+        return refusal
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None
@@ -151,9 +149,8 @@ def select(p: Problem, kernel: Optional[str] = None) -> Choice:
         if refused is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
         return _sm90_choice(p, forced=True)
-    unchecked = [f for f in _sm90_features(p) if f in tables.SM90_FORCED_ONLY]
-    if refused is None and unchecked:
-        refused = f"its {' and '.join(unchecked)} build is taken where forced only (tables.SM90_FORCED_ONLY)"
+    if refused is None:
+        refused = _forced_only(p)
     if refused is None:
         use = tables.SM90_USE[p.head_dim]
         shortest = use.min_n_q_right if p.band.has_right else use.min_n_q
@@ -327,8 +324,17 @@ def sm90_backward_refusal(p: Problem) -> Optional[str]:
         return refusal
     if p.head_dim not in tables.SM90_BACKWARD:
         return f"it has tiles for head dims {sorted(tables.SM90_BACKWARD)}, not {p.head_dim}"
-    if p.head_dim_v:
-        return f"its backward takes v's head dim equal to q's and k's ({p.head_dim}), not {p.head_dim_v}"
+    return _head_dims_refusal(p)
+
+
+def _head_dims_refusal(p: Problem) -> Optional[str]:
+    # the head-dim rules the sm90 forward and backward share: v's of its own (_v_head_dim_refusal), and a q / k
+    # head dim of no power of two only beside one
+    if p.head_dim_v and _v_head_dim_refusal(p):
+        return _v_head_dim_refusal(p)
+    if p.head_dim & (p.head_dim - 1) and not p.head_dim_v:
+        return (f"it takes a head dim of no power of two ({p.head_dim}) only beside a v of its own that is one "
+                f"(DeepSeek's 192 / 128)")
     return None
 
 
@@ -343,9 +349,14 @@ def _v_head_dim_refusal(p: Problem) -> Optional[str]:
     return None
 
 
-def _sm90_features(p: Problem) -> Tuple[str, ...]:
-    # the features of p that tables.SM90_FORCED_ONLY names
-    return tuple(f for f, on in (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v))) if on)
+def _forced_only(p: Problem) -> Optional[str]:
+    # why dispatch does not give p to the sm90 kernels unforced: the features of p that tables.SM90_FORCED_ONLY
+    # names (their builds not yet checked on a GPU); None if none
+    features = (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v)))
+    unchecked = [f for f, on in features if on and f in tables.SM90_FORCED_ONLY]
+    if unchecked:
+        return f"its {' and '.join(unchecked)} build is taken where forced only (tables.SM90_FORCED_ONLY)"
+    return None
 
 
 class Kernel(NamedTuple):
@@ -407,6 +418,8 @@ def select_backward(p: Problem, kernel: Optional[str] = None) -> Choice:
     kernel = _forced(kernel)
     refused = refusal("sm90", p, backward=True) if kernel != "portable" else "forced portable"
     shortest = tables.SM90_BACKWARD_MIN_N.get(p.head_dim, 0)
+    if refused is None and kernel is None:
+        refused = _forced_only(p)
     if refused is None and kernel is None and min(p.n_q, p.n_k) < shortest:
         refused = f"length {min(p.n_q, p.n_k)} < {shortest}, where the sm90 backward is not ahead"
     if refused is None:

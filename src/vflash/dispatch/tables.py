@@ -87,7 +87,7 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
 }
 # Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
 # --kernel sm90`), by feature, until `vflash check --kernel sm90` passes on them on an sm_90 GPU: "fp8" (e4m3
-# inputs) and "v head dim" (v's head dim unlike q's and k's).
+# inputs) and "v head dim" (v's head dim unlike q's and k's; the forward and the backward).
 SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8", "v head dim")
 
 
@@ -261,17 +261,20 @@ BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # smal
 # causal and not; docs/performance.md, "The sm_90 backward"). dQ: three consumers of 64 rows (192);
 # dK / dV: 64-row query tiles (a third faster than 64 x 64). D 256: dK and dV from two launches, one
 # fp32 accumulator a consumer (both spill 2-8 KB), 32-row query tiles and 32-key dQ tiles for the
-# registers. D 16 / 32 are untimed: the portable backward serves them.
+# registers. D 16 / 32 are untimed: the portable backward serves them. D 192 (beside a v of its own, DeepSeek's
+# 192 / 128; the kernels pad q's and k's tiles to 256 columns) takes D 256's tiles, untimed: no spill at 192 / 128
+# (ptxas, Triton 3.6), where dK and dV in one launch spill 0.8 KB; taken where forced only (SM90_FORCED_ONLY).
 SM90_BACKWARD: Dict[int, BackwardTiles] = {
     64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
+    192: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
     256: BackwardTiles(dkdv=_B(32, 128, 4, 2), dq=_B(128, 32, 4, 2), dkdv_apart=True),
 }
 # Shorter sequences (the smaller of n_q and n_k) take the portable kernels. Timed in one run as CUDA graphs
 # (bwd_sm90.py, bf16), the sm_90 kernels take 0.94-0.95x the portable time at D 64 N 1024 and N 512
 # non-causal (1.01x at N 512 causal), 0.77-0.86x at D 128 from N 512, 0.71-0.77x at D 256 from N 512;
 # shorter rows are untimed.
-SM90_BACKWARD_MIN_N: Dict[int, int] = {64: 512, 128: 512, 256: 512}
+SM90_BACKWARD_MIN_N: Dict[int, int] = {64: 512, 128: 512, 192: 512, 256: 512}
 
 # --- merge_states (kernels/combine.py): memory-bound elementwise work -----------------------------
 # 16 rows of up to 64 columns a program: picked by benchmarks/experiments/kvops_tune.py on the H200 (bf16,

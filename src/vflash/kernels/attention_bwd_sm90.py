@@ -8,6 +8,13 @@ total, D] views): a ring tile that reaches past its sequence's end has those row
 zeroed before any product reads them (they hold the next sequence's), and an
 output slab that crosses the end is stored by pointer, its own rows alone.
 
+Head dims: q's and k's tiles are HEAD_DIM columns, v's, dO's and dV's HEAD_DIM_V
+(a v of its own: DeepSeek's 128 beside q's 192), each a power of two (Gluon's
+tensors are). A dim of no power of two in memory (QK_COLS, V_COLS: 192, say) is
+padded to the next one: TMA fills the box's columns past the tensor's with zeros,
+which add nothing to any product, and clips them from every store (the pointer
+store of a varlen slab masks them).
+
 Both kernels have one shape: each consumer warpgroup owns 64 rows of two
 tensors, loaded once, and two others stream past through a ring (`Buffers`);
 the per-tile math is the portable kernels' helpers (probs, softcap_grad,
@@ -33,7 +40,7 @@ the group in order, stream through a ring of Q / dO buffers. A consumer, per
 query tile, issues S^T = K Q^T and dP^T = V dO^T (its 64 keys in rows), so P^T
 and dS^T = P^T * (dP^T - delta) come out in the accumulator layout the next
 products take as their register A operand: dV += P^T dO and dK += dS^T Q, both
-B operands straight from the ring. dK and dV [64, HEAD_DIM] fp32 stay in
+B operands straight from the ring. dK and dV [64, HEAD_DIM(_V)] fp32 stay in
 registers across the group's heads (a fixed order: deterministic, no atomics)
 and leave by TMA through the K / V buffers. Keys past n_k need no mask: their
 rows are never stored. Each query tile's LSE and delta rows are staged in
@@ -61,7 +68,10 @@ if HAVE_GLUON:
         (cu_seqlens), TOP_LEFT their causal alignment."""
         BLOCK_M: gl.constexpr
         BLOCK_N: gl.constexpr
-        HEAD_DIM: gl.constexpr
+        HEAD_DIM: gl.constexpr  # q's and k's tile columns
+        HEAD_DIM_V: gl.constexpr  # v's and dO's
+        QK_COLS: gl.constexpr  # q's and k's columns in memory (HEAD_DIM's tiles pad the rest with zeros)
+        V_COLS: gl.constexpr
         STAGES: gl.constexpr
         HAS_LEFT: gl.constexpr
         HAS_RIGHT: gl.constexpr
@@ -72,9 +82,10 @@ if HAVE_GLUON:
         WANT_DV: gl.constexpr
 
         @gluon.constexpr_function
-        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT,
-                     WANT_DK=True, WANT_DV=True):
+        def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, QK_COLS, V_COLS, STAGES, HAS_LEFT, HAS_RIGHT,
+                     SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK=True, WANT_DV=True):
             for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("HEAD_DIM", HEAD_DIM),
+                                ("HEAD_DIM_V", HEAD_DIM_V), ("QK_COLS", QK_COLS), ("V_COLS", V_COLS),
                                 ("STAGES", STAGES), ("HAS_LEFT", HAS_LEFT), ("HAS_RIGHT", HAS_RIGHT),
                                 ("SOFTCAP", SOFTCAP), ("IS_VARLEN", IS_VARLEN), ("TOP_LEFT", TOP_LEFT),
                                 ("WANT_DK", WANT_DK), ("WANT_DV", WANT_DV)):
@@ -162,16 +173,18 @@ if HAVE_GLUON:
     @gluon.jit
     def _buffers(own_a_desc, own_b_desc, ring_a_desc, ring_b_desc, NUM_CONSUMERS: gl.constexpr,
                  RING_ROWS: gl.constexpr, STATS: gl.constexpr, cfg):
-        # Buffers and their barriers, initialised: own tiles of 64 rows, ring tiles of RING_ROWS;
-        # STATS: the ring tiles' LSE and delta rows beside them (the dK / dV kernel).
+        # Buffers and their barriers, initialised: own tiles of 64 rows, ring tiles of RING_ROWS, the a
+        # tensors (Q, K) HEAD_DIM columns and the b ones (dO, V) HEAD_DIM_V; STATS: the ring tiles' LSE and
+        # delta rows beside them (the dK / dV kernel).
         ROWS: gl.constexpr = 64
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        HEAD_DIM_V: gl.constexpr = cfg.HEAD_DIM_V
         STAGES: gl.constexpr = cfg.STAGES
         dtype: gl.constexpr = own_a_desc.dtype
         own_a = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, ROWS, HEAD_DIM], own_a_desc.layout)
-        own_b = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, ROWS, HEAD_DIM], own_b_desc.layout)
+        own_b = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, 1, 1, ROWS, HEAD_DIM_V], own_b_desc.layout)
         ring_a = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, RING_ROWS, HEAD_DIM], ring_a_desc.layout)
-        ring_b = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, RING_ROWS, HEAD_DIM], ring_b_desc.layout)
+        ring_b = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, RING_ROWS, HEAD_DIM_V], ring_b_desc.layout)
         own_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
         a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -195,13 +208,13 @@ if HAVE_GLUON:
     @gluon.constexpr_function
     def _acc_layout(cols):
         # a consumer warpgroup's wgmma accumulator [64, cols] over its 4 warps: S / dP (cols the
-        # streamed tile's rows) or a gradient (cols = HEAD_DIM)
+        # streamed tile's rows) or a gradient (cols = HEAD_DIM, dV's HEAD_DIM_V)
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
 
     @gluon.constexpr_function
-    def _operand_layout(head_dim):
-        # P^T, dS^T or dS in registers as the A operand of a product into a [64, head_dim] accumulator
-        return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(head_dim), k_width=2)
+    def _operand_layout(cols):
+        # P^T, dS^T or dS in registers as the A operand of a product into a [64, cols] accumulator
+        return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(cols), k_width=2)
 
     @gluon.jit
     def _call(n_blocks, n_heads, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale, softcap_in, softcap_out,
@@ -344,7 +357,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64
         mbarrier.wait(bufs.a_ready.index(slot), phase)
         a_tile = bufs.ring_a.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
-        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM])
+        b_tile = bufs.ring_b.index(slot).reshape([RING_ROWS, cfg.HEAD_DIM_V])
         if TAIL:
             if valid < RING_ROWS:
                 zero_rows_from(a_tile, valid, RING_ROWS, cfg.HEAD_DIM)
@@ -353,7 +366,7 @@ if HAVE_GLUON:
         mbarrier.wait(bufs.b_ready.index(slot), phase)
         if TAIL:
             if valid < RING_ROWS:
-                zero_rows_from(b_tile, valid, RING_ROWS, cfg.HEAD_DIM)
+                zero_rows_from(b_tile, valid, RING_ROWS, cfg.HEAD_DIM_V)
         if SECOND:
             second = warpgroup_mma(own_b, b_tile.permute((1, 0)), gl.zeros([ROWS, RING_ROWS], gl.float32, layout),
                                    use_acc=False, is_async=True)
@@ -364,25 +377,31 @@ if HAVE_GLUON:
         return first, second, a_tile, b_tile
 
     @gluon.jit
-    def _store_rows(acc, buf, desc, work, head, row0, end, Out, scale, call, acc_layout: gl.constexpr, cfg):
-        # One consumer's 64 output rows (dQ, dK or dV: acc * scale) from its own rows' buffer (no
-        # MMA reads it any more), rows [row0, row0 + 64) of the descriptor's, its sequence's ending
-        # at `end`: by TMA, which clips rows past a dense tensor's end; a varlen slab that crosses
-        # its sequence's end by pointer, its own rows alone (TMA would overwrite the next
-        # sequence's first rows).
+    def _store_rows(acc, buf, desc, work, head, row0, end, Out, strides, scale, acc_layout: gl.constexpr,
+                    COLS: gl.constexpr, MEM_COLS: gl.constexpr, cfg):
+        # One consumer's 64 output rows (dQ, dK or dV: acc * scale, COLS columns, MEM_COLS of them in
+        # memory) from its own rows' buffer (no MMA reads it any more), rows [row0, row0 + 64) of the
+        # descriptor's, its sequence's ending at `end`: by TMA, which clips rows past a dense tensor's
+        # end and columns past MEM_COLS; a varlen slab that crosses its sequence's end by pointer, its
+        # own rows and columns alone (TMA would overwrite the next sequence's first rows), Out's
+        # strides (row, head).
         ROWS: gl.constexpr = 64
-        tile = buf.reshape([ROWS, cfg.HEAD_DIM])
+        tile = buf.reshape([ROWS, COLS])
         if cfg.IS_VARLEN:
             if row0 + ROWS <= end:
                 tile.store((acc * scale).to(desc.dtype))
                 fence_async_shared()
                 tma_store(desc, [work.desc_b, head, row0, 0], buf)
             else:
-                cols = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+                cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
                 rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-                ptrs = (Out + head.to(gl.int64) * call.out_stride_head
-                        + rows.to(gl.int64)[:, None] * call.out_stride_row + cols[None, :])
-                gl.store(ptrs, (acc * scale).to(desc.dtype), mask=(rows < end)[:, None])
+                stride_row, stride_head = strides
+                ptrs = (Out + head.to(gl.int64) * stride_head + rows.to(gl.int64)[:, None] * stride_row
+                        + cols[None, :])
+                if MEM_COLS < COLS:
+                    gl.store(ptrs, (acc * scale).to(desc.dtype), mask=(rows < end)[:, None] & (cols < MEM_COLS)[None, :])
+                else:
+                    gl.store(ptrs, (acc * scale).to(desc.dtype), mask=(rows < end)[:, None])
         else:
             tile.store((acc * scale).to(desc.dtype))
             fence_async_shared()
@@ -439,7 +458,7 @@ if HAVE_GLUON:
             lo, n_tiles = _streamed_tiles(w, call, BLOCK_M, BLOCK_N, False, cfg)
             c_left, c_mid, c_end = _consumer_tiles(w, call, row0, lo, n_tiles, BLOCK_N, False, cfg)
             q_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
-            do_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
+            do_tile = bufs.own_b.index(C).reshape([ROWS, cfg.HEAD_DIM_V])
             mbarrier.wait(bufs.own_ready.index(C), 0)
             dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
             dq = _dq_tiles(dq, q_tile, do_tile, lse2, delta, bufs, 0, c_left, lo, offs_m, w.n_k, w.off, call,
@@ -451,21 +470,23 @@ if HAVE_GLUON:
             _skip_tiles(bufs, c_end, n_tiles, cfg.STAGES)
             if row0 < w.n_q:
                 _store_rows(dq, bufs.own_a.index(C), dq_desc, w, w.off_h, w.q_row + row0, w.q_row + w.n_q, DQ,
-                            call.sm_scale, call, dq_layout, cfg)
+                            (call.out_stride_row, call.out_stride_head), call.sm_scale, dq_layout, HEAD_DIM,
+                            cfg.QK_COLS, cfg)
             tma.store_wait(0)
 
     @gluon.jit
     def attention_bwd_dq_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DQ,
         batch, n_heads_q, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, band, scales,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, QK_COLS: gl.constexpr, V_COLS: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr,
     ):
         # grid = (B * Hq * cdiv(n_q, BLOCK_M), 1, 1), num_warps = 4 (the producer); BLOCK_M / 64
         # consumer warpgroups (1-3). Descriptors are 4-D over [B, H, N, D] (varlen: [1, H, total,
-        # D] views of the packed tensors): q, do, dq in blocks [1, 1, 64, HEAD_DIM], k, v in [1, 1,
-        # BLOCK_N, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32 (varlen: [Hq, total_q]; the
+        # D] views of the packed tensors): q, dq in blocks [1, 1, 64, HEAD_DIM], do in [1, 1, 64,
+        # HEAD_DIM_V], k in [1, 1, BLOCK_N, HEAD_DIM], v in [1, 1, BLOCK_N, HEAD_DIM_V]. LSE and DELTA are [B, Hq, n_q] fp32 (varlen: [Hq, total_q]; the
         # forward's natural-log LSE; rowsum(dO * O)). Varlen: cu_seqlens_q / _k [B + 1] int32,
         # n_q / n_k the longest sequence's, DQ the packed dq [total_q, Hq, D] with its row and head
         # strides (a slab crossing its sequence's end is stored by pointer); dense: all None / 0.
@@ -474,7 +495,8 @@ if HAVE_GLUON:
         qk_scale, sm_scale, softcap_in, softcap_out = scales
         NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 rows")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, QK_COLS, V_COLS, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                     IS_VARLEN, TOP_LEFT)
         bufs = _buffers(q_desc, do_desc, k_desc, v_desc, NUM_CONSUMERS, BLOCK_N, False, cfg)
         call = _call(gl.cdiv(n_q, BLOCK_M), n_heads_q, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
@@ -540,12 +562,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, first, last, lo, offs_n, n_q, off, call,
-                    st_layout: gl.constexpr, op_layout: gl.constexpr, MASKED: gl.constexpr, cfg):
+                    st_layout: gl.constexpr, op_layout: gl.constexpr, pt_layout: gl.constexpr, MASKED: gl.constexpr,
+                    cfg):
         # Query tiles [first, last) of the key block (counted from its first query lo), ring tile
         # ring + i: S^T = K Q^T and dP^T = V dO^T issued together; P^T computed while dP^T runs and
         # dV += P^T dO issued before dS^T is, so it runs while dS^T is computed; then dK += dS^T Q.
-        # n_q, off: the sequence's query rows and band offset. S^T and dP^T [64, BLOCK_M], dK and dV
-        # [64, HEAD_DIM]: wgmma accumulators over the 4 warps. cfg.WANT_DK / WANT_DV: only one of
+        # n_q, off: the sequence's query rows and band offset. S^T and dP^T [64, BLOCK_M], dK [64,
+        # HEAD_DIM] and dV [64, HEAD_DIM_V]: wgmma accumulators over the 4 warps (dS^T in op_layout, P^T
+        # in pt_layout: their products' A operands). cfg.WANT_DK / WANT_DV: only one of
         # the gradients (and only the products it needs), when both accumulators do not fit in
         # registers (D 256).
         BLOCK_M: gl.constexpr = cfg.BLOCK_M
@@ -571,7 +595,7 @@ if HAVE_GLUON:
             pt = probs(logits, lse2, call.qk_scale, 1, cfg.SOFTCAP)
             # P^T and dS^T rounded to the inputs' dtype for the products, as the portable kernel's
             if cfg.WANT_DV:
-                pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+                pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
                 dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
             if cfg.WANT_DK:
                 if cfg.WANT_DV:
@@ -603,8 +627,11 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         st_layout: gl.constexpr = _acc_layout(BLOCK_M)
+        HEAD_DIM_V: gl.constexpr = cfg.HEAD_DIM_V
         acc_layout: gl.constexpr = _acc_layout(HEAD_DIM)
         op_layout: gl.constexpr = _operand_layout(HEAD_DIM)
+        dv_layout: gl.constexpr = _acc_layout(HEAD_DIM_V)
+        pt_layout: gl.constexpr = _operand_layout(HEAD_DIM_V)
         w = _work(call, cu_seqlens_q, cu_seqlens_k, BLOCK_N, cfg)
         if _has_work(w.start, w.n_k, cfg):
             row0 = w.start + C * ROWS
@@ -612,51 +639,58 @@ if HAVE_GLUON:
             lo, n_tiles = _streamed_tiles(w, call, BLOCK_N, BLOCK_M, True, cfg)
             c_left, c_mid, c_end = _consumer_tiles(w, call, row0, lo, n_tiles, BLOCK_M, True, cfg)
             k_tile = bufs.own_a.index(C).reshape([ROWS, HEAD_DIM])
-            v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM])
+            v_tile = bufs.own_b.index(C).reshape([ROWS, HEAD_DIM_V])
             mbarrier.wait(bufs.own_ready.index(C), 0)
             dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-            dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+            dv = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, dv_layout)
             for g in range(call.kv_group):
                 ring = g * n_tiles
                 dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, 0, c_left, lo, offs_n, w.n_q, w.off, call,
-                                     st_layout, op_layout, True, cfg)
+                                     st_layout, op_layout, pt_layout, True, cfg)
                 dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_left, c_mid, lo, offs_n, w.n_q, w.off,
-                                     call, st_layout, op_layout, False, cfg)
+                                     call, st_layout, op_layout, pt_layout, False, cfg)
                 dk, dv = _dkdv_tiles(dk, dv, k_tile, v_tile, bufs, ring, c_mid, c_end, lo, offs_n, w.n_q, w.off,
-                                     call, st_layout, op_layout, True, cfg)
+                                     call, st_layout, op_layout, pt_layout, True, cfg)
                 _skip_tiles(bufs, ring + c_end, ring + n_tiles, cfg.STAGES)
             # dK and dV out through this consumer's K and V buffers; TMA clips rows past a dense n_k.
             if row0 < w.n_k:
                 if cfg.WANT_DK:
                     _store_rows(dk, bufs.own_a.index(C), dk_desc, w, w.off_h, w.k_row + row0, w.k_row + w.n_k, DK,
-                                call.sm_scale, call, acc_layout, cfg)
+                                (call.out_stride_row, call.out_stride_head), call.sm_scale, acc_layout, HEAD_DIM,
+                                cfg.QK_COLS, cfg)
                 if cfg.WANT_DV:
+                    if cfg.V_COLS == cfg.QK_COLS:
+                        dv_strides = (call.out_stride_row, call.out_stride_head)
+                    else:  # packed dk and dv contiguous (the launcher's check): rows of n_heads heads each
+                        dv_strides = (call.n_heads * cfg.V_COLS, cfg.V_COLS)
                     _store_rows(dv, bufs.own_b.index(C), dv_desc, w, w.off_h, w.k_row + row0, w.k_row + w.n_k, DV,
-                                1.0, call, acc_layout, cfg)
+                                dv_strides, 1.0, dv_layout, HEAD_DIM_V, cfg.V_COLS, cfg)
             tma.store_wait(0)
 
     @gluon.jit
     def attention_bwd_dkdv_sm90_kernel(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, DK, DV,
         batch, n_heads_kv, kv_group, n_q, n_k, total_q, out_stride_row, out_stride_head, band, scales,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, QK_COLS: gl.constexpr, V_COLS: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         IS_VARLEN: gl.constexpr, TOP_LEFT: gl.constexpr, WANT_DK: gl.constexpr, WANT_DV: gl.constexpr,
     ):
         # grid = (B * Hkv * cdiv(n_k, BLOCK_N), 1, 1), num_warps = 4 (the producer); BLOCK_N / 64
         # consumer warpgroups (1-3), BLOCK_M query rows a ring tile. Descriptors are 4-D over
-        # [B, H, N, D] (varlen: [1, H, total, D] views): k, v, dk, dv in blocks [1, 1, 64,
-        # HEAD_DIM], q, do in [1, 1, BLOCK_M, HEAD_DIM]. LSE and DELTA are [B, Hq, n_q] fp32
-        # (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK / DV the packed dk / dv [total_k,
-        # Hkv, D] (the same strides). WANT_DK / WANT_DV: the gradients it writes (at least one).
+        # [B, H, N, D] (varlen: [1, H, total, D] views): k, dk in blocks [1, 1, 64, HEAD_DIM], v, dv
+        # in [1, 1, 64, HEAD_DIM_V], q in [1, 1, BLOCK_M, HEAD_DIM], do in [1, 1, BLOCK_M, HEAD_DIM_V].
+        # LSE and DELTA are [B, Hq, n_q] fp32 (varlen: [Hq, total_q]). Varlen: as the dQ kernel's, DK /
+        # DV the packed dk / dv [total_k, Hkv, D] / [.., D_v] (dk's strides given; dv's the same where
+        # D_v is D, else both contiguous). WANT_DK / WANT_DV: the gradients it writes (at least one).
         # band and scales as the dQ kernel's.
         off, left, right = band
         qk_scale, sm_scale, softcap_in, softcap_out = scales
         NUM_CONSUMERS: gl.constexpr = BLOCK_N // 64
         gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups of 64 keys")
         gl.static_assert(WANT_DK or WANT_DV, "dK, dV or both")
-        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, IS_VARLEN, TOP_LEFT, WANT_DK,
-                     WANT_DV)
+        cfg = Config(BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, QK_COLS, V_COLS, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                     IS_VARLEN, TOP_LEFT, WANT_DK, WANT_DV)
         bufs = _buffers(k_desc, v_desc, q_desc, do_desc, NUM_CONSUMERS, BLOCK_M, True, cfg)
         call = _call(gl.cdiv(n_k, BLOCK_N), n_heads_kv, kv_group, n_q, n_k, off, left, right, qk_scale, sm_scale,
                      softcap_in, softcap_out, total_q, out_stride_row, out_stride_head)
