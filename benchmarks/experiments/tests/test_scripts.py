@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 WITH_OPTIONS = ["ab_trees", "clock_ramp", "sm90_variants", "profile_sm90", "ncu_summary", "sass_schedule",
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
                 "ring_scaling", "check_cost", "bwd_host", "bwd_sm90", "bwd_tune", "decode_host", "decode_residency",
-                "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile", "hf_gpt_oss"]
+                "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile", "hf_gpt_oss",
+                "mla_decode"]
 WITHOUT_OPTIONS = ["host_sm90", "launch_overhead"]
 # The library's modules a lab script may import: the public API and what vflash.harness.lab collects.
 PUBLIC = re.compile(r"vflash(\.(harness|dispatch|reference|integrations)(\.\w+)*|\.distributed|\.cli)?")
@@ -209,6 +210,19 @@ def test_decode_prototype_variants_agree_with_sdpa_on_the_cpu():
     errs = ast.literal_eval(r.stdout.split("check max err:", 1)[1].strip().splitlines()[0])
     assert set(errs) == {f"{layout}/{merge}" for layout in ("2d", "wk") for merge in ("none", "arrive", "two")}
     assert max(errs.values()) < 1e-2, errs
+
+
+def test_mla_decode_smoke_run_writes_a_row_per_method(tmp_path):
+    # the interpreter, one tiny row of each kind: the dispatch's call, a forced candidate tile and the GQA
+    # yardstick each time a row, the HBM row first
+    import csv
+    out = tmp_path / "mla.csv"
+    r = _run("benchmarks.experiments.mla_decode", "--smoke", "--tiles", "16,16,4,1", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader(open(out)))
+    assert [row["method"] for row in rows] == ["hbm"] + ["vflash", "vflash-tiles", "gqa-d128"] * 2
+    assert {row["kind"] for row in rows[1:]} == {"memory", "compute"} and rows[2]["tiles"] == "16,16,4,1 x1"
+    assert all(float(row["us"]) > 0 for row in rows[1:])
 
 
 def test_ring_scaling_smoke_run_writes_rows_with_kept_fractions(tmp_path):
