@@ -363,3 +363,44 @@ def test_problem_of_reads_the_layout_and_the_score_options():
                  Score(0.125), False)
     p = dispatch.problem_of(cache)
     assert (p.layout, p.batch, p.n_q, p.n_k, p.varlen) == ("cache", 2, 4, 16, True)
+
+
+def latent_problem(batch, heads_q, n_q, capacity, **kw):
+    # an MLA decode call: q / k 576, v the cache's first 512 columns (a view), one KV head
+    return dataclasses.replace(kv_problem(batch, heads_q, n_q, capacity, d=576), head_dim_v=512, v_in_k=True,
+                               tma_ok=True, **kw)
+
+
+def test_a_latent_cache_takes_the_sm90_mla_kernel_where_forced_and_fills_a_wave(h200, monkeypatch):
+    # "mla" in SM90_FORCED_ONLY: the portable latent path unforced; forced, the MLA kernel with as many splits as
+    # fill one wave of 132 CTAs (each at least SM90_MLA_MIN_SPLIT_TILES tiles); without it, the same unforced
+    p = latent_problem(32, 16, 1, 8192)
+    assert "KVCACHE_LATENT" in dispatch.select_kvcache(p, 1).why
+    forced = dispatch.select_kvcache(p, 1, kernel="sm90")
+    assert forced.kernel == "sm90" and forced.tiles == tables.SM90_MLA._replace(num_splits=4), forced.why
+    assert dispatch.select_kvcache(latent_problem(128, 128, 1, 8192), 1, kernel="sm90").tiles.num_splits == 1
+    assert dispatch.select_kvcache(latent_problem(2, 16, 1, 300), 1, kernel="sm90").tiles.num_splits == 1
+    assert dispatch.select_kvcache(p, 1, num_splits=7, kernel="sm90").tiles.num_splits == 7
+    assert dispatch.select_kvcache(p, 1, page_size=16, kernel="portable").kernel == "portable"
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
+    assert dispatch.select_kvcache(p, 1, page_size=64).kernel == "sm90"
+
+
+@pytest.mark.parametrize("change,kw,words", [
+    (dict(kv_dtype=torch.float8_e4m3fn), {}, "16-bit queries and caches"),
+    (dict(options=("softcap",)), {}, "sinks, causal or no mask"),
+    (dict(band=Band(0, 100, 0)), {}, "sinks, causal or no mask"),
+    (dict(head_dim=320, head_dim_v=256), {}, "DeepSeek's latent cache"),
+    ({}, dict(heads_k=2), "one KV head"),
+    ({}, dict(batch_invariant=True), "batch-invariant"),
+    ({}, dict(packed_q=True), "fixed count of new queries"),
+    ({}, dict(page_size=8), "pages of a power of two from 16"),
+], ids=["fp8_cache", "softcap", "window", "other_dims", "two_kv_heads", "batch_invariant", "packed_q", "page_8"])
+def test_the_sm90_mla_kernel_refuses_what_it_cannot_take_and_says_why(h200, change, kw, words):
+    p = dataclasses.replace(latent_problem(4, 16, 1, 4096), **change)
+    kw = dict(kw)
+    heads_k = kw.pop("heads_k", 1)
+    assert words in dispatch.mla_refusal(p, heads_k, **kw)
+    with pytest.raises(ValueError, match="sm90 kernel cannot take this call"):
+        dispatch.select_kvcache(p, heads_k, **kw, kernel="sm90")
+    assert dispatch.select_kvcache(p, heads_k, **kw).kernel == "portable"

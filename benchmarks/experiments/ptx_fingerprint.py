@@ -9,6 +9,7 @@ launcher: what a GPU would compile for that call. The set covers
   the Gluon forward: dense tiles and masks over its switches (one, two and three consumers, two and three
     CTAs an SM, PINGPONG, P_FP32, LATE_PV_WAIT, LAZY_RESCALE, DYNAMIC, a left edge, softcap, no LSE, bf16),
     varlen, and KV caches (contiguous, paged with pages of 16 and of 64: page runs, pages shorter than a tile);
+  the Gluon MLA decode (pages of 64 with sinks, pages of 16 split) and its split merge;
   the Gluon backward's dQ and dK / dV, dense, varlen, D 256's dK and dV apart, and a v head dim of its own
     (192 / 128, 128 / 64 varlen);
   the portable forward (dense, varlen), its KV-cache kernel (decode GQA-packed, unsplit and split with the
@@ -131,6 +132,21 @@ def gluon_kvcache(head_dim: int, tiles: Sm90Tiles, page_size: int = 0, lse=True,
                                   Score(head_dim ** -0.5, None), tiles, SMS, varlen=(cu_q, None, max_q, False),
                                   cache=(_empty(batch, dtype=I32), table))]
     return Group(launches, ("",), gluon=True)
+
+
+def gluon_mla(tiles, page_size: int = 64, heads: int = 128, n_q: int = 1, sinks: bool = False) -> Group:
+    """The Gluon MLA decode (a latent cache [pages, page_size, 1, 576], v its first 512 columns): 64 sequences of
+    n_q new queries over caches of 4096 rows, causal; split (tiles.num_splits > 1), its merge launch too."""
+    def launches():
+        batch, rows = 64, 4096
+        q = _empty(batch * n_q, heads, 576, dtype=BF16)
+        k = _empty(batch * rows // page_size, page_size, 1, 576, dtype=BF16)
+        out = _empty(batch * n_q, heads, 512, dtype=BF16)
+        return lab.mla_launches(q, k, out, _empty(heads, batch * n_q, dtype=torch.float32), _empty(batch, dtype=I32),
+                                _empty(batch, rows // page_size, dtype=I32), n_q, sequence_band("bottom_right",
+                                                                                                 (-1, -1)),
+                                Score(576 ** -0.5, None, _sinks(heads, sinks)), tiles)
+    return Group(launches, ("mla", "merge") if tiles.num_splits > 1 else ("",), gluon=True)
 
 
 # --- the backward: delta, then dK / dV and dQ, portable or Gluon ---
@@ -280,6 +296,9 @@ GROUPS: Dict[str, Group] = {
     "kvcache_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True)),
     "paged16_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=16, lse=False),
     "paged64_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=64),
+    # the Gluon MLA decode: pages of 64 (FlashMLA's) unsplit with sinks, pages of 16 split (with its merge)
+    "mla_paged64_sinks": gluon_mla(lab.MlaTiles(64, 2), sinks=True),
+    "mla_paged16_split": gluon_mla(lab.MlaTiles(64, 2, num_splits=4), page_size=16, heads=16, n_q=2),
     # the Gluon backward (the dispatch's SM90_BACKWARD tiles)
     "bwd_d128_causal": backward(128, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90"),
     "bwd_varlen_d64_window": backward(64, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90", F16,

@@ -9,9 +9,10 @@ raises ValueError saying why.
 """
 
 from vflash.dispatch.rules import (DTYPES, FORCED, KERNELS, REGISTRY, Choice, Kernel, Problem, backward_tiles,
-                                   cache_write_tiles, choose, merge_tiles, metadata_tiles, problem_of, refusal,
-                                   select, select_backward, select_kvcache, sm90_backward_refusal, sm90_refusal)
+                                   cache_write_tiles, choose, merge_tiles, metadata_tiles, mla_refusal, problem_of,
+                                   refusal, select, select_backward, select_kvcache, sm90_backward_refusal,
+                                   sm90_refusal)
 
 __all__ = ["DTYPES", "FORCED", "KERNELS", "REGISTRY", "Choice", "Kernel", "Problem", "backward_tiles",
-           "cache_write_tiles", "choose", "merge_tiles", "metadata_tiles", "problem_of", "refusal", "select",
+           "cache_write_tiles", "choose", "merge_tiles", "metadata_tiles", "mla_refusal", "problem_of", "refusal", "select",
            "select_backward", "select_kvcache", "sm90_backward_refusal", "sm90_refusal"]

@@ -13,7 +13,7 @@ from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.ops.tma import cache_ready, pages_fit, tma_ready
 from vflash.call import Band, Cache, Call, Score
 from vflash.ops.tiles import (CONSUMER_ROWS, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
-                              MetadataTiles, PortableTiles, head_dim_pad)
+                              MetadataTiles, MlaTiles, PortableTiles, head_dim_pad)
 
 
 # VFLASH_KERNEL=portable|sm90 forces a kernel for every call of the process (read at import).
@@ -59,7 +59,7 @@ class Problem:
 @dataclass(frozen=True)
 class Choice:
     kernel: str  # "portable" or "sm90"
-    tiles: Union[PortableTiles, Sm90Tiles, KVCacheTiles, BackwardTiles]
+    tiles: Union[PortableTiles, Sm90Tiles, KVCacheTiles, BackwardTiles, MlaTiles]
     why: str
 
 
@@ -88,7 +88,7 @@ def choose(call: Call, kernel: Optional[str] = None) -> Choice:
     layout = call.layout
     if isinstance(layout, Cache):
         return select_kvcache(problem_of(call), call.heads_kv, layout.num_splits, layout.batch_invariant,
-                              call.page_size)
+                              call.page_size, kernel, layout.cu_seqlens_q is not None)
     return select(problem_of(call), kernel)
 
 
@@ -206,7 +206,7 @@ def _pow2(n: int) -> int:
 
 
 def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, batch_invariant: bool = False,
-                   page_size: int = 0) -> Choice:
+                   page_size: int = 0, kernel: Optional[str] = None, packed_q: bool = False) -> Choice:
     """The kernel, tiles and split count of `attention_with_kvcache`: `p` from
     problem_of (its TMA check covers the caches), n_k the cache's
     capacity a sequence (the longest a sequence can be without a host sync);
@@ -217,7 +217,17 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     Chunked prefill (more packed rows than DECODE_ROWS, unsplit, not batch-invariant)
     takes the sm90 kernel's KV_CACHE build where `select` would take the sm90 kernel
     for the same rows dense and the page size suits its copies (ops.tma.pages_fit);
-    decode and everything else attention_kvcache_kernel (portable)."""
+    a latent cache (MLA) the sm90 MLA kernel where it can take the call (mla_refusal) and
+    SM90_FORCED_ONLY allows, or `kernel` (VFLASH_KERNEL) forces "sm90" (then a call it cannot take
+    raises ValueError); decode and everything else attention_kvcache_kernel (portable).
+    packed_q: the queries come with cu_seqlens_q (their counts differ by sequence)."""
+    kernel = _forced(kernel)
+    if p.v_in_k and kernel != "portable":
+        refused = mla_refusal(p, heads_k, batch_invariant, page_size, packed_q)
+        if kernel == "sm90" and refused is not None:
+            raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
+        if refused is None and (kernel == "sm90" or "mla" not in tables.SM90_FORCED_ONLY):
+            return _mla_choice(p, num_splits, kernel == "sm90")
     group = p.heads_q // heads_k
     d = p.head_dim_pad
     head_blocks = 1
@@ -301,6 +311,42 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
             stages = rule.num_stages
             tiles, why = tiles._replace(num_stages=stages), f"{why}, KVCACHE_WAVES: {stages} stages"
     return Choice("portable", tiles, f"portable kernel: {why}, {splits} splits ({how})")
+
+
+def mla_refusal(p: Problem, heads_k: int, batch_invariant: bool = False, page_size: int = 0,
+                packed_q: bool = False) -> Optional[str]:
+    """Why the sm90 MLA kernel (kernels/mla_decode_sm90.py) cannot take a latent-cache call, or None if it can."""
+    refusal = _sm90_device_refusal(p)
+    if refusal is not None:
+        return refusal
+    if p.dtype not in (torch.float16, torch.bfloat16) or p.kv_dtype is not None:
+        return f"its MLA kernel takes 16-bit queries and caches, not {p.dtype} / {p.kv_dtype or p.dtype}"
+    if (p.head_dim, p.head_dim_v, heads_k) != (576, 512, 1):
+        return (f"its MLA kernel takes DeepSeek's latent cache (q / k 576, v 512, one KV head), not "
+                f"{p.head_dim} / {p.head_dim_v} over {heads_k} KV heads")
+    if any(o != "sinks" for o in p.options) or p.band.has_left or (p.band.has_right and p.band.right != 0):
+        return "its MLA kernel takes sinks, causal or no mask, and nothing else of the score's options"
+    if batch_invariant or packed_q:
+        return "its MLA kernel takes a fixed count of new queries a sequence and no batch-invariant mode"
+    if page_size and not pages_fit(page_size, tables.SM90_MLA.block_n):
+        return f"its MLA kernel's copies take pages of a power of two from 16, not {page_size}"
+    return None
+
+
+def _mla_choice(p: Problem, num_splits: Optional[int], forced: bool) -> Choice:
+    # the MLA kernel's tiles and split count: num_splits (at most a split a key tile), else as many as fill one
+    # wave of CTAs (one an SM), each of at least SM90_MLA_MIN_SPLIT_TILES key tiles
+    tiles = tables.SM90_MLA
+    key_tiles = max(1, -(-p.n_k // tiles.block_n))
+    programs = p.batch * -(-max(1, p.n_q) * p.heads_q // CONSUMER_ROWS)
+    if num_splits is not None:
+        splits, how = max(1, min(num_splits, key_tiles)), "num_splits given"
+    else:
+        splits = max(1, min(_sm_count(p) // programs, key_tiles // tables.SM90_MLA_MIN_SPLIT_TILES,
+                            tables.SM90_MLA_MAX_SPLITS))
+        how = f"{programs} CTAs unsplit"
+    return Choice("sm90", tiles._replace(num_splits=splits),
+                  f"sm90 MLA kernel{' (forced)' if forced else ''}: SM90_MLA, {splits} splits ({how})")
 
 
 def _deeper_ring(rule: tables.WaveRule, per_sm: int, programs: int, sms: int, key_tiles: int) -> bool:

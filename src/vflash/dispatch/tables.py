@@ -9,7 +9,7 @@ does.
 from typing import Dict, NamedTuple, Tuple
 
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles,
-                              KVCacheTiles, MergeTiles, MetadataTiles, PortableTiles)
+                              KVCacheTiles, MergeTiles, MetadataTiles, MlaTiles, PortableTiles)
 
 # --- portable Triton kernel (kernels/attention_fwd.py), by padded head dim ---------------------
 
@@ -87,8 +87,9 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
 }
 # Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
 # --kernel sm90`), by feature, until `vflash check --kernel sm90` passes on them on an sm_90 GPU: "fp8" (e4m3
-# inputs) and "v head dim" (v's head dim unlike q's and k's; the forward and the backward).
-SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8", "v head dim")
+# inputs), "v head dim" (v's head dim unlike q's and k's; the forward and the backward) and "mla" (the latent
+# cache's decode kernel).
+SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8", "v head dim", "mla")
 
 
 class ShortBand(NamedTuple):
@@ -160,6 +161,13 @@ DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
 # MLA path is the correct one, not yet the fast one (issue 55).
 KVCACHE_LATENT = KVCacheTiles(32, 32, 8, 2)
 LATENT_ROWS = 32
+# On sm_90 the latent cache's own kernel (kernels/mla_decode_sm90.py): 64-key tiles of 576 columns, two in the
+# ring (with Q and P, 225 KB of shared memory: one CTA an SM); a sequence's keys split over CTAs to fill one wave,
+# each split at least SM90_MLA_MIN_SPLIT_TILES tiles. Compiled (ptxas, Triton 3.6: no wgmma serialized, 56-84 bytes
+# of spills), untimed: taken where forced only (SM90_FORCED_ONLY's "mla").
+SM90_MLA = MlaTiles(64, 2)
+SM90_MLA_MIN_SPLIT_TILES = 4
+SM90_MLA_MAX_SPLITS = 64
 
 # Chunked prefill: PORTABLE's tiles, whose row block is compute-bound like a dense prefill's.
 KVCACHE_PREFILL: Dict[int, KVCacheTiles] = {d: KVCacheTiles(*t[:4]) for d, t in PORTABLE.items()}

@@ -28,6 +28,7 @@ Launch plans (the host fast path of repeated calls)
   plans_off, clear_plans, recorded_plans, plan_key, kvcache_plan_key, lookup_plan, triton_launcher_only
 The sm_90 kernels
   HAVE_GLUON, CONSUMER_ROWS, CONSUMER_REGS, sm90_launch, sm90_grid             the Gluon forward
+  MlaTiles, mla_launches                                                      the Gluon MLA decode (and its merge)
   sm90_dq_launch, sm90_dkdv_launch, SM90_BWD_STAGES                           the Gluon backward
 Builds without a GPU
   compiled_path, compile_launch_sm90, sm90_builds, compile_sm90_forward
@@ -58,8 +59,9 @@ from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
 from vflash.ops.metadata import sequence_metadata_flags
+from vflash.ops.mla_sm90 import mla_launches
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
-                              MetadataTiles, PortableTiles)
+                              MetadataTiles, MlaTiles, PortableTiles)
 
 __all__ = [
     "Band", "mask_band", "sequence_band", "Score", "Call", "Packed", "Cache",
@@ -72,7 +74,7 @@ __all__ = [
     "plans_off", "clear_plans", "recorded_plans", "plan_key", "kvcache_plan_key", "lookup_plan",
     "triton_launcher_only",
     "HAVE_GLUON", "CONSUMER_ROWS", "CONSUMER_REGS", "sm90_launch", "sm90_grid",
-    "sm90_dq_launch", "sm90_dkdv_launch", "SM90_BWD_STAGES",
+    "sm90_dq_launch", "sm90_dkdv_launch", "SM90_BWD_STAGES", "MlaTiles", "mla_launches",
     "compiled_path", "compile_launch_sm90", "sm90_builds", "compile_sm90_forward",
     "fold_splits",
 ]

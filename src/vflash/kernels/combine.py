@@ -106,3 +106,31 @@ def fold_splits(o_rows, lse_rows, stride_ps, stride_ls, stride_d, num_splits, ro
     out = acc * (1.0 / tl.where(empty, 1.0, total))[:, None]
     lse = tl.where(empty, float("-inf"), m_run + tl.log(tl.where(empty, 1.0, total)))
     return out, lse
+
+
+@triton.jit
+def merge_splits_kernel(
+    O_PART, LSE_PART, O, LSE, SINKS, n_rows, heads_q, total_q, part_stride, num_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    STORE_LSE: tl.constexpr, HAS_SINK: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    # A split launch's merge (fold_splits) as a launch of its own: rows r = query t * Hq + head h of the fp32
+    # partials O_PART [splits, n_rows, HEAD_DIM] (split stride part_stride) and LSE_PART [splits, Hq, total_q]
+    # into O [n_rows, HEAD_DIM] (its dtype) and LSE [Hq, total_q] (STORE_LSE); HAS_SINK: SINKS [Hq] fp32, each
+    # head's sink logit, in the merged row's denominator (the partials carry none). grid = (cdiv(n_rows, ROWS),).
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    head = rows % heads_q
+    lse_offs = head.to(tl.int64) * total_q + rows // heads_q
+    if HAS_SINK:
+        sink = tl.load(SINKS + head, mask=row_ok, other=float("-inf"))
+    else:
+        sink = 0.0
+    out, lse = fold_splits(O_PART + rows.to(tl.int64) * HEAD_DIM, LSE_PART + lse_offs, part_stride,
+                           heads_q.to(tl.int64) * total_q, 1, num_splits, row_ok, sink, ROWS, HEAD_DIM, HEAD_DIM_PAD,
+                           SPLIT_CHUNK, HAS_SINK)
+    cols = tl.arange(0, HEAD_DIM_PAD)
+    tl.store(O + rows.to(tl.int64)[:, None] * HEAD_DIM + cols[None, :], cast(out, O.dtype.element_ty, EMULATE_BF16),
+             mask=row_ok[:, None] & (cols < HEAD_DIM)[None, :])
+    if STORE_LSE:
+        tl.store(LSE + lse_offs, lse, mask=row_ok)

@@ -16,12 +16,12 @@ from vflash import _backend
 from vflash.kernels.attention_fwd import attention_fwd_kernel, attention_kvcache_kernel
 from vflash.call import Band, Call, Packed, Score, v_in_k_cache
 from vflash.ops import sm90 as sm90_launch
-from vflash.ops import metadata
+from vflash.ops import metadata, mla_sm90
 from vflash.ops import launch as launches
 from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
-from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, PortableTiles, head_dim_pad
+from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, MlaTiles, PortableTiles, head_dim_pad
 from vflash.ops.tma import tma_ready
 
 INPUTS = ("q", "k", "v")
@@ -226,7 +226,7 @@ def attention_varlen_forward(
 def attention_kvcache_forward(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], max_seqlen_q: int, *, band: Band,
-    score: Score, return_lse: bool, tiles: Union[KVCacheTiles, Sm90Tiles], kernel: str,
+    score: Score, return_lse: bool, tiles: Union[KVCacheTiles, Sm90Tiles, MlaTiles], kernel: str,
     out: Optional[torch.Tensor] = None, plan_key: Optional[Hashable] = None,
     plan_inputs: Optional[Sequence[str]] = None, plan_out_shape: Optional[Tuple[int, ...]] = None,
     plan_admit: Optional[Callable[..., bool]] = None,
@@ -245,7 +245,8 @@ def attention_kvcache_forward(
     caller's out (of the key's metadata) as the input named "out" in `plan_inputs` (default
     KVCACHE_INPUTS and "out"), run where `plan_admit` passes (plans.LaunchPlan.admit). kernel "sm90"
     (chunked prefill on sm_90, Sm90Tiles): the Gluon
-    kernel's KV_CACHE build, unsplit and unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
+    kernel's KV_CACHE build, unsplit and unplanned; against a latent cache (MlaTiles) the Gluon MLA kernel
+    (ops.mla_sm90), unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
@@ -254,6 +255,14 @@ def attention_kvcache_forward(
         out = torch.empty((total_q, Hq, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
+        return out, lse
+    if kernel == "sm90" and v_in_k_cache(k_cache, v_cache):  # a latent cache: the MLA kernel (unplanned)
+        rows = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        for launch in mla_sm90.mla_launches(q, k_cache, rows, lse, cache_seqlens, block_table, max_seqlen_q, band,
+                                            score, tiles):
+            launches.run(launch, q.device)
+        if rows is not out:
+            out.copy_(rows)
         return out, lse
     if kernel == "sm90":
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence

@@ -83,6 +83,16 @@ class KVCacheTiles(NamedTuple):
     head_blocks: int = 1
 
 
+class MlaTiles(NamedTuple):
+    """`kernels/mla_decode_sm90.py:mla_decode_sm90_kernel`'s launch (a latent cache on sm_90: 64 (query, head) rows
+    a CTA over two consumer warpgroups), and its split merge's (`kernels/combine.py:merge_splits_kernel`)."""
+    block_n: int  # keys a tile
+    stages: int  # depth of the key ring (STAGES)
+    num_splits: int = 1  # CTAs each sequence's keys are split across; > 1: fp32 partials, then the merge launch
+    merge_rows: int = 4  # (query, head) rows a merge program
+    split_chunk: int = 4  # splits a merge load
+
+
 class MergeTiles(NamedTuple):
     """`kernels/combine.py:merge_states_kernel`'s launch: [block_rows, block_d] tiles."""
     block_rows: int
