@@ -187,8 +187,9 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
                   | tail -1
               done ;;
     check_sm90_forced) # the sm90 builds dispatch takes where forced only (tables.SM90_FORCED_ONLY): the FP8
-              # cases and the v-head-dim ones, the sm90 kernels forced (cases they cannot take: refused, not run)
-              for m in fp8 D128/64 D192/128; do
+              # cases, the v-head-dim ones (forward and backward) and MLA decode, the sm90 kernels forced (cases
+              # they cannot take: refused, not run)
+              for m in fp8 D128/64 D192/128 MLA; do
                 timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match "$m" --kernel sm90 \
                   --log "$R/check_gpu_sm90_${m//\//_}.log" | tail -1
               done ;;

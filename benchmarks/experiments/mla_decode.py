@@ -9,6 +9,8 @@ both products). Two kinds of row:
   compute-bound Hq 128, B 32-128, KV 4k-8k: TFLOP/s counting 2 * (576 + 512) flops a query head and key;
                 bar 550
 
+`vflash` is the dispatch's choice (the portable kernel's latent path while the sm90 MLA kernel is taken where
+forced only), `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's forced split count.
 Beside each row, in the same process: SDPA on the unpacked cache (K [B, 1, KV, 576], V [B, 1, KV, 512]
 contiguous, `enable_gqa`, unmasked: with Nq > 1 it skips the last queries' few masked keys), each backend
 that takes it ("sdpa-<backend>"), and vflash's own GQA decode
@@ -131,9 +133,17 @@ def main() -> int:
         calls = [lambda kc=kc: vflash.attention_with_kvcache(q, kc, kc[..., :D_V], seqlens, block_table=table,
                                                                causal=True, check_metadata=False) for kc in caches]
         record("vflash", _time(calls, device))
+        rows_q = q.flatten(0, 1)
+        if not args.smoke:  # the sm90 MLA kernel (dispatch takes it where forced only), the dispatch's split count
+            cached = Cache(seqlens, table, None, nq, None, False, False, tuple(q.shape))
+            call = Call(rows_q, caches[0], caches[0][..., :D_V], cached, band, Score(D_QK ** -0.5), False)
+            mla = dispatch.choose(call, "sm90").tiles
+            sm90 = [lambda kc=kc: attention_kvcache_forward(
+                rows_q, kc, kc[..., :D_V], seqlens, table, None, nq, band=band, score=Score(D_QK ** -0.5),
+                return_lse=False, tiles=mla) for kc in caches]
+            record("vflash-sm90", _time(sm90, device), f"{mla.block_n},{mla.stages} x{mla.num_splits}")
         if tiles is not None:
             cached = Cache(seqlens, table, None, nq, None, False, False, tuple(q.shape))
-            rows_q = q.flatten(0, 1)
             call = Call(rows_q, caches[0], caches[0][..., :D_V], cached, band, Score(D_QK ** -0.5), False)
             for cand in tiles:
                 saved = tables.LATENT_ROWS, tables.KVCACHE_LATENT

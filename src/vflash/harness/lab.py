@@ -81,10 +81,10 @@ __all__ = [
 
 
 def kernel_of(tiles) -> str:
-    """The kernel family a tile type belongs to (vflash.dispatch's Choice.kernel): Sm90Tiles the sm90
-    kernels, every other type the portable ones. The library takes the kernel from dispatch's choice; a
+    """The kernel family a tile type belongs to (vflash.dispatch's Choice.kernel): Sm90Tiles and MlaTiles the
+    sm90 kernels, every other type the portable ones. The library takes the kernel from dispatch's choice; a
     lab script that forces tiles names the kernel through them."""
-    return "sm90" if isinstance(tiles, Sm90Tiles) else "portable"
+    return "sm90" if isinstance(tiles, (Sm90Tiles, MlaTiles)) else "portable"
 
 
 def _kernel_from_tiles(launcher: Callable) -> Callable:
