@@ -71,7 +71,7 @@ def problem_of(call: Call) -> Problem:
     given = (q,) if call.out is None else (q, call.out)
     if isinstance(layout, Cache):
         tma = all(map(tma_ready, given)) and cache_ready(call.k) and cache_ready(call.v)
-    elif q.dtype == torch.float8_e4m3fn:  # v as the launcher gives it (ops.attention.keys_ready, or its copy)
+    elif q.dtype == torch.float8_e4m3fn:  # v as the launcher gives it (ops.tma.keys_ready, or its copy)
         tma = all(map(tma_ready, given + (call.k,)))
     else:
         tma = all(map(tma_ready, given + (call.k, call.v)))

@@ -51,7 +51,6 @@ from vflash.ops import launch as _launches
 from vflash.ops import plans as _plans
 from vflash.ops import attention as _attention
 from vflash.ops import tiles as _tiles
-from vflash.ops.attention import keys_contiguous
 from vflash.ops.attention_bwd import attention_backward
 from vflash.call import ATTENTION, ATTENTION_KVCACHE, Band, Cache, Call, Packed, Score
 from vflash._validate import mask_band, sequence_band
@@ -59,6 +58,7 @@ from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
 from vflash.ops.metadata import sequence_metadata_flags
+from vflash.ops.tma import keys_contiguous
 from vflash.ops.mla_sm90 import mla_launches
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, MlaTiles, PortableTiles)

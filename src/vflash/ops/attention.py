@@ -22,7 +22,7 @@ from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, MlaTiles, PortableTiles, head_dim_pad
-from vflash.ops.tma import tma_ready
+from vflash.ops.tma import keys_contiguous, keys_ready, tma_ready
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
@@ -145,27 +145,6 @@ def attention_forward(
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
         launches.record(plan_key, launch, compiled, plan_inputs or INPUTS, allocs, RETURNS, q.device.index)
     return out, lse
-
-
-def keys_ready(v: torch.Tensor, keys: int) -> bool:
-    """FP8 v as the kernels take it: its dimension `keys` contiguous, the other strides 16-byte multiples and
-    the base 16-byte aligned (the sm90 kernel's TMA descriptor covers v with the keys last)."""
-    return v.stride(keys) == 1 and tma_ready(v.transpose(keys, -1))
-
-
-def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
-    """A copy of FP8 v whose dimension `keys` is contiguous (keys_ready: their count padded to 16 bytes' worth),
-    for P.V: Hopper's e4m3 tensor-core dot reads both operands K-major from shared memory, and P.V's K is the
-    keys. With d-contiguous rows the portable kernel's compiler moves each V tile through registers to
-    transpose it, unpipelined (about half the speed), and the sm90 kernel's TMA cannot transpose; the copy is
-    one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
-    order = [d for d in range(v.dim()) if d != keys] + [keys]
-    shape = [v.shape[d] for d in order]
-    n = shape[-1]
-    shape[-1] = -(-n // 16) * 16
-    copy = v.new_empty(shape)[..., :n]
-    copy.copy_(v.permute(order))
-    return copy.permute([order.index(d) for d in range(v.dim())])
 
 
 def _no_key_lse(lse: torch.Tensor, score: Score, heads: int) -> None:

@@ -12,8 +12,8 @@ from vflash.call import Band, Score
 from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
-from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, keys_last_describer, page_rows,
-                            page_runs, pages_fit)
+from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, keys_contiguous, keys_last_describer,
+                            page_rows, page_runs, pages_fit)
 
 
 def qk_columns(head_dim: int) -> int:
@@ -81,7 +81,7 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]; pages shorter than
     a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy).
     e4m3 q, k, v (FP8, not with a cache): v with its keys contiguous (its dimension N, or total with varlen, of
-    unit stride and a multiple of 16 bytes apart: ops.attention.keys_contiguous), its descriptor over the
+    unit stride and a multiple of 16 bytes apart: ops.tma.keys_contiguous), its descriptor over the
     [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales. A v head dim of its
     own (not with a cache): v's and out's descriptors in its width, out through the pointer store. A q / k head
     dim that is no power of two (192): their descriptors in blocks of 64 columns (the kernel's QK_BLOCK), out
@@ -207,7 +207,6 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
     dv = head_dim_v or head_dim
 
     def values(k):  # v of dv columns; FP8: as the launcher gives it, its keys contiguous
-        from vflash.ops.attention import keys_contiguous  # (that module imports this one)
         v = empty(*k.shape[:-1], dv)
         return keys_contiguous(v, 0 if varlen else 2) if fp8 else v
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)

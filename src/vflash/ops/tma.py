@@ -1,8 +1,8 @@
 """TMA (the Hopper tensor memory accelerator) for the sm_90 kernels, forward and backward: which tensors
 and caches a descriptor can address, the descriptors themselves (encoded per call from a tensor's pointer,
 shape and strides, in blocks of a consumer warpgroup's rows or of a key tile), the views the descriptors
-cover (packed [total, H, D] tensors and KV caches as [1, H, rows, D]), the copies a paged cache's tiles
-take, and a descriptor's type in an ahead-of-time compile's signature. Dispatch reads the fit checks;
+cover (packed [total, H, D] tensors and KV caches as [1, H, rows, D]; FP8's V with its keys contiguous), the
+copies a paged cache's tiles take, and a descriptor's type in an ahead-of-time compile's signature. Dispatch reads the fit checks;
 the launchers (ops/sm90.py, ops/sm90_bwd.py) build the descriptors."""
 
 from functools import lru_cache
@@ -19,6 +19,26 @@ def tma_ready(t: torch.Tensor) -> bool:
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all(s * size % 16 == 0 for s in t.stride()[:-1]))
 
+
+def keys_ready(v: torch.Tensor, keys: int) -> bool:
+    """FP8 v as the kernels take it: its dimension `keys` contiguous, the other strides 16-byte multiples and
+    the base 16-byte aligned (the sm90 kernel's TMA descriptor covers v with the keys last)."""
+    return v.stride(keys) == 1 and tma_ready(v.transpose(keys, -1))
+
+
+def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
+    """A copy of FP8 v whose dimension `keys` is contiguous (keys_ready: their count padded to 16 bytes' worth),
+    for P.V: Hopper's e4m3 tensor-core dot reads both operands K-major from shared memory, and P.V's K is the
+    keys. With d-contiguous rows the portable kernel's compiler moves each V tile through registers to
+    transpose it, unpipelined (about half the speed), and the sm90 kernel's TMA cannot transpose; the copy is
+    one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
+    order = [d for d in range(v.dim()) if d != keys] + [keys]
+    shape = [v.shape[d] for d in order]
+    n = shape[-1]
+    shape[-1] = -(-n // 16) * 16
+    copy = v.new_empty(shape)[..., :n]
+    copy.copy_(v.permute(order))
+    return copy.permute([order.index(d) for d in range(v.dim())])
 
 
 def block_shapes(block_n: int, head_dim: int):
