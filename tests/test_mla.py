@@ -245,3 +245,25 @@ def test_gpu_sm90_mla_kernel_matches_the_oracle(page, hq, n_q, splits, lens, sin
                                                  num_splits=splits, return_lse=True, sinks=sink)
     assert torch.isfinite(out).all()
     _assert_oracle(q, cache.nan_to_num(), table, seqlens, out, lse, sinks=sink, atol=8e-3)
+
+
+@needs_sm90
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gpu_sm90_mla_plan_replays_the_kernel_and_its_merge(splits, monkeypatch):
+    # the first call records the launches (the kernel, split: and its merge) as a plan; a repeat on other values
+    # replays it and still matches the oracle, and a v that is not the view is never served by it
+    from vflash import dispatch
+    monkeypatch.setattr(dispatch.rules, "FORCED", "sm90")
+    lens = [900, 37]
+    cache, table = _latent(lens, 64, "cuda", dtype=torch.bfloat16, seed=splits)
+    g = torch.Generator().manual_seed(splits)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    sink = torch.randn(16, generator=g).cuda()
+    for _ in range(3):
+        q = torch.randn(2, 1, 16, D, generator=g).to("cuda", torch.bfloat16)
+        out, lse = vflash.attention_with_kvcache(q, cache, cache[..., :DV], seqlens, block_table=table, causal=True,
+                                                 num_splits=splits, return_lse=True, sinks=sink)
+        _assert_oracle(q, cache, table, seqlens, out, lse, sinks=sink, atol=8e-3)
+    with pytest.raises(ValueError, match="against a latent cache"):
+        vflash.attention_with_kvcache(q, cache, cache[..., :DV].clone(), seqlens, block_table=table, causal=True,
+                                      num_splits=splits, return_lse=True, sinks=sink)

@@ -225,7 +225,7 @@ def attention_kvcache_forward(
     KVCACHE_INPUTS and "out"), run where `plan_admit` passes (plans.LaunchPlan.admit). kernel "sm90"
     (chunked prefill on sm_90, Sm90Tiles): the Gluon
     kernel's KV_CACHE build, unsplit and unplanned; against a latent cache (MlaTiles) the Gluon MLA kernel
-    (ops.mla_sm90), unplanned; "portable": attention_kvcache_kernel (KVCacheTiles)."""
+    and, split, its merge (ops.mla_sm90); "portable": attention_kvcache_kernel (KVCacheTiles)."""
     total_q, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     batch = cache_seqlens.numel()
@@ -235,13 +235,15 @@ def attention_kvcache_forward(
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return out, lse
-    if kernel == "sm90" and v_in_k_cache(k_cache, v_cache):  # a latent cache: the MLA kernel (unplanned)
+    if kernel == "sm90" and v_in_k_cache(k_cache, v_cache):  # a latent cache: the MLA kernel, then its merge
         rows = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-        for launch in mla_sm90.mla_launches(q, k_cache, rows, lse, cache_seqlens, block_table, max_seqlen_q, band,
-                                            score, tiles):
-            launches.run(launch, q.device)
+        run = [(launch, launches.run(launch, q.device)) for launch in mla_sm90.mla_launches(
+            q, k_cache, rows, lse, cache_seqlens, block_table, max_seqlen_q, band, score, tiles)]
         if rows is not out:
             out.copy_(rows)
+        elif plan_key is not None and q.device.index == torch.cuda.current_device():
+            _record_kvcache(plan_key, run, out, lse, fresh_out, tiles.num_splits, (total_q, Hq, v_cache.shape[-1],
+                            batch, 1, 1), q.device, plan_inputs, plan_out_shape, plan_admit)
         return out, lse
     if kernel == "sm90":
         if cu_seqlens_q is None:  # max_seqlen_q rows a sequence
@@ -302,16 +304,24 @@ def attention_kvcache_forward(
                           dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages), slots)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and q.device.index == torch.cuda.current_device():
-        allocs = [Alloc("out", plan_out_shape or tuple(out.shape), q.dtype)] if fresh_out else []
-        allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
-        scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(
-            splits, total_q, Hq, v_cache.shape[-1], batch, heads_k, row_tiles, q.device))
-        inputs = tuple(plan_inputs or KVCACHE_INPUTS + ("out",))
-        if fresh_out:  # the plan allocates out: a caller's out argument (None) is not its source
-            inputs = tuple("" if name == "out" else name for name in inputs)
-        launches.record(plan_key, launch, compiled, inputs, allocs, RETURNS, q.device.index, scratch,
-                        admit=plan_admit)
+        _record_kvcache(plan_key, [(launch, compiled)], out, lse, fresh_out, splits,
+                        (total_q, Hq, v_cache.shape[-1], batch, heads_k, row_tiles), q.device, plan_inputs,
+                        plan_out_shape, plan_admit)
     return out, lse
+
+
+def _record_kvcache(plan_key: Hashable, run: list, out: torch.Tensor, lse: Optional[torch.Tensor], fresh_out: bool,
+                    splits: int, scratch_sizes: tuple, device: torch.device, plan_inputs: Optional[Sequence[str]],
+                    plan_out_shape: Optional[Tuple[int, ...]], plan_admit: Optional[Callable[..., bool]]) -> None:
+    # A KV-cache call's launches (`run`: (launch, compiled) in order) as the plan of plan_key: it allocates out
+    # (where the call did) and lse, fetches split-KV's scratch of scratch_sizes (ops.scratch) where split
+    allocs = [Alloc("out", plan_out_shape or tuple(out.shape), out.dtype)] if fresh_out else []
+    allocs += [Alloc("lse", tuple(lse.shape), torch.float32)] if lse is not None else []
+    scratch = None if splits == 1 else (SCRATCH_NAMES, scratch_fetcher(splits, *scratch_sizes, device))
+    inputs = tuple(plan_inputs or KVCACHE_INPUTS + ("out",))
+    if fresh_out:  # the plan allocates out: a caller's out argument (None) is not its source
+        inputs = tuple("" if name == "out" else name for name in inputs)
+    launches.record_sequence(plan_key, run, inputs, allocs, RETURNS, device.index, scratch, admit=plan_admit)
 
 
 def _sm90_launch(q, k, v, out, lse, band: Band, score: Score, tiles: Sm90Tiles, **kv) -> KernelLaunch:
