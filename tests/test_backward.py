@@ -37,16 +37,23 @@ def _grads(fn, q, k, v, do, dtype):
     return [t.grad for t in leaves]
 
 
+def _assert_grads(got, ref, same, dtype, what=""):
+    # dq, dk, dv each against fp64 autograd of the explicit reference, within 3x the error of the same
+    # computation in `dtype` (`same`)
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), dtype, factor=3.0)
+        assert verdict.passed, f"{what}{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+
+
 def _check(B, Hq, Hkv, Nq, Nk, D, dtype, device, layout="bhnd", **opts):
     (q, k, v), do = _inputs(B, Hq, Hkv, Nq, Nk, D, DT[dtype], device, layout=layout)
     got = _grads(lambda a, b, c: vflash.attention(a, b, c, **opts), q, k, v, do, DT[dtype])
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, DT[dtype])
-    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
+    for g, r in zip(got, ref):
         assert g.shape == r.shape and g.dtype == DT[dtype]
-        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), DT[dtype], factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(got, ref, same, DT[dtype])
 
 
 @pytest.mark.parametrize("causal", [False, "bottom_right", "top_left"])
@@ -366,9 +373,7 @@ def test_gpu_hopper_backward_kernels_match_the_reference(case, tiles):
     ref = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=torch.float64, **opts), q, k, v, do,
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do, dtype)
-    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), dtype, factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(got, ref, same, dtype)
 
 
 @needs_sm90
@@ -464,9 +469,7 @@ def test_gpu_hopper_backward_at_d256_takes_dk_and_dv_apart(case):
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
                   torch.bfloat16)
-    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(got, ref, same, torch.bfloat16)
 
 
 # Packed sequences through the sm_90 kernels (ops.attention_backward with kernel="sm90"):
@@ -543,10 +546,7 @@ def test_gpu_hopper_varlen_backward_matches_the_per_sequence_reference(case):
     for tiles in _varlen_tile_sets(d):
         got, (q, k, v, do, cq, ck) = _packed_backward(lens_q, lens_k, hq, hkv, d, opts, dev, tiles)
         ref, same, _ = _per_sequence_reference(q, k, v, do, cq, ck, opts)
-        for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-            verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
-            assert verdict.passed, (f"{tiles} {name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} "
-                                    f"{verdict.note}")
+        _assert_grads(got, ref, same, torch.bfloat16, f"{tiles} ")
 
 
 @needs_sm90
@@ -561,10 +561,10 @@ def test_gpu_hopper_varlen_backward_never_sees_the_next_sequences_values(d):
     got, (q, k, v, do, cq, ck) = _packed_backward(lens, lens, 4, 2, d, dict(causal=True), torch.device("cuda"),
                                                   tiles, poison=True)
     ref, same, (nq, nk) = _per_sequence_reference(q, k, v, do, cq, ck, dict(causal=True), first_only=True)
-    for name, g, r, s in zip(("dq", "dk", "dv"), (got[0][:nq], got[1][:nk], got[2][:nk]), ref, same):
+    first = (got[0][:nq], got[1][:nk], got[2][:nk])
+    for name, g in zip(("dq", "dk", "dv"), first):
         assert g.isfinite().all(), name
-        verdict = compare(name, g.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(first, ref, same, torch.bfloat16)
 
 
 @pytest.mark.parametrize("kernel", ["dq", "dkdv"])
@@ -675,9 +675,7 @@ def test_gpu_hopper_backward_kernels_take_a_v_head_dim_of_its_own(case):
                  torch.float64)
     same = _grads(lambda a, b, c: attention_explicit(a, b, c, compute_dtype=None, **opts), q, k, v, do,
                   torch.bfloat16)
-    for name, gr, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        verdict = compare(name, gr.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(got, ref, same, torch.bfloat16)
 
 
 @needs_sm90
@@ -700,9 +698,7 @@ def test_gpu_forced_sm90_autograd_takes_a_v_head_dim_of_its_own_packed(d, d_v, m
                  q, k, v, do, torch.float64)
     same = _grads(lambda a, b, c: attention_varlen_reference(a, b, c, cu, cu, causal=True, compute_dtype=None),
                   q, k, v, do, torch.bfloat16)
-    for name, gr, r, s in zip(("dq", "dk", "dv"), got, ref, same):
-        verdict = compare(name, gr.cpu(), r.cpu(), s.cpu(), torch.bfloat16, factor=3.0)
-        assert verdict.passed, f"{name}: max err {verdict.max_err:.3e} > tol {verdict.tol:.3e} {verdict.note}"
+    _assert_grads(got, ref, same, torch.bfloat16)
 
 
 def test_hopper_backward_launches_fill_every_parameter_and_refuse_bad_stats():

@@ -66,7 +66,7 @@ dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
-from vflash.kernels.paging import cache_row, page_ids, pages_used, table_row
+from vflash.kernels.paging import key_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
 from vflash.kernels.tile import P_E4M3_SCALE, descaled
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
@@ -81,7 +81,7 @@ _RESCALE_ASM_TEXT = ("{\n.reg .pred same;\nsetp.eq.f32 same, $32, 0f3F800000;\n"
 _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] + ["r"] * 16)
 
 if HAVE_GLUON:
-    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
+    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, ring, tma, tma_load,
                                            tma_store, warpgroup_mma, warpgroup_mma_wait, zero_cols_from,
                                            zero_rows_from)
 
@@ -355,14 +355,15 @@ if HAVE_GLUON:
                 mbarrier.arrive(smem.q_ready.index(qb), count=1)
         COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS  # TMA copies a K or V tile
         for i in range(n_tiles):
-            slot, phase = _ring(kv, cfg.STAGES)
+            slot, phase = ring(kv, cfg.STAGES)
             empty_phase = phase ^ 1
             key = tile.lo + i * cfg.BLOCK_N  # in the sequence
             # The copies' rows (a paged cache: their page ids) are read before the slot waits, whose
             # time hides the reads' latency, and once for both K and V; K's copies still go first.
             rows = ()
             for c in gl.static_range(COPIES):
-                rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, tile, block_table, call, cfg),)
+                rows = rows + (key_row(block_table, tile.off_b, call.table_stride, tile.n_k, key + c * cfg.PAGE_ROWS,
+                                       tile.k_row, cfg.PAGE_SIZE),)
             run = _page_run(rows, cfg)
             mbarrier.wait(smem.k_empty.index(slot), empty_phase)
             mbarrier.expect(smem.k_ready.index(slot), k_desc.block_type.nbytes * COPIES * cfg.QK_CHUNKS)
@@ -411,30 +412,10 @@ if HAVE_GLUON:
             tma_load(desc, [tile.desc_b, tile.off_hk, rows[0], 0], ready, buf)
 
     @gluon.jit
-    def _cache_row(key, tile, block_table, call, cfg):
-        # The descriptors' row of the sequence's key `key` (its first of PAGE_ROWS
-        # in a copy). Paged: row key % PAGE_SIZE of the page the table names for
-        # it, the table read no further than the sequence's last page (rows past
-        # it come from page 0 and are masked).
-        if cfg.PAGE_SIZE > 0:
-            row = table_row(block_table, tile.off_b, call.table_stride)
-            page = page_ids(row, key, pages_used(tile.n_k, cfg.PAGE_SIZE), cfg.PAGE_SIZE)
-            return cache_row(page, key, cfg.PAGE_SIZE)
-        else:
-            return tile.k_row + key
-
-    @gluon.jit
-    def _ring(tile, STAGES: gl.constexpr):
-        # (slot, phase) of ring tile `tile` >= 0, in unsigned arithmetic: signed
-        # % and // cost sign fix-ups in the uniform datapath.
-        t = tile.to(gl.uint32)
-        return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
-
-    @gluon.jit
     def _kv_tile(smem, ready, tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         # Wait for ring tile `tile` (counted over all work tiles) to land and
         # return its [BLOCK_N, HEAD_DIM] view.
-        slot, phase = _ring(tile, STAGES)
+        slot, phase = ring(tile, STAGES)
         mbarrier.wait(ready.index(slot), phase)
         return smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
 
@@ -444,7 +425,7 @@ if HAVE_GLUON:
         if cfg.QK_CHUNKS == 1:
             return (_kv_tile(smem.k_smem, smem.k_ready, tile, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.STAGES),)
         else:
-            slot, phase = _ring(tile, cfg.STAGES)
+            slot, phase = ring(tile, cfg.STAGES)
             mbarrier.wait(smem.k_ready.index(slot), phase)
             chunks = ()
             for c in gl.static_range(cfg.QK_CHUNKS):
@@ -479,7 +460,7 @@ if HAVE_GLUON:
         # [HEAD_DIM_V, BLOCK_N] tiles (keys contiguous: an e4m3 wgmma reads its B operand K-major), transposed
         # as a view.
         if cfg.IS_FP8:
-            slot, phase = _ring(tile, cfg.STAGES)
+            slot, phase = ring(tile, cfg.STAGES)
             mbarrier.wait(smem.v_ready.index(slot), phase)
             return smem.v_smem.index(slot).reshape([cfg.HEAD_DIM_V, cfg.BLOCK_N]).permute((1, 0))
         else:
@@ -609,7 +590,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(smem.turns.index((C + 1) % cfg.NUM_CONSUMERS), count=1)
                 turn += 1
             s, k_tile = warpgroup_mma_wait(1, deps=(s, k_tiles[0]))  # S_j is done; P_{j-1} V_{j-1} may still run
-            mbarrier.arrive(smem.k_empty.index(_ring(kv + j, cfg.STAGES)[0]), count=1)
+            mbarrier.arrive(smem.k_empty.index(ring(kv + j, cfg.STAGES)[0]), count=1)
             # The key indices relative to the tile's first key: the columns stay
             # loop-invariant and the shift goes into the row bounds (two rows a
             # thread) instead of into every score's index; ptxas then compares
@@ -629,7 +610,7 @@ if HAVE_GLUON:
                 # go to a scratch row that nothing reads.
                 smem.anchor.slice(C * ROWS, ROWS).store(l_i)
             o, p_op, v_tile = _pv_wait(o, p_op, v_tile, cfg)
-            mbarrier.arrive(smem.v_empty.index(_ring(kv + j - 1, cfg.STAGES)[0]), count=1)
+            mbarrier.arrive(smem.v_empty.index(ring(kv + j - 1, cfg.STAGES)[0]), count=1)
             p = _carried_p(p_f32, q_tiles[0].dtype, cfg.P_FP32)
         return o, m_i, l_i, p, alpha, turn
 
@@ -642,7 +623,7 @@ if HAVE_GLUON:
         # with PINGPONG take the turn its iteration would have taken, so that
         # every consumer's turn count stays in step.
         for j in range(first, last):
-            slot, phase = _ring(kv + j, cfg.STAGES)
+            slot, phase = ring(kv + j, cfg.STAGES)
             mbarrier.wait(smem.k_ready.index(slot), phase)
             if cfg.PINGPONG:
                 if j > 0:  # key tile 0 is issued outside the turns
@@ -717,7 +698,7 @@ if HAVE_GLUON:
             k_tiles = _k_chunks(smem, kv, cfg)
             s = _qk(q_tiles, k_tiles, cfg)
             s, k_tile = warpgroup_mma_wait(0, deps=(s, k_tiles[0]))
-            mbarrier.arrive(smem.k_empty.index(_ring(kv, cfg.STAGES)[0]), count=1)
+            mbarrier.arrive(smem.k_empty.index(ring(kv, cfg.STAGES)[0]), count=1)
             if cfg.Q_BUFFERS == 2:
                 _release_previous_q(smem.q_empty, C, done)
             s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, call.left, call.right, softcap_in,
@@ -758,7 +739,7 @@ if HAVE_GLUON:
             p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             o, p_op, v_tile = _pv_wait(o, p_op, v_tile, cfg)
-            mbarrier.arrive(smem.v_empty.index(_ring(last, cfg.STAGES)[0]), count=1)
+            mbarrier.arrive(smem.v_empty.index(ring(last, cfg.STAGES)[0]), count=1)
         elif cfg.Q_BUFFERS == 2:
             _release_previous_q(smem.q_empty, C, done)
         if cfg.HAS_RIGHT:

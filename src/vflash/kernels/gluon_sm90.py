@@ -63,5 +63,12 @@ if HAVE_GLUON:
             piece.store(gl.where((cols < first)[None, :], vals, gl.zeros_like(vals)))
         fence_async_shared()
 
+    @gluon.jit
+    def ring(tile, STAGES: gl.constexpr):
+        # (slot, phase) of ring tile `tile` >= 0 of a STAGES-slot ring, in unsigned arithmetic: signed % and //
+        # cost sign fix-ups in the uniform datapath.
+        t = tile.to(gl.uint32)
+        return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
+
 __all__ = ["HAVE_GLUON", "gluon", "gl", "aggregate", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store", "tail_layout", "zero_cols_from", "zero_rows_from"]
+           "warpgroup_mma_wait", "tma_load", "tma_store", "ring", "tail_layout", "zero_cols_from", "zero_rows_from"]

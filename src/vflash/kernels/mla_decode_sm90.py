@@ -32,11 +32,11 @@ Gluon does not run under the Triton interpreter: the CPU suite compiles this ker
 
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 from vflash.kernels.mask import masked_logits
-from vflash.kernels.paging import cache_row, page_ids, pages_used, table_row
+from vflash.kernels.paging import key_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
 
 if HAVE_GLUON:
-    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, tma_load,
+    from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, ring, tma_load,
                                            warpgroup_mma, warpgroup_mma_wait, zero_rows_from)
 
     @aggregate
@@ -165,23 +165,6 @@ if HAVE_GLUON:
         return Work(b, split, row_start, row0, seq_rows, n_k, first, masked_from, last)
 
     @gluon.jit
-    def _ring(j, STAGES: gl.constexpr):
-        # (slot, phase) of the CTA's ring tile j >= 0, unsigned (no sign fix-ups)
-        t = j.to(gl.uint32)
-        return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
-
-    @gluon.jit
-    def _cache_row(key, w, block_table, call, cfg):
-        # The descriptors' row of the sequence's key `key` (a copy's first). Paged: the table read no further
-        # than the sequence's last page (rows past it come from page 0 and are masked).
-        if cfg.PAGE_SIZE > 0:
-            row = table_row(block_table, w.b, call.table_stride)
-            page = page_ids(row, key, pages_used(w.n_k, cfg.PAGE_SIZE), cfg.PAGE_SIZE)
-            return cache_row(page, key, cfg.PAGE_SIZE)
-        else:
-            return w.b * call.kv_seq_rows + key
-
-    @gluon.jit
     def _load_partition(q_half_desc, q_rope_desc, k_half_desc, k_rope_desc, smem, call, cache_seqlens, block_table,
                         cfg):
         # Producer: Q's three parts once, then the split's key tiles, each slot refilled once both consumers
@@ -193,11 +176,12 @@ if HAVE_GLUON:
         tma_load(q_rope_desc, [0, 0, w.row0, 2 * cfg.HALF], smem.q_ready.index(0), smem.q_rope)
         COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
         for i in range(w.first, w.last):
-            slot, phase = _ring(i - w.first, cfg.STAGES)
+            slot, phase = ring(i - w.first, cfg.STAGES)
             key = i * cfg.BLOCK_N
             rows = ()
             for c in gl.static_range(COPIES):  # the page ids read before the slot's wait hides their latency
-                rows = rows + (_cache_row(key + c * cfg.PAGE_ROWS, w, block_table, call, cfg),)
+                rows = rows + (key_row(block_table, w.b, call.table_stride, w.n_k, key + c * cfg.PAGE_ROWS,
+                                        w.b * call.kv_seq_rows, cfg.PAGE_SIZE),)
             ready = smem.k_ready.index(slot)
             mbarrier.wait(smem.k_empty.index(slot), phase ^ 1)
             mbarrier.expect(ready, COPIES * (2 * k_half_desc.block_type.nbytes + k_rope_desc.block_type.nbytes))
@@ -223,7 +207,7 @@ if HAVE_GLUON:
         cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         for i in range(start, stop):
             j = i - w.first
-            slot, phase = _ring(j, cfg.STAGES)
+            slot, phase = ring(j, cfg.STAGES)
             mbarrier.wait(smem.k_ready.index(slot), phase)
             k_lo = smem.k_lo.index(slot).reshape([cfg.BLOCK_N, cfg.HALF])
             k_hi = smem.k_hi.index(slot).reshape([cfg.BLOCK_N, cfg.HALF])
@@ -312,7 +296,7 @@ if HAVE_GLUON:
         o = gl.zeros([ROWS, cfg.HALF], gl.float32, layout=cfg.O_LAYOUT)
         for i in range(w.first, w.last):
             j = i - w.first
-            slot, phase = _ring(j, cfg.STAGES)
+            slot, phase = ring(j, cfg.STAGES)
             mbarrier.wait(smem.p_ready.index(0), j & 1)
             mbarrier.wait(smem.k_ready.index(slot), phase)  # landed (consumer 0 saw it): no wait in effect
             o = o * smem.alpha.load(o_rows)[:, None]

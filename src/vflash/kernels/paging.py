@@ -35,3 +35,15 @@ def page_ids(row, keys, entries, PAGE_SIZE: tl.constexpr):
 def cache_row(page, key, PAGE_SIZE: tl.constexpr):
     # key's row in the cache's rows [pages * PAGE_SIZE] (what a TMA descriptor over merged pages addresses)
     return page * PAGE_SIZE + key % PAGE_SIZE
+
+
+@triton.jit
+def key_row(block_table, seq, table_stride, n_k, key, first_row, PAGE_SIZE: tl.constexpr):
+    # The cache row of sequence seq's key `key` (what a TMA descriptor over the cache's rows addresses). Paged
+    # (PAGE_SIZE > 0): through the sequence's block-table row, read no further than its last page (keys past it
+    # come from page 0 and are masked); contiguous: first_row (the sequence's first row) + key.
+    if PAGE_SIZE > 0:
+        page = page_ids(table_row(block_table, seq, table_stride), key, pages_used(n_k, PAGE_SIZE), PAGE_SIZE)
+        return cache_row(page, key, PAGE_SIZE)
+    else:
+        return first_row + key
