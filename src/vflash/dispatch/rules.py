@@ -226,7 +226,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         refused = mla_refusal(p, heads_k, batch_invariant, page_size, packed_q)
         if kernel == "sm90" and refused is not None:
             raise ValueError(f"the sm90 kernel cannot take this call: {refused}")
-        if refused is None and (kernel == "sm90" or "mla" not in tables.SM90_FORCED_ONLY):
+        if refused is None and (kernel == "sm90" or _forced_only(p) is None):
             return _mla_choice(p, num_splits, kernel == "sm90")
     group = p.heads_q // heads_k
     d = p.head_dim_pad
@@ -398,7 +398,8 @@ def _v_head_dim_refusal(p: Problem) -> Optional[str]:
 def _forced_only(p: Problem) -> Optional[str]:
     # why dispatch does not give p to the sm90 kernels unforced: the features of p that tables.SM90_FORCED_ONLY
     # names (their builds not yet checked on a GPU); None if none
-    features = (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v)))
+    features = (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v) and not p.v_in_k),
+                ("mla", p.v_in_k))
     unchecked = [f for f, on in features if on and f in tables.SM90_FORCED_ONLY]
     if unchecked:
         return f"its {' and '.join(unchecked)} build is taken where forced only (tables.SM90_FORCED_ONLY)"
