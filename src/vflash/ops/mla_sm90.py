@@ -16,7 +16,7 @@ from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch, given_slo
 from vflash.ops.scales import score_scales
 from vflash.ops.scratch import split_scratch
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, MlaTiles
-from vflash.ops.tma import _descriptor, cache_rows, shared_layout
+from vflash.ops.tma import cache_rows, describer
 
 HAVE_GLUON = kernels.HAVE_GLUON
 HALF, ROPE = 256, 64  # the latent's half (a consumer's V and output columns) and the rope columns past it
@@ -33,11 +33,6 @@ def smem_bytes(tiles: MlaTiles, itemsize: int = 2) -> int:
 def _rows(t: torch.Tensor) -> torch.Tensor:
     # q [total_q, Hq, D] (or out) as the [1, 1, total_q * Hq, D] view of its (query, head) rows
     return t.reshape(1, 1, -1, t.shape[-1])
-
-
-def _describe(block, dtype):
-    layout = shared_layout(tuple(block), dtype)
-    return lambda t: _descriptor(t, list(block), layout)
 
 
 def mla_launches(q: torch.Tensor, k_cache: torch.Tensor, out: torch.Tensor, lse: Optional[torch.Tensor],
@@ -60,12 +55,12 @@ def mla_launches(q: torch.Tensor, k_cache: torch.Tensor, out: torch.Tensor, lse:
         raise ValueError("the sm90 MLA kernel writes a contiguous out and lse")
     splits = tiles.num_splits
     dtype = q.dtype
-    row_q = _describe((1, 1, CONSUMER_ROWS, HALF), dtype)
-    rope_q = _describe((1, 1, CONSUMER_ROWS, ROPE), dtype)
+    row_q = describer((1, 1, CONSUMER_ROWS, HALF), dtype)
+    rope_q = describer((1, 1, CONSUMER_ROWS, ROPE), dtype)
     page_size = k_cache.shape[1] if block_table is not None else 0
     page_rows = tiles.block_n if page_size == 0 else min(page_size, tiles.block_n)
-    row_k = _describe((1, 1, page_rows, HALF), dtype)
-    rope_k = _describe((1, 1, page_rows, ROPE), dtype)
+    row_k = describer((1, 1, page_rows, HALF), dtype)
+    rope_k = describer((1, 1, page_rows, ROPE), dtype)
     o_part, lse_part = (split_scratch(splits, total_q, heads_q, LATENT, batch, 1, 1, q.device)[:2] if splits > 1
                         else (None, None))
     sinks = score.sinks if splits == 1 else None  # split: the merge adds the sink

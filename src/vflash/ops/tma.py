@@ -96,21 +96,24 @@ def _descriptor(t: torch.Tensor, block, layout):
 
 
 @lru_cache(maxsize=None)
+def describer(block: Tuple[int, ...], dtype: torch.dtype):
+    """tensor -> its TMA descriptor in blocks of `block` (its shared layout the default for the block)."""
+    shape, layout = list(block), shared_layout(block, dtype)
+    return lambda t: _descriptor(t, shape, layout)
+
+
+@lru_cache(maxsize=None)
 def describers(block_n: int, head_dim: int, dtype: torch.dtype):
     """(rows, keys): tensor -> its 4-D TMA descriptor over [B, H, N, D], in blocks
     of one consumer's rows (Q, O) or of block_n keys (K, V)."""
     rows, keys = block_shapes(block_n, head_dim)
-    rows_layout, keys_layout = shared_layout(tuple(rows), dtype), shared_layout(tuple(keys), dtype)
-    return (lambda t: _descriptor(t, rows, rows_layout)), (lambda t: _descriptor(t, keys, keys_layout))
+    return describer(tuple(rows), dtype), describer(tuple(keys), dtype)
 
 
-@lru_cache(maxsize=None)
 def keys_last_describer(block_n: int, head_dim: int, dtype: torch.dtype):
     """tensor -> its 4-D TMA descriptor over [B, H, D, N] (V with its keys contiguous, FP8's), in blocks of
     block_n keys."""
-    block = [1, 1, head_dim, block_n]
-    layout = shared_layout(tuple(block), dtype)
-    return lambda t: _descriptor(t, block, layout)
+    return describer((1, 1, head_dim, block_n), dtype)
 
 
 def heads_first(t: torch.Tensor) -> torch.Tensor:
