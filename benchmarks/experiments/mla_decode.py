@@ -133,18 +133,19 @@ def main() -> int:
         calls = [lambda kc=kc: vflash.attention_with_kvcache(q, kc, kc[..., :D_V], seqlens, block_table=table,
                                                                causal=True, check_metadata=False) for kc in caches]
         record("vflash", _time(calls, device))
+        # the launcher's calls with tiles forced: the call as dispatch sees it, q as its (query, head) rows
         rows_q = q.flatten(0, 1)
+        cached = Cache(seqlens, table, None, nq, None, False, False, tuple(q.shape))
+        call = Call(rows_q, caches[0], caches[0][..., :D_V], cached, band, Score(D_QK ** -0.5), False)
+
+        def forced(t) -> List[Callable]:
+            return [lambda kc=kc: attention_kvcache_forward(rows_q, kc, kc[..., :D_V], seqlens, table, None, nq,
+                                                             band=band, score=call.score, return_lse=False, tiles=t)
+                    for kc in caches]
         if not args.smoke:  # the sm90 MLA kernel (dispatch takes it where forced only), the dispatch's split count
-            cached = Cache(seqlens, table, None, nq, None, False, False, tuple(q.shape))
-            call = Call(rows_q, caches[0], caches[0][..., :D_V], cached, band, Score(D_QK ** -0.5), False)
             mla = dispatch.choose(call, "sm90").tiles
-            sm90 = [lambda kc=kc: attention_kvcache_forward(
-                rows_q, kc, kc[..., :D_V], seqlens, table, None, nq, band=band, score=Score(D_QK ** -0.5),
-                return_lse=False, tiles=mla) for kc in caches]
-            record("vflash-sm90", _time(sm90, device), f"{mla.block_n},{mla.stages} x{mla.num_splits}")
+            record("vflash-sm90", _time(forced(mla), device), f"{mla.block_n},{mla.stages} x{mla.num_splits}")
         if tiles is not None:
-            cached = Cache(seqlens, table, None, nq, None, False, False, tuple(q.shape))
-            call = Call(rows_q, caches[0], caches[0][..., :D_V], cached, band, Score(D_QK ** -0.5), False)
             for cand in tiles:
                 saved = tables.LATENT_ROWS, tables.KVCACHE_LATENT
                 tables.LATENT_ROWS, tables.KVCACHE_LATENT = cand[0], KVCacheTiles(*cand)
@@ -153,10 +154,7 @@ def main() -> int:
                 finally:
                     tables.LATENT_ROWS, tables.KVCACHE_LATENT = saved
                 text = ",".join(map(str, cand))
-                launches = [lambda kc=kc, t=chosen: attention_kvcache_forward(
-                    rows_q, kc, kc[..., :D_V], seqlens, table, None, nq, band=band, score=Score(D_QK ** -0.5),
-                    return_lse=False, tiles=t) for kc in caches]
-                record("vflash-tiles", _time(launches, device), f"{text} x{chosen.num_splits}")
+                record("vflash-tiles", _time(forced(chosen), device), f"{text} x{chosen.num_splits}")
         if not args.smoke:
             for name, fn in _sdpa_calls(q, caches[0], table, seqlens, kv):
                 record(name, _time([fn], device))
