@@ -106,9 +106,10 @@ for step in "$@"; do
               grep -v Warning "$R/hf_llama.txt" | tail -14 ;;
     hf_gpt_oss) timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_gpt_oss --out "$R/hf_gpt_oss.csv" \
                   > "$R/hf_gpt_oss.txt" 2>&1; tail -9 "$R/hf_gpt_oss.txt" ;;
-    hf_cb) # issue 56: generate_batch (continuous batching) with vflash against paged|sdpa / paged|eager
+    hf_cb) # issue 56: generate_batch (continuous batching) with vflash against paged|sdpa / paged|eager (CB_REQUESTS:
+           # the request counts, CB_PROFILE: the profiled run's, 0 for none)
            timeout ${HF_TIMEOUT:-400} python3 -m benchmarks.experiments.hf_cb --out "$R/hf_cb.csv" \
-             ${CB_REQUESTS:+--requests $CB_REQUESTS} > "$R/hf_cb.txt" 2>&1; grep -v WARNING "$R/hf_cb.txt" | tail -12 ;;
+             ${CB_REQUESTS:+--requests $CB_REQUESTS} ${CB_PROFILE:+--profile-requests $CB_PROFILE} > "$R/hf_cb.txt" 2>&1; grep -v WARNING "$R/hf_cb.txt" | tail -12 ;;
     ring_nccl) # issue 26: ring attention over NCCL on 2, 4 and 8 GPUs (as many as the host has), forward and
                # backward, against one GPU's vflash.attention on the full sequence
                VFLASH_TEST_DEVICE=cuda timeout ${RING_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \

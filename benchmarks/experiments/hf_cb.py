@@ -90,7 +90,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--requests", default="64,128,256")
     ap.add_argument("--eager-requests", default="64", help="paged|eager's sizes (it forms the score matrix)")
-    ap.add_argument("--profile-requests", type=int, default=64)
+    ap.add_argument("--profile-requests", type=int, default=64, help="0: no profiled run (no attention share)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--min-prompt", type=int, default=100)
     ap.add_argument("--max-prompt", type=int, default=4000)
@@ -141,6 +141,8 @@ def main() -> int:
             rows.append(row)
             write_rows(args.out, rows)  # each row as it comes: a run cut short keeps the rows before it
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.profile_requests <= 0:
+        return 0
     prompts = _prompts(args.profile_requests, args.min_prompt, args.max_prompt, cfg.vocab_size,
                        seed=args.profile_requests)
     for impl in impls:
