@@ -18,8 +18,9 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
-# the extras' marker file: a venv set up for other extras installs these on top
-STAMP="$VENV/.vflash-extras-${EXTRAS//,/-}"
+# the extras' marker file, one a pyproject.toml: a venv set up for other extras, or for an older
+# pyproject.toml, installs these on top
+STAMP="$VENV/.vflash-extras-${EXTRAS//,/-}-$(cksum < "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -e "$STAMP" ] || ! "$PY" -c "import vflash" 2>/dev/null; then
   "$PY" -m pip install -q -e "$ROOT[$EXTRAS]"
   touch "$STAMP"

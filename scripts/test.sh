@@ -5,7 +5,8 @@
 #                                  pytest alone installed (the transformers tests skip)
 #   bash scripts/test.sh --full    the full suite, as CI runs it: the slow tests too, with the
 #                                  dev extra (transformers, MiniLM's weights, matplotlib)
-# Other arguments go to pytest.
+# The run spreads over the CPU's cores (pytest-xdist, one worker a core, at most 8: each holds its own
+# torch and Triton); VFLASH_TEST_WORKERS sets the count, 0 runs in one process. Other arguments go to pytest.
 set -euo pipefail
 FULL=0
 ARGS=()
@@ -20,4 +21,8 @@ else
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
-exec python -m pytest -q "${MARK[@]}" "${ARGS[@]+"${ARGS[@]}"}"
+CORES=$(nproc 2>/dev/null || echo 1)
+WORKERS="${VFLASH_TEST_WORKERS:-$(( CORES < 8 ? CORES : 8 ))}"
+SPREAD=()
+if [ "$WORKERS" -gt 1 ]; then SPREAD=(-n "$WORKERS"); fi
+exec python -m pytest -q "${SPREAD[@]+"${SPREAD[@]}"}" "${MARK[@]}" "${ARGS[@]+"${ARGS[@]}"}"
