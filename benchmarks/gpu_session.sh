@@ -194,7 +194,9 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
                 timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match "$m" --kernel sm90 \
                   --log "$R/check_gpu_sm90_${m//\//_}.log" | tail -1
               done ;;
-    fp8_sm90) timeout ${SWEEP_TIMEOUT:-200} python3 -m benchmarks.experiments.fp8_sm90 > "$R/fp8_sm90.txt" 2>&1
+    fp8_sm90) # the sm90 FP8 build checked and timed at the bar shapes; FP8_TILES: candidate tiles (the script's --tiles)
+              timeout ${SWEEP_TIMEOUT:-200} python3 -m benchmarks.experiments.fp8_sm90 ${FP8_TILES:+--tiles $FP8_TILES} \
+                > "$R/fp8_sm90.txt" 2>&1
               tail -20 "$R/fp8_sm90.txt" ;;
     check_mla) # issue 55: the GPU matrix's v-head-dim cases (forward and gradients: D 192 / 128, D 128 / 64) and MLA
                # decode on a latent cache ("MLA" cases)

@@ -2,10 +2,14 @@
 (tables.SM90_FORCED_ONLY): each kernel forced in turn (plans off; the sm90 build with P from registers, the
 table's, and through shared memory, P_SHARED), its output and LSE against fp64 attention on the dequantized
 inputs (explicit, on fp64), then the issue's bar shapes timed (triton.testing.do_bench, median): FP8 sm90
-(both), FP8 portable and bf16 vflash, in TFLOP/s.
+(both), FP8 portable and bf16 vflash, in TFLOP/s. --tiles: candidate sm90 FP8 tiles (D:block_m:block_n:stages:
+q_buffers[:ps], ps for P through shared memory), each checked against the same fp64 reference at a small shape,
+then timed at its head dim's bar shape beside the table's.
 
-  PYTHONPATH=src:. python3 -m benchmarks.experiments.fp8_sm90
+  PYTHONPATH=src:. python3 -m benchmarks.experiments.fp8_sm90 [--tiles 128:128:128:3:2 256:128:128:2:1 ...]
 """
+
+import argparse
 
 import torch
 import triton
@@ -88,13 +92,50 @@ def speed(B, H, N, D):
             print(f"B {B} H {H} N {N} D {D} {name}: {type(e).__name__} {str(e)[:200]}", flush=True)
 
 
+def _tiles_of(spec: str):
+    # "D:block_m:block_n:stages:q_buffers[:ps]" -> (D, Sm90Tiles)
+    d, bm, bn, stages, qb, *rest = spec.split(":")
+    return int(d), lab.Sm90Tiles(int(bm), int(bn), int(stages), q_buffers=int(qb), p_shared="ps" in rest)
+
+
+def candidates(specs):
+    # each candidate as the table's non-causal tiles of its head dim: checked (a small shape), then timed at the
+    # bar shape of that head dim
+    bars = {128: (1, 16, 16384, 128), 256: (1, 8, 16384, 256)}
+    for spec in specs:
+        d, tiles = _tiles_of(spec)
+        saved = tables.SM90_FP8[(d, False)]
+        tables.SM90_FP8[(d, False)] = tiles
+        try:
+            print(f"-- candidate {spec}: {tiles}", flush=True)
+            check(2, 4, 2, 1000, d, False)
+            if d in bars:
+                B, H, N, D = bars[d]
+                q, k, v, (qd, kd, vd) = _inputs(B, H, H, N, D)
+                v_t = lab.keys_contiguous(v, 2)
+                fn = lambda: _forced("sm90", lambda: vflash.attention(q, k, v_t, q_descale=qd, k_descale=kd,  # noqa
+                                                                      v_descale=vd))
+                try:
+                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    print(f"CANDIDATE {spec} B {B} H {H} N {N} D {D}: {ms:.3f} ms "
+                          f"{4 * B * H * N * N * D / ms / 1e9:.0f} TFLOP/s", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"CANDIDATE {spec}: {type(e).__name__} {str(e)[:200]}", flush=True)
+        finally:
+            tables.SM90_FP8[(d, False)] = saved
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiles", nargs="*", default=[], help="D:block_m:block_n:stages:q_buffers[:ps]")
+    args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for shape in [(2, 4, 2, 300, 128, False), (2, 4, 2, 300, 128, True), (1, 8, 8, 1024, 64, False),
                   (1, 4, 4, 512, 256, True), (1, 4, 2, 2048, 128, False)]:
         check(*shape)
     for shape in [(1, 16, 16384, 128), (1, 8, 16384, 256)]:
         speed(*shape)
+    candidates(args.tiles)
     return 0
 
 
