@@ -68,28 +68,38 @@ def check(B, Hq, Hkv, N, D, causal):
               f"nan {bool(torch.isnan(out).any())}", flush=True)
 
 
+# the bar shapes (B, H, N, D), non-causal, by head dim
+BAR_SHAPES = {128: (1, 16, 16384, 128), 256: (1, 8, 16384, 256)}
+
+
+def _fp8_call(kernel, q, k, v, descales):
+    # vflash.attention on FP8 inputs with `kernel` forced (_forced's names)
+    qd, kd, vd = descales
+    return lambda: _forced(kernel, lambda: vflash.attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd))
+
+
+def _bench(label, fn, flops):
+    # one timing line: the median's ms and TFLOP/s, or the error
+    try:
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        print(f"{label}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print(f"{label}: {type(e).__name__} {str(e)[:200]}", flush=True)
+
+
 def speed(B, H, N, D):
-    q, k, v, (qd, kd, vd) = _inputs(B, H, H, N, D)
+    q, k, v, descales = _inputs(B, H, H, N, D)
     v_t = lab.keys_contiguous(v, 2)  # as the FP8 kernels take V
     b = tuple(x.to(torch.bfloat16) for x in (q, k, v))
-    flops = 4 * B * H * N * N * D
     calls = {
-        "fp8 sm90": lambda: _forced("sm90", lambda: vflash.attention(q, k, v_t, q_descale=qd, k_descale=kd,
-                                                                     v_descale=vd)),
-        "fp8 sm90 P shared": lambda: _forced("sm90 P shared", lambda: vflash.attention(
-            q, k, v_t, q_descale=qd, k_descale=kd, v_descale=vd)),
-        "fp8 sm90 (v copied)": lambda: _forced("sm90", lambda: vflash.attention(q, k, v, q_descale=qd,
-                                                                                k_descale=kd, v_descale=vd)),
-        "fp8 portable": lambda: _forced("portable", lambda: vflash.attention(q, k, v_t, q_descale=qd,
-                                                                             k_descale=kd, v_descale=vd)),
+        "fp8 sm90": _fp8_call("sm90", q, k, v_t, descales),
+        "fp8 sm90 P shared": _fp8_call("sm90 P shared", q, k, v_t, descales),
+        "fp8 sm90 (v copied)": _fp8_call("sm90", q, k, v, descales),
+        "fp8 portable": _fp8_call("portable", q, k, v_t, descales),
         "bf16 vflash": lambda: vflash.attention(*b),
     }
     for name, fn in calls.items():
-        try:
-            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            print(f"B {B} H {H} N {N} D {D} {name:20s}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
-        except Exception as e:  # noqa: BLE001
-            print(f"B {B} H {H} N {N} D {D} {name}: {type(e).__name__} {str(e)[:200]}", flush=True)
+        _bench(f"B {B} H {H} N {N} D {D} {name:20s}", fn, 4 * B * H * N * N * D)
 
 
 def _tiles_of(spec: str):
@@ -101,7 +111,6 @@ def _tiles_of(spec: str):
 def candidates(specs):
     # each candidate as the table's non-causal tiles of its head dim: checked (a small shape), then timed at the
     # bar shape of that head dim
-    bars = {128: (1, 16, 16384, 128), 256: (1, 8, 16384, 256)}
     for spec in specs:
         d, tiles = _tiles_of(spec)
         saved = tables.SM90_FP8[(d, False)]
@@ -109,18 +118,11 @@ def candidates(specs):
         try:
             print(f"-- candidate {spec}: {tiles}", flush=True)
             check(2, 4, 2, 1000, d, False)
-            if d in bars:
-                B, H, N, D = bars[d]
-                q, k, v, (qd, kd, vd) = _inputs(B, H, H, N, D)
-                v_t = lab.keys_contiguous(v, 2)
-                fn = lambda: _forced("sm90", lambda: vflash.attention(q, k, v_t, q_descale=qd, k_descale=kd,  # noqa
-                                                                      v_descale=vd))
-                try:
-                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                    print(f"CANDIDATE {spec} B {B} H {H} N {N} D {D}: {ms:.3f} ms "
-                          f"{4 * B * H * N * N * D / ms / 1e9:.0f} TFLOP/s", flush=True)
-                except Exception as e:  # noqa: BLE001
-                    print(f"CANDIDATE {spec}: {type(e).__name__} {str(e)[:200]}", flush=True)
+            if d in BAR_SHAPES:
+                B, H, N, D = BAR_SHAPES[d]
+                q, k, v, descales = _inputs(B, H, H, N, D)
+                _bench(f"CANDIDATE {spec} B {B} H {H} N {N} D {D}",
+                       _fp8_call("sm90", q, k, lab.keys_contiguous(v, 2), descales), 4 * B * H * N * N * D)
         finally:
             tables.SM90_FP8[(d, False)] = saved
 
@@ -133,7 +135,7 @@ def main() -> int:
     for shape in [(2, 4, 2, 300, 128, False), (2, 4, 2, 300, 128, True), (1, 8, 8, 1024, 64, False),
                   (1, 4, 4, 512, 256, True), (1, 4, 2, 2048, 128, False)]:
         check(*shape)
-    for shape in [(1, 16, 16384, 128), (1, 8, 16384, 256)]:
+    for shape in BAR_SHAPES.values():
         speed(*shape)
     candidates(args.tiles)
     return 0
