@@ -2,9 +2,10 @@
 (tables.SM90_FORCED_ONLY): each kernel forced in turn (plans off; the sm90 build with P from registers, the
 table's, and through shared memory, P_SHARED), its output and LSE against fp64 attention on the dequantized
 inputs (explicit, on fp64), then the issue's bar shapes timed (triton.testing.do_bench, median): FP8 sm90
-(both), FP8 portable and bf16 vflash, in TFLOP/s. --tiles: candidate sm90 FP8 tiles (D:block_m:block_n:stages:
-q_buffers[:ps], ps for P through shared memory), each checked against the same fp64 reference at a small shape,
-then timed at its head dim's bar shape beside the table's.
+(both), FP8 portable and bf16 vflash, in TFLOP/s. --tiles: candidate sm90 FP8 tiles
+(D:block_m:block_n:stages:q_buffers[:ps][:pp][:lz]; switches: ps P through shared memory, pp PINGPONG, lz
+LAZY_RESCALE), each checked against the same fp64 reference at a small shape, then timed at its head dim's bar
+shape beside the table's (a candidate of the table's own tiles times it again, for the run's clock drift).
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.fp8_sm90 [--tiles 128:128:128:3:2 256:128:128:2:1 ...]
 """
@@ -102,10 +103,17 @@ def speed(B, H, N, D):
         _bench(f"B {B} H {H} N {N} D {D} {name:20s}", fn, 4 * B * H * N * N * D)
 
 
+_SWITCHES = {"ps": "p_shared", "pp": "pingpong", "lz": "lazy_rescale"}
+
+
 def _tiles_of(spec: str):
-    # "D:block_m:block_n:stages:q_buffers[:ps]" -> (D, Sm90Tiles)
+    # "D:block_m:block_n:stages:q_buffers[:switch...]" -> (D, Sm90Tiles); switches ps, pp, lz (_SWITCHES)
     d, bm, bn, stages, qb, *rest = spec.split(":")
-    return int(d), lab.Sm90Tiles(int(bm), int(bn), int(stages), q_buffers=int(qb), p_shared="ps" in rest)
+    unknown = set(rest) - set(_SWITCHES)
+    if unknown:
+        raise SystemExit(f"unknown switch {sorted(unknown)} in {spec!r}; switches: {_SWITCHES}")
+    return int(d), lab.Sm90Tiles(int(bm), int(bn), int(stages), q_buffers=int(qb),
+                                 **{_SWITCHES[r]: True for r in rest})
 
 
 def candidates(specs):
@@ -129,7 +137,7 @@ def candidates(specs):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tiles", nargs="*", default=[], help="D:block_m:block_n:stages:q_buffers[:ps]")
+    ap.add_argument("--tiles", nargs="*", default=[], help="D:block_m:block_n:stages:q_buffers[:ps][:pp][:lz]")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for shape in [(2, 4, 2, 300, 128, False), (2, 4, 2, 300, 128, True), (1, 8, 8, 1024, 64, False),
