@@ -36,7 +36,7 @@ def _online_update(
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
     qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-    p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, False)
+    p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, 0.0, 0.0)
     acc = acc * alpha[:, None]
     # P is rounded to the input dtype for the PV product, as in FlashAttention; e4m3 (FP8 V) after its
     # scaling by P_E4M3_SCALE (row max 256: the normals' top binade), which the finish divides out

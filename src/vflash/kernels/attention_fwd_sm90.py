@@ -34,8 +34,9 @@ shape of FlashAttention-3:
 - LATE_PV_WAIT: keeps the wait for P_{j-1} V_{j-1} after the
   softmax of tile j in the SASS too, where ptxas would otherwise move it up.
 - LAZY_RESCALE: FlashAttention-4's
-  lazy reference max (softmax_step's LAZY), and each warp branches over O's
-  rescale when all its rows have alpha == 1 (_rescale).
+  lazy reference max (softmax_step's SLACK: LAZY_SLACK, or E4M3_LAZY_SLACK for
+  FP8's P), and each warp branches over O's rescale when all its rows have
+  alpha == 1 (_rescale).
 
 - IS_VARLEN: packed sequences ([total, H, D] with cu_seqlens, as
   attention_fwd_kernel takes them). The descriptors then cover [1, H, total, D]
@@ -67,8 +68,8 @@ dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import key_row
-from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import P_E4M3_SCALE, descaled
+from vflash.kernels.softmax import LAZY_SLACK, softmax_finish, softmax_step
+from vflash.kernels.tile import E4M3_LAZY_SLACK, P_E4M3_LOG2, descaled
 from vflash.kernels.gluon_sm90 import HAVE_GLUON
 
 
@@ -127,6 +128,8 @@ if HAVE_GLUON:
         HAS_SINK: gl.constexpr
         IS_FP8: gl.constexpr  # e4m3 Q, K, V (V's keys contiguous: its ring tiles [HEAD_DIM, BLOCK_N])
         P_SHARED: gl.constexpr  # IS_FP8: P to the PV wgmma through shared memory (else from registers)
+        LAZY_SLACK: gl.constexpr  # softmax_step's SLACK: LAZY_RESCALE's, for 16-bit or e4m3 P; else 0
+        P_LOG2: gl.constexpr  # softmax_step's P_LOG2: FP8's P scale for e4m3's range (kernels/tile.py); else 0
         PAGE_ROWS: gl.constexpr  # rows a K/V copy: BLOCK_N, or a page's when pages are shorter
         S_LAYOUT: gl.constexpr  # [64, BLOCK_N] scores, a wgmma accumulator
         O_LAYOUT: gl.constexpr  # [64, HEAD_DIM_V] output, a wgmma accumulator
@@ -148,6 +151,9 @@ if HAVE_GLUON:
                 setattr(self, name, gl.constexpr(value))
             # FP8: P carried in fp32 and rounded to e4m3 where its product is issued (no 16-bit packing)
             self.P_FP32 = gl.constexpr(P_FP32 or IS_FP8)
+            slack = (E4M3_LAZY_SLACK if IS_FP8 else LAZY_SLACK).value if LAZY_RESCALE else 0.0
+            self.LAZY_SLACK = gl.constexpr(slack)
+            self.P_LOG2 = gl.constexpr(P_E4M3_LOG2.value if IS_FP8 else 0.0)
             self.QK_CHUNKS = gl.constexpr(self.HEAD_DIM.value // self.QK_BLOCK.value)
             rows = self.BLOCK_N.value if PAGE_SIZE == 0 else min(PAGE_SIZE, self.BLOCK_N.value)
             self.PAGE_ROWS = gl.constexpr(rows)
@@ -475,9 +481,7 @@ if HAVE_GLUON:
         # opposite order to the product's operand and swapped each pair back with
         # a PRMT before the product (32 per tile); a
         # 32-bit carry leaves it nothing to pair.
-        if dtype == gl.float8e4nv:  # P scaled for e4m3's range (kernels/tile.py), divided out in the finish
-            return p_f32 * P_E4M3_SCALE
-        elif P_FP32:
+        if P_FP32:  # (FP8's P too: softmax_step scaled it for e4m3's range, P_LOG2)
             return p_f32
         else:
             ROWS: gl.constexpr = p_f32.shape[0]
@@ -601,7 +605,7 @@ if HAVE_GLUON:
             s = masked_logits(s, offs_m, cols, n_k - base, off - base, call.left, call.right, softcap_in,
                               call.softcap_out, MASKED, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
             p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, MASKED, cfg.SOFTCAP,
-                                                  cfg.LAZY_RESCALE)
+                                                  cfg.LAZY_SLACK, cfg.P_LOG2)
             if cfg.LATE_PV_WAIT:
                 # ptxas otherwise hoists the PV_{j-1} wait below to the start of
                 # this softmax (it fills a latency gap with it), so the softmax
@@ -664,9 +668,9 @@ if HAVE_GLUON:
         qk_scale = call.qk_scale
         softcap_in = call.softcap_in
         out_scale = 1.0
-        if cfg.IS_FP8:  # the descales of the tile's (sequence, KV head), P's e4m3 scale divided out with v's
+        if cfg.IS_FP8:  # the descales of the tile's (sequence, KV head); P's e4m3 scale leaves with l's (P_LOG2)
             qk_scale, softcap_in, out_scale = descaled(
-                qk_scale, softcap_in, 1.0 / P_E4M3_SCALE, Q_DESCALE, K_DESCALE, V_DESCALE, tile.off_b, tile.off_hk,
+                qk_scale, softcap_in, out_scale, Q_DESCALE, K_DESCALE, V_DESCALE, tile.off_b, tile.off_hk,
                 (call.qd_b, call.qd_h, call.kd_b, call.kd_h, call.vd_b, call.vd_h))
         lo, n_left, n_mid, n_tiles, n_q, n_k, off = (tile.lo, tile.n_left, tile.n_mid, tile.n_tiles, tile.n_q, tile.n_k,
                                                      tile.off)
@@ -703,7 +707,8 @@ if HAVE_GLUON:
                 _release_previous_q(smem.q_empty, C, done)
             s = masked_logits(s, offs_m, cols, n_k - lo, off - lo, call.left, call.right, softcap_in,
                               call.softcap_out, True, cfg.HAS_LEFT, cfg.HAS_RIGHT, cfg.SOFTCAP)
-            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, cfg.SOFTCAP, False)
+            p_f32, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, qk_scale, True, cfg.SOFTCAP, 0.0,
+                                                  cfg.P_LOG2)
             p = _carried_p(p_f32, in_dtype, cfg.P_FP32)
 
             # Key tiles [1, c_left) masked, [c_left, c_mid) unmasked, [c_mid, c_end)
@@ -746,6 +751,8 @@ if HAVE_GLUON:
             turn = _skip_tiles(smem, turn, kv, c_end, n_tiles, C, cfg)
         kv += n_tiles
 
+        if cfg.IS_FP8:  # l counts P times 2^P_LOG2 (softmax_step): its reference is m - P_LOG2
+            m_i = m_i - cfg.P_LOG2
         inv_l, lse = softmax_finish(m_i, l_i, sink, cfg.HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or sink)
         if cfg.IS_FP8:
             inv_l = inv_l * out_scale

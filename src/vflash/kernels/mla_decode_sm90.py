@@ -221,7 +221,7 @@ if HAVE_GLUON:
             # keys relative to the tile (the shift in the row bounds); query i's last key n_k - n_q + i
             s = masked_logits(s, offs_i, cols, w.n_k - key, w.n_k - call.n_q - key, 0, 0, 0.0, 0.0, MASKED, False,
                               cfg.HAS_RIGHT, False)
-            p, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, False, False)
+            p, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, False, 0.0, 0.0)
             if MASKED:
                 if w.n_k - key < cfg.BLOCK_N:  # V's rows past the sequence's end: zero, which P's zeros cancel
                     zero_rows_from(k_lo, w.n_k - key, cfg.BLOCK_N, cfg.HALF)

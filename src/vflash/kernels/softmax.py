@@ -4,28 +4,33 @@ import triton
 import triton.language as tl
 
 # The lazy reference max's bound on how far a row's max may run ahead of its m
-# (log2 units, so p <= 2^8; FlashAttention-4's).
+# for 16-bit P (log2 units, so p <= 2^8; FlashAttention-4's); e4m3 P's is tile.E4M3_LAZY_SLACK.
 LAZY_SLACK = tl.constexpr(8.0)
 
 
 @triton.jit
-def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, LAZY: tl.constexpr):
+def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, SLACK: tl.constexpr,
+                 P_LOG2: tl.constexpr):
     # Online softmax on one tile of masked_logits' scores s [rows, BLOCK_N], whose
     # row max s_max [rows] the caller takes (tl.max(s, 1), or gl.max in Gluon):
     # returns p [rows, BLOCK_N] fp32, the accumulator's rescale alpha [rows], and
     # the new m, l [rows] (m in log2 units). Without softcap, s is raw q.k and
     # qk_scale (> 0, log2(e) folded in) commutes with the row max, so the scale is
     # applied to the max and fused into exp2's operand.
-    # LAZY (FlashAttention-4's lazy reference max): a row's m moves only when the
-    # tile's max exceeds it by more than LAZY_SLACK, so alpha is exactly 1 on most
-    # tiles and the sm90 kernel can skip O's rescale there. Exact either way (O,
-    # l and the LSE share m); only the rounding differs.
+    # SLACK > 0 (FlashAttention-4's lazy reference max, LAZY_SLACK for 16-bit P):
+    # a row's m moves only when the tile's max exceeds it by more than SLACK (log2
+    # units, so p <= 2^SLACK), so alpha is exactly 1 on most tiles and the sm90
+    # kernel can skip O's rescale there; 0: m is the running max. Exact either way
+    # (O, l and the LSE share m); only the rounding differs.
+    # P_LOG2: p comes out times 2^P_LOG2 (e4m3 P's scale, folded into exp2's
+    # operand instead of a multiply); l then counts in units of 2^(m - P_LOG2),
+    # the m that softmax_finish must be given.
     if SOFTCAP:
         m_tile = s_max
     else:
         m_tile = s_max * qk_scale
-    if LAZY:
-        m_new = tl.where(m_tile > m_i + LAZY_SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
+    if SLACK > 0:
+        m_new = tl.where(m_tile > m_i + SLACK, m_tile, m_i)  # m_i = -inf takes any finite max
     else:
         m_new = tl.maximum(m_i, m_tile)
     if MASKED:
@@ -34,10 +39,14 @@ def softmax_step(s, s_max, m_i, l_i, qk_scale, MASKED: tl.constexpr, SOFTCAP: tl
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    if SOFTCAP:
-        p = tl.exp2(s - m_ref[:, None])
+    if P_LOG2 != 0:
+        m_p = m_ref - P_LOG2
     else:
-        p = tl.exp2(s * qk_scale - m_ref[:, None])
+        m_p = m_ref
+    if SOFTCAP:
+        p = tl.exp2(s - m_p[:, None])
+    else:
+        p = tl.exp2(s * qk_scale - m_p[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i
