@@ -231,6 +231,31 @@ def test_varlen_build_covers_heads_first_views_and_declares_its_slots():
 
 
 @needs_gluon
+@pytest.mark.parametrize("total", [4962, 700])
+def test_fp8_varlen_descriptors_take_only_strides_tma_takes(total):
+    # TMA refuses a descriptor with a stride that is no multiple of 16 bytes, even a unit dim's (the GPU
+    # said "Failed to create tensor map descriptor" for FP8's V, keys contiguous, at 4962 packed rows):
+    # every stride but the last, in bytes, and the base
+    e4m3 = torch.float8_e4m3fn
+    q = torch.randn(total, 8, 64).to(e4m3)
+    k = torch.randn(total, 2, 64).to(e4m3)
+    v = tma.keys_contiguous(torch.randn(total, 2, 64).to(e4m3), 0)
+    out, lse = torch.empty(total, 8, 64, dtype=torch.bfloat16), torch.empty(8, total)
+    cu = torch.tensor([0, 1000, total], dtype=torch.int32)
+    score = Score(0.125, None, None, torch.ones(2, 2), torch.ones(()), None)
+    launch = sm90.build(q, k, v, out, lse, None, Band(0, -1, 0), score, Sm90Tiles(128, 128, 2), 132,
+                        varlen=(cu, cu, total - 1000, True))
+    names = sm90_kernels.attention_fwd_sm90_kernel.arg_names
+    descriptors = {n: a for n, a in zip(names, launch.params()) if hasattr(a, "strides")}
+    assert {"q_desc", "k_desc", "v_desc", "o_desc"} <= set(descriptors)
+    for name, d in descriptors.items():
+        size = d.base.element_size()
+        assert d.base.data_ptr() % 16 == 0 and d.strides[-1] == 1, name
+        assert all(stride * size % 16 == 0 for stride in d.strides[:-1]), (name, d.strides)
+    assert descriptors["v_desc"].shape == (1, 2, 64, total)  # [1, Hkv, D, total]: keys last
+
+
+@needs_gluon
 @pytest.mark.parametrize("page", [0, 16, 256])
 def test_kv_cache_build_covers_the_cache_as_rows(page):
     # chunked prefill: packed queries with cu_seqlens_q, keys from the cache viewed as

@@ -118,5 +118,12 @@ def keys_last_describer(block_n: int, head_dim: int, dtype: torch.dtype):
 
 def heads_first(t: torch.Tensor) -> torch.Tensor:
     """A packed [total, H, D] tensor as the [1, H, total, D] view the descriptors
-    of a varlen launch cover (no copy)."""
-    return t.unsqueeze(0).transpose(1, 2)
+    of a varlen launch cover (no copy). The unit batch dim addresses nothing, but TMA takes
+    only strides of 16-byte multiples: where unsqueeze's (total times the rows' stride) is
+    none, as for FP8's V with its keys contiguous (rows of stride 1), the view's is the
+    tensor's extent rounded up to 16 elements."""
+    view = t.unsqueeze(0)
+    if view.stride(0) * t.element_size() % 16:
+        extent = max(stride * size for stride, size in zip(t.stride(), t.shape))
+        view = t.as_strided((1, *t.shape), (-(-extent // 16) * 16, *t.stride()))
+    return view.transpose(1, 2)
