@@ -367,7 +367,9 @@ BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv", "bwd_fp16.csv
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 # The run of the gpt-oss-shaped model (attention sinks) in transformers against eager (issue 53).
 GPT_OSS = "benchmarks/results/2026-12-06-h200-s46"
-CONTINUOUS_BATCHING = "benchmarks/results/2026-12-06-h200-s46"
+# The runs of transformers' continuous batching against its paged implementations (issue 56), a section each (their
+# GPUs differ: 64 and 128 requests on an H200, 256 on an H100).
+CONTINUOUS_BATCHING = ("benchmarks/results/2026-12-06-h200-s46", "benchmarks/results/2026-12-07-h100-s49")
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -651,7 +653,8 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += kvops_text(kvops, base)[0] if kvops else []
     out += transformers_text(hf, base)[0] if hf else []
     out += gpt_oss_text(gpt_oss, base)[0] if gpt_oss else []
-    out += continuous_batching_text(continuous_batching, base)[0] if continuous_batching else []
+    for run in continuous_batching:
+        out += continuous_batching_text(run, base)[0]
     out += ring_text(ring, base)[0] if ring else []
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
