@@ -84,6 +84,9 @@ def _poison(cache, table, lens, page):
     KVCacheCase((1, 3), (90, 20), page=64, Hq=16, Hkv=1, D=D, Dv=DV, dtype="bf16", latent=True, sinks=True),
     KVCacheCase((1, 1), (40, 9), page=16, Hq=128, Hkv=1, D=D, Dv=DV, latent=True, fp8="head", num_splits=2),
     KVCacheCase((2, 2), (30, 64), page=8, Hq=16, Hkv=1, D=D, Dv=DV, latent=True, batch_invariant=True),
+    # q as [B, Nq, Hq, D] (no cu_seqlens_q): the form the sm90 MLA kernel takes, MTP's two queries, split
+    KVCacheCase((2, 2), (90, 20), page=64, Hq=16, Hkv=1, D=D, Dv=DV, dtype="bf16", latent=True, sinks=True,
+                num_splits=2, dense_q=True),
 ], ids=lambda c: c.name)
 def test_latent_cases_pass_the_accuracy_rule(case, device):
     # the harness's rule (2x the same-dtype yardstick), NaN in every cache row no sequence holds

@@ -361,7 +361,13 @@ class KVCacheCase:
     fp8: str = ""
     Dv: Optional[int] = None  # v's head dim where it differs from q's and k's
     latent: bool = False
+    # q as [B, Nq, Hq, D] without cu_seqlens_q (lens_q all Nq), the form the sm90 MLA kernel takes; else packed
+    dense_q: bool = False
     tag: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.dense_q and len(set(self.lens_q)) != 1:
+            raise ValueError(f"dense_q needs one count of new queries a sequence, got {self.lens_q}")
 
     @property
     def name(self) -> str:
@@ -380,6 +386,8 @@ class KVCacheCase:
             parts.append("batch-invariant")
         if self.sinks:
             parts.append("sinks")
+        if self.dense_q:
+            parts.append("dense-q")
         return " ".join(parts + ([self.tag] if self.tag else []))
 
     def run(self, device, attention=None) -> List[Verdict]:
@@ -428,10 +436,16 @@ class KVCacheCase:
         cu = torch.tensor([0] + torch.tensor(self.lens_q).cumsum(0).tolist(), dtype=torch.int32, device=device)
         opts = dict(causal=self.causal, window=self.window, softcap=self.softcap,
                     sinks=make_sinks(self.sinks, self.Hq, zlib.crc32(self.name.encode()), device))
-        out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, cu_seqlens_q=cu,
-                                                 max_seqlen_q=max(self.lens_q), num_splits=self.num_splits,
-                                                 batch_invariant=self.batch_invariant, return_lse=True, **descales,
-                                                 **opts)
+        call = dict(num_splits=self.num_splits, batch_invariant=self.batch_invariant, return_lse=True, **descales,
+                    **opts)
+        if self.dense_q:  # [B, Nq, Hq, D] in, [B, Nq, Hq, Dv] and LSE [B, Hq, Nq] out: packed again to compare
+            nq = self.lens_q[0]
+            out, lse = vflash.attention_with_kvcache(q.view(len(self.lens_q), nq, self.Hq, self.D), k_cache, v_cache,
+                                                     lens, block_table=table, **call)
+            out, lse = out.flatten(0, 1), lse.transpose(0, 1).flatten(1)
+        else:
+            out, lse = vflash.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, cu_seqlens_q=cu,
+                                                     max_seqlen_q=max(self.lens_q), **call)
         # the yardstick in q's dtype: the (dequantized) caches in it too
         ref = {c: attention_with_kvcache_reference(q, k_ref if c else k_ref.to(dt), v_ref if c else v_ref.to(dt),
                                                    lens, table, cu, compute_dtype=c, **opts)

@@ -194,12 +194,15 @@ def gpu_matrix() -> list:
                           tag="chunked"),
               KVCacheCase(decode, kv, page=16, Hq=32, Hkv=8, D=128, Dv=64, dtype="bf16", tag="decode")]
     # MLA decode on one latent cache (DeepSeek's 576 = 512 + 64, pages of 64 as FlashMLA): 16 heads (8-way tensor
-    # parallel) split and not, 128 heads with two new queries a sequence (MTP), an FP8 latent cache
+    # parallel) split and not, packed and as [B, Nq, H, D] (the sm90 MLA kernel's form), 128 heads with two new
+    # queries a sequence (MTP), an FP8 latent cache
     cases += [KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, tag="MLA"),
-              KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, num_splits=8,
+              KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, dense_q=True,
                           tag="MLA"),
+              KVCacheCase(decode, kv, page=64, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, num_splits=8,
+                          dense_q=True, tag="MLA"),
               KVCacheCase(tuple(2 for _ in kv), kv, page=64, Hq=128, Hkv=1, D=576, Dv=512, dtype="bf16",
-                          latent=True, sinks=True, tag="MLA"),
+                          latent=True, sinks=True, dense_q=True, tag="MLA"),
               KVCacheCase(decode, kv, page=16, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, fp8="tensor",
                           tag="MLA")]
     # FP8 KV caches at Llama-3-8B's heads: decode split and not, pages of 16 and 64, chunked prefill, invariant
