@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -210,6 +210,17 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
               sampled mla_decode timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.mla_decode \
                 --rows ${MLA_ROWS:-all} ${MLA_TILES:+--tiles} --out "$R/mla_decode.csv" > "$R/mla_decode.txt" 2>&1
               tail -40 "$R/mla_decode.txt" ;;
+    decode_sinks_ab) # issue 53: paged decode with and without sinks on the same inputs, over input draws (DECODE_ROWS
+                     # "B:KV", default 1:1024 8:1024 1:8192)
+              timeout ${SWEEP_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_sinks_ab \
+                ${DECODE_ROWS:+--rows $DECODE_ROWS} --out "$R/decode_sinks_ab.csv" > "$R/decode_sinks_ab.txt" 2>&1
+              tail -8 "$R/decode_sinks_ab.txt" ;;
+    fp8_varlen_bisect) # the FP8 varlen check case's features one at a time on the forced sm90 kernel (each in its
+                       # own process), then the case under compute-sanitizer
+              timeout 300 python3 -m benchmarks.experiments.fp8_varlen_bisect > "$R/fp8_varlen_bisect.txt" 2>&1
+              VFLASH_KERNEL=sm90 timeout 200 compute-sanitizer --print-limit 4 python3 -m \
+                benchmarks.experiments.fp8_varlen_bisect --one case > "$R/fp8_varlen_sanitizer.txt" 2>&1
+              cat "$R/fp8_varlen_bisect.txt"; grep -m12 -i "error\|illegal\|at 0x\|by thread" "$R/fp8_varlen_sanitizer.txt" ;;
     decode_fp8) # issue 54: paged decode from an FP8 cache against the bf16 cache (pages of 16 and 64), beside cuDNN
               sampled decode_fp8 timeout ${SWEEP_TIMEOUT:-240} python3 -c "
 import torch; from vflash.harness.serving import run_serving
