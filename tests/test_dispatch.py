@@ -309,6 +309,13 @@ def test_fp8_runs_the_sm90_build_where_forced_until_its_gpu_check(h200, monkeypa
     monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
     assert dispatch.select(fp8).tiles == tables.SM90_FP8[(128, False)]
     assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
+    # packed FP8 sequences start at any key, and TMA takes V's innermost (key) coordinate only at 16-byte
+    # multiples (the H100 stopped with an illegal instruction): refused, and the portable kernel serves them
+    packed = dataclasses.replace(fp8, layout="packed")
+    assert "no packed sequences" in dispatch.refusal("sm90", packed)
+    assert dispatch.select(packed).kernel == "portable"
+    with pytest.raises(ValueError, match="no packed sequences"):
+        dispatch.select(packed, "sm90")
 
 
 def test_a_v_head_dim_of_its_own_runs_the_sm90_forward_where_forced(h200, monkeypatch):
@@ -371,19 +378,18 @@ def latent_problem(batch, heads_q, n_q, capacity, **kw):
                                tma_ok=True, **kw)
 
 
-def test_a_latent_cache_takes_the_sm90_mla_kernel_where_forced_and_fills_a_wave(h200, monkeypatch):
-    # "mla" in SM90_FORCED_ONLY: the portable latent path unforced; forced, the MLA kernel with as many splits as
-    # fill one wave of 132 CTAs (each at least SM90_MLA_MIN_SPLIT_TILES tiles); without it, the same unforced
+def test_a_latent_cache_takes_the_sm90_mla_kernel_and_fills_a_wave(h200):
+    # the MLA kernel with as many splits as fill one wave of 132 CTAs (each at least SM90_MLA_MIN_SPLIT_TILES
+    # tiles), unforced as forced; the portable latent path where forced
     p = latent_problem(32, 16, 1, 8192)
-    assert "KVCACHE_LATENT" in dispatch.select_kvcache(p, 1).why
+    assert dispatch.select_kvcache(p, 1, page_size=64).kernel == "sm90"
+    assert "KVCACHE_LATENT" in dispatch.select_kvcache(p, 1, kernel="portable").why
     forced = dispatch.select_kvcache(p, 1, kernel="sm90")
     assert forced.kernel == "sm90" and forced.tiles == tables.SM90_MLA._replace(num_splits=4), forced.why
     assert dispatch.select_kvcache(latent_problem(128, 128, 1, 8192), 1, kernel="sm90").tiles.num_splits == 1
     assert dispatch.select_kvcache(latent_problem(2, 16, 1, 300), 1, kernel="sm90").tiles.num_splits == 1
     assert dispatch.select_kvcache(p, 1, num_splits=7, kernel="sm90").tiles.num_splits == 7
     assert dispatch.select_kvcache(p, 1, page_size=16, kernel="portable").kernel == "portable"
-    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
-    assert dispatch.select_kvcache(p, 1, page_size=64).kernel == "sm90"
 
 
 @pytest.mark.parametrize("change,kw,words", [

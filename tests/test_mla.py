@@ -234,7 +234,7 @@ def test_the_sm90_mla_launches_take_the_latent_cache_in_three_column_parts():
     (32, 64, 4, 2, [333, 4, 129], False),  # four new queries on four keys: rows that see one key
 ], ids=["p64_h16", "p64_h16_unsplit_sinks", "p16_h128_split_sinks", "contiguous_h128_q2", "p32_h64_q4"])
 def test_gpu_sm90_mla_kernel_matches_the_oracle(page, hq, n_q, splits, lens, sinks, monkeypatch):
-    # the sm90 MLA kernel forced (dispatch takes it where forced only), NaN in every cache row no sequence holds
+    # the sm90 MLA kernel forced (a refusal fails the test), NaN in every cache row no sequence holds
     from vflash import dispatch
     monkeypatch.setattr(dispatch.rules, "FORCED", "sm90")
     cache, table = _latent(lens, page, "cuda", dtype=torch.bfloat16, seed=page + hq)
