@@ -12,7 +12,7 @@
 # BENCH_INTERLEAVE=1 runs the sweeps with `vflash bench --interleave` (a shape's methods timed in turn, same clocks).
 # Steps are named for what they run: a `vflash` command, a test set, or the experiment script of that name
 # (benchmarks/experiments/NAME.py; tune* run benchmarks/tune.py).
-STEPS="check tests tests_kernels tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
+STEPS="check tests tests_kernels tests_forward tests_sm90 tests_dispatch_backward tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
   launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_decode
@@ -45,7 +45,7 @@ sampled() {
 # arguments. Most of its time is Gluon compiles, on the CPU (16 cores), but the long-sequence backward tests
 # hold fp64 references of several GB each: the default is one worker per 9 GiB of GPU memory, at most 16
 # (the H200's 141 GB: 15; the H100's 80 GB: 8, where 16 workers ran out of memory; there tests_kernels may
-# pass one call's limit: run its files in two calls with tests_some).
+# pass one call's limit: run tests_forward, tests_sm90 and tests_dispatch_backward instead).
 gpu_tests() {
   local out=$1 limit=$2; shift 2
   pip install -q --no-deps .device-wheels/*.whl > /dev/null 2>&1
@@ -85,6 +85,11 @@ for step in "$@"; do
     # The whole GPU suite in two calls (16 workers on the H200: 524 s and 197 s, a warm Triton cache).
     tests_kernels) gpu_tests pytest_gpu_kernels.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py \
                      tests/test_sm90.py tests/test_dispatch.py tests/test_backward.py ;;
+    # tests_kernels in three parts, for the H100 (8 workers: the whole set passes one call's limit)
+    tests_forward) gpu_tests pytest_gpu_forward.txt 560 tests/test_gpu.py tests/test_attention.py tests/test_plans.py ;;
+    tests_sm90) gpu_tests pytest_gpu_sm90.txt 560 tests/test_sm90.py ;;
+    tests_dispatch_backward) gpu_tests pytest_gpu_dispatch_backward.txt 400 tests/test_dispatch.py \
+                     tests/test_backward.py ;;
     tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
                   tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py \
                   tests/test_distributed.py tests/test_validation.py tests/test_layers.py tests/test_sinks.py tests/test_fp8.py \
