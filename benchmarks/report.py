@@ -370,6 +370,11 @@ GPT_OSS = "benchmarks/results/2026-12-06-h200-s46"
 # The runs of transformers' continuous batching against its paged implementations (issue 56), a section each (their
 # GPUs differ: 64 and 128 requests on an H200, 256 on an H100).
 CONTINUOUS_BATCHING = ("benchmarks/results/2026-12-06-h200-s46", "benchmarks/results/2026-12-07-h100-s49")
+# The run of MLA decode on the latent cache against its bars (issue 55): 80 % of the run's HBM read bandwidth at
+# 16 heads, MLA_TFLOPS at 128.
+MLA_DECODE = "benchmarks/results/2026-12-07-h100-s50"
+MLA_HBM_SHARE = 0.8
+MLA_TFLOPS = 550.0
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -590,8 +595,9 @@ def run_report(folder):
     hf, hf_csvs = transformers_text(folder, base)
     oss, oss_csvs = gpt_oss_text(folder, base)
     cb, cb_csvs = continuous_batching_text(folder, base)
-    hf += oss + cb
-    hf_csvs += oss_csvs + cb_csvs
+    mla, mla_csvs = mla_decode_text(folder, base)
+    hf += oss + cb + mla
+    hf_csvs += oss_csvs + cb_csvs + mla_csvs
     ring, ring_csvs = ring_text(folder, base)
     scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
@@ -609,7 +615,7 @@ def run_report(folder):
 
 
 def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
-          scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING):
+          scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING, mla_decode=MLA_DECODE):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -655,6 +661,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += gpt_oss_text(gpt_oss, base)[0] if gpt_oss else []
     for run in continuous_batching:
         out += continuous_batching_text(run, base)[0]
+    out += mla_decode_text(mla_decode, base)[0] if mla_decode else []
     out += ring_text(ring, base)[0] if ring else []
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
@@ -1037,6 +1044,48 @@ def continuous_batching_text(folder, base=""):
                          f"the engine's \"paged|X\" function: the cache write, the engine's gather where it makes one, "
                          f"and the attention; hf_cb_share.csv): {', '.join(parts)}.") + "\n")
     return out, ["hf_cb.csv"] + (["hf_cb_share.csv"] if shares else [])
+
+
+def mla_decode_text(folder, base=""):
+    """A run's mla_decode.csv (benchmarks/experiments/mla_decode.py): MLA decode on one latent cache, the sm90 MLA
+    kernel and the portable latent path against the run's HBM read bandwidth (16 heads) and MLA_TFLOPS (128
+    heads); returns (lines, CSV names)."""
+    path = os.path.join(folder, "mla_decode.csv")
+    if not os.path.exists(path):
+        return [], []
+    rows = _read(path)
+    hbm = next(float(r["gbps"]) for r in rows if r["kind"] == "hbm")
+    timed = {(r["kind"], r["Hq"], r["B"], r["KV"], r["method"]): r for r in rows if r["kind"] != "hbm" and r["us"]}
+    out = [f"## MLA decode on one latent cache (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/mla_decode.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md): DeepSeek's latent cache (576 columns a token, V its first "
+                 f"512), bf16, pages of 64, one new query; the run's HBM read bandwidth {hbm:.0f} GB/s. Bars (issue "
+                 f"55): {MLA_HBM_SHARE:.0%} of it at 16 heads, {MLA_TFLOPS:.0f} TFLOP/s at 128 (2 x (576 + 512) "
+                 "flops a head and key). Beside them, SDPA on the unpacked cache (its math kernel; none: no "
+                 "kernel took it or it ran out of memory) and vflash's GQA decode at D 128 (GB/s of its cache).")
+           + "\n",
+           "| heads | B | KV | sm90 MLA | portable latent | sm90 / portable | SDPA math | vflash GQA D 128 | bar |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for (kind, hq, b, kv, method), r in timed.items():
+        if method != "vflash-sm90":
+            continue
+        portable = timed.get((kind, hq, b, kv, "vflash"))
+        if kind == "memory":
+            got = f"{float(r['gbps']):.0f} GB/s ({float(r['hbm_share']):.2f} of HBM)"
+            met = float(r["hbm_share"]) >= MLA_HBM_SHARE
+            other = f"{float(portable['gbps']):.0f} GB/s" if portable else ""
+        else:
+            got = f"{float(r['tflops']):.0f} TFLOP/s"
+            met = float(r["tflops"]) >= MLA_TFLOPS
+            other = f"{float(portable['tflops']):.0f} TFLOP/s" if portable else ""
+        ratio = f"{float(portable['us']) / float(r['us']):.2f}x" if portable else ""
+        sdpa, gqa = timed.get((kind, hq, b, kv, "sdpa-math")), timed.get((kind, hq, b, kv, "gqa-d128"))
+        sdpa = f"{float(sdpa['gbps']):.0f} GB/s" if sdpa else "none"
+        gqa = f"{float(gqa['gbps']):.0f} GB/s" if gqa else ""
+        out.append(f"| {hq} | {b} | {kv} | {got} | {other} | {ratio} | {sdpa} | {gqa} | "
+                   f"{'met' if met else 'not met'} |")
+    out.append("")
+    return out, ["mla_decode.csv"]
 
 
 def ring_text(folder, base=""):
