@@ -309,13 +309,6 @@ def test_fp8_runs_the_sm90_build_where_forced_until_its_gpu_check(h200, monkeypa
     monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
     assert dispatch.select(fp8).tiles == tables.SM90_FP8[(128, False)]
     assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
-    # packed FP8 sequences start at any key, and TMA takes V's innermost (key) coordinate only at 16-byte
-    # multiples (the H100 stopped with an illegal instruction): refused, and the portable kernel serves them
-    packed = dataclasses.replace(fp8, layout="packed")
-    assert "no packed sequences" in dispatch.refusal("sm90", packed)
-    assert dispatch.select(packed).kernel == "portable"
-    with pytest.raises(ValueError, match="no packed sequences"):
-        dispatch.select(packed, "sm90")
 
 
 def test_a_v_head_dim_of_its_own_runs_the_sm90_forward_where_forced(h200, monkeypatch):

@@ -2,6 +2,7 @@
 needed), the launcher only hands it tensors TMA can address, and on an H200 it
 matches the fp64 oracle on every head dim and feature it serves."""
 
+import itertools
 import re
 
 import pytest
@@ -239,9 +240,9 @@ def test_fp8_varlen_descriptors_take_only_strides_tma_takes(total):
     e4m3 = torch.float8_e4m3fn
     q = torch.randn(total, 8, 64).to(e4m3)
     k = torch.randn(total, 2, 64).to(e4m3)
-    v = tma.keys_contiguous(torch.randn(total, 2, 64).to(e4m3), 0)
-    out, lse = torch.empty(total, 8, 64, dtype=torch.bfloat16), torch.empty(8, total)
     cu = torch.tensor([0, 1000, total], dtype=torch.int32)
+    v = tma.tile_aligned_keys(torch.randn(total, 2, 64).to(e4m3), cu, 128)
+    out, lse = torch.empty(total, 8, 64, dtype=torch.bfloat16), torch.empty(8, total)
     score = Score(0.125, None, None, torch.ones(2, 2), torch.ones(()), None)
     launch = sm90.build(q, k, v, out, lse, None, Band(0, -1, 0), score, Sm90Tiles(128, 128, 2), 132,
                         varlen=(cu, cu, total - 1000, True))
@@ -252,7 +253,28 @@ def test_fp8_varlen_descriptors_take_only_strides_tma_takes(total):
         size = d.base.element_size()
         assert d.base.data_ptr() % 16 == 0 and d.strides[-1] == 1, name
         assert all(stride * size % 16 == 0 for stride in d.strides[:-1]), (name, d.strides)
-    assert descriptors["v_desc"].shape == (1, 2, 64, total)  # [1, Hkv, D, total]: keys last
+    rows = -(-total // 128) * 128 + 2 * 128  # each sequence from a tile multiple (tile_aligned_keys)
+    assert descriptors["v_desc"].shape == (1, 2, 64, rows)  # [1, Hkv, D, rows]: keys last
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_between(block_n):
+    # TMA takes V's innermost coordinate (a key, FP8's V keys-contiguous) only at 16-byte multiples, which
+    # packed sequences' starts are not (the H100 stopped with an illegal instruction): the sm90 FP8 varlen build
+    # reads sequence b's keys from the kernel's tile_aligned_start (written out here), zeros past each end
+    lens = [1000, 1, 0, 127, 128, 129, 3]
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    v = (torch.rand(int(cu[-1]), 2, 64) + 0.5).to(torch.float8_e4m3fn)  # no zeros among the values
+    copy = tma.tile_aligned_keys(v, cu, block_n)
+    assert tma.keys_ready(copy, 0)
+    expected = torch.zeros(-(-int(cu[-1]) // block_n) * block_n + len(lens) * block_n, 2, 64)
+    ends = []
+    for b, n in enumerate(lens):
+        start = -(-int(cu[b]) // block_n) * block_n + b * block_n
+        assert start % block_n == 0 and all(start >= end for end in ends)  # no sequence's tiles overlap another's
+        ends.append(start + -(-n // block_n) * block_n)
+        expected[start:start + n] = v[int(cu[b]):int(cu[b]) + n].float()
+    assert torch.equal(copy.float(), expected)
 
 
 @needs_gluon

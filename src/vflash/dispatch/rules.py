@@ -127,10 +127,6 @@ def sm90_refusal(p: Problem) -> Optional[str]:
     refusal = _head_dims_refusal(p)
     if refusal is not None:
         return refusal
-    if p.dtype == torch.float8_e4m3fn and p.layout == "packed":
-        # FP8's V goes in with its keys innermost, and TMA takes an innermost coordinate only at a 16-byte
-        # multiple: packed sequences start anywhere (a launch on such starts stops with an illegal instruction)
-        return "its FP8 build takes no packed sequences (TMA loads V's keys from 16-byte-aligned starts only)"
     if p.row_tiles(CONSUMER_ROWS) >= 2**31:
         return "more work tiles than its int32 tile index holds"
     return None

@@ -66,7 +66,7 @@ dim and mask takes, and when this kernel is chosen, is `vflash.dispatch`'s.
 """
 
 from vflash.kernels.mask import key_range, key_tiles, masked_logits, row_tiles
-from vflash.kernels.seqlen import sequence
+from vflash.kernels.seqlen import sequence, tile_aligned_start
 from vflash.kernels.paging import key_row
 from vflash.kernels.softmax import LAZY_SLACK, softmax_finish, softmax_step
 from vflash.kernels.tile import E4M3_LAZY_SLACK, P_E4M3_LOG2, descaled
@@ -83,7 +83,7 @@ _RESCALE_CONSTRAINTS_TEXT = ",".join(["=r"] * 16 + [str(i) for i in range(16)] +
 
 if HAVE_GLUON:
     from vflash.kernels.gluon_sm90 import (aggregate, fence_async_shared, gl, gluon, mbarrier, ring, tma, tma_load,
-                                           tma_store, warpgroup_mma, warpgroup_mma_wait, zero_cols_from,
+                                           tma_store, warpgroup_mma, warpgroup_mma_wait,
                                            zero_rows_from)
 
     _RESCALE_ASM = gl.constexpr(_RESCALE_ASM_TEXT)
@@ -382,7 +382,10 @@ if HAVE_GLUON:
             mbarrier.wait(smem.v_empty.index(slot), empty_phase)
             mbarrier.expect(smem.v_ready.index(slot), v_desc.block_type.nbytes * COPIES)
             if cfg.IS_FP8:  # V's keys contiguous: the tile's keys are the descriptor's last coordinate
-                tma_load(v_desc, [tile.desc_b, tile.off_hk, 0, rows[0]], smem.v_ready.index(slot),
+                v_key = rows[0]
+                if cfg.IS_VARLEN:  # packed: each sequence's keys from a BLOCK_N multiple (TMA's innermost rule)
+                    v_key = tile_aligned_start(tile.k_row, tile.off_b, cfg.BLOCK_N) + key
+                tma_load(v_desc, [tile.desc_b, tile.off_hk, 0, v_key], smem.v_ready.index(slot),
                          smem.v_smem.index(slot))
             else:
                 _copy_tile(v_desc, vt_desc, smem.v_smem.index(slot), smem.v_ready.index(slot), rows, run, tile, cfg)
@@ -730,16 +733,14 @@ if HAVE_GLUON:
             # The last key tile's PV product.
             last = kv + c_end - 1
             v_tile = _v_tile(smem, last, cfg)
-            if cfg.IS_VARLEN:
+            if cfg.IS_VARLEN and not cfg.IS_FP8:
                 # Only the work tile's last key tile can reach past the sequence's end (key_range):
                 # its rows there are the next sequence's V (or a cache's unused rows), which P's
-                # zeros would not cancel if they held inf or NaN.
+                # zeros would not cancel if they held inf or NaN. (FP8's packed V holds zeros there:
+                # ops.tma.tile_aligned_keys.)
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
-                    if cfg.IS_FP8:
-                        zero_cols_from(v_tile.permute((1, 0)), n_k - base, cfg.HEAD_DIM_V, cfg.BLOCK_N)
-                    else:
-                        zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM_V)
+                    zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM_V)
             o = _rescale(o, gl.convert_layout(alpha, o_rows), cfg.LAZY_RESCALE)
             p_op = _p_operand(p, cfg.P_LAYOUT, in_dtype, cfg.P_FP32, smem.p_smem, C, cfg.P_SHARED)
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)

@@ -51,19 +51,6 @@ if HAVE_GLUON:
         fence_async_shared()
 
     @gluon.jit
-    def zero_cols_from(tile, first, ROWS: gl.constexpr, COLS: gl.constexpr):
-        # zero_rows_from for a landed [ROWS, COLS] tile whose columns are keys (FP8's V, keys contiguous):
-        # columns [first, COLS) set to zero, the same race-free-in-effect stores.
-        PIECE: gl.constexpr = 16
-        layout: gl.constexpr = tail_layout(COLS)
-        cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-        for c in gl.static_range(ROWS // PIECE):
-            piece = tile.slice(c * PIECE, PIECE)
-            vals = piece.load(layout)
-            piece.store(gl.where((cols < first)[None, :], vals, gl.zeros_like(vals)))
-        fence_async_shared()
-
-    @gluon.jit
     def ring(tile, STAGES: gl.constexpr):
         # (slot, phase) of ring tile `tile` >= 0 of a STAGES-slot ring, in unsigned arithmetic: signed % and //
         # cost sign fix-ups in the uniform datapath.
@@ -71,4 +58,4 @@ if HAVE_GLUON:
         return (t % STAGES).to(gl.int32), ((t // STAGES) & 1).to(gl.int32)
 
 __all__ = ["HAVE_GLUON", "gluon", "gl", "aggregate", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store", "ring", "tail_layout", "zero_cols_from", "zero_rows_from"]
+           "warpgroup_mma_wait", "tma_load", "tma_store", "ring", "tail_layout", "zero_rows_from"]

@@ -41,6 +41,27 @@ def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
     return copy.permute([order.index(d) for d in range(v.dim())])
 
 
+def tile_aligned_keys(v: torch.Tensor, cu_seqlens_k: torch.Tensor, block_n: int) -> torch.Tensor:
+    """Packed FP8 v [total, Hkv, D] as the sm90 kernel's FP8 varlen build takes it: a copy with the keys
+    contiguous (keys_contiguous) in which sequence b's keys start at row
+    ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), zeros between.
+    TMA takes the innermost coordinate (here a key) only at 16-byte multiples, which packed sequences' starts
+    are not; from these starts every key tile's first key is a block_n multiple, and a tile reaching past its
+    sequence's end reads zeros, not the next sequence's values. The [rows, Hkv, D] view of the copy, rows =
+    ceil(total / block_n) * block_n + B * block_n; device work only (no host sync)."""
+    total, heads, dim = v.shape
+    batch = cu_seqlens_k.numel() - 1
+    rows = -(-total // block_n) * block_n + batch * block_n
+    copy = torch.zeros(heads, dim, rows, dtype=v.dtype, device=v.device)
+    cu = cu_seqlens_k.to(torch.int64)
+    key = torch.arange(total, device=v.device)
+    seq = torch.searchsorted(cu[1:], key, right=True)
+    start = (cu[:-1] + block_n - 1) // block_n * block_n + torch.arange(batch, device=v.device) * block_n
+    bytes_of = (lambda t: t.view(torch.uint8)) if v.element_size() == 1 else (lambda t: t)
+    bytes_of(copy)[:, :, start[seq] + key - cu[seq]] = bytes_of(v).permute(1, 2, 0)
+    return copy.permute(2, 0, 1)
+
+
 def block_shapes(block_n: int, head_dim: int):
     # Q and O move in one consumer warpgroup's rows; K and V in block_n keys (a
     # paged cache's in page_rows(...) keys).
