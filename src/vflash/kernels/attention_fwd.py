@@ -21,7 +21,7 @@ from vflash.kernels.mask import key_range, masked_logits
 from vflash.kernels.seqlen import sequence
 from vflash.kernels.paging import page_ids, table_row
 from vflash.kernels.softmax import softmax_finish, softmax_step
-from vflash.kernels.tile import (P_E4M3_SCALE, cast, descaled, dot, f16_scale, load_at, load_rows, load_tile, scores,
+from vflash.kernels.tile import (P_E4M3_LOG2, cast, descaled, dot, f16_scale, load_at, load_rows, load_tile, scores,
                                  to_e4m3)
 
 
@@ -36,12 +36,14 @@ def _online_update(
     # v [BLOCK_N, HEAD_DIM_PAD]; acc [rows, HEAD_DIM_PAD], l_i/m_i [rows] fp32.
     qk = masked_logits(qk, offs_m, offs_n, n_k, off, left, right, softcap_in, softcap_out,
                        MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-    p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, 0.0, 0.0)
+    # P is rounded to the input dtype for the PV product, as in FlashAttention; e4m3 (FP8 V) times
+    # 2^P_E4M3_LOG2 (row max 256: the normals' top binade), folded into exp2's operand (softmax_step's
+    # P_LOG2; l counts in the same units, and _store_rows finishes with m - P_E4M3_LOG2)
+    p, alpha, m_new, l_i = softmax_step(qk, tl.max(qk, 1), m_i, l_i, qk_scale, MASKED, SOFTCAP, 0.0,
+                                        P_E4M3_LOG2 if v.dtype == tl.float8e4nv else 0.0)
     acc = acc * alpha[:, None]
-    # P is rounded to the input dtype for the PV product, as in FlashAttention; e4m3 (FP8 V) after its
-    # scaling by P_E4M3_SCALE (row max 256: the normals' top binade), which the finish divides out
     if v.dtype == tl.float8e4nv:
-        p = to_e4m3(p * P_E4M3_SCALE, EMULATE_BF16)
+        p = to_e4m3(p, EMULATE_BF16)
     else:
         p = cast(p, v.dtype, EMULATE_BF16)
     acc = dot(p, v, acc, EMULATE_BF16, DOT_PRECISION)
@@ -209,8 +211,10 @@ def _store_rows(acc, l_i, m_i, o_base, lse_base, offs_m, offs_d, stride_om, stri
         sink = tl.load(SINKS + off_h)
     else:
         sink = 0.0
+    if IS_FP8:  # l counts P times 2^P_E4M3_LOG2 (_attend_tile): its reference is m - P_E4M3_LOG2
+        m_i = m_i - P_E4M3_LOG2
     inv_l, lse = softmax_finish(m_i, l_i, sink, HAS_SINK)  # rows that saw no key: 0 and LSE -inf (or the sink)
-    if IS_FP8:  # v's descale and P's e4m3 scale (the kernel's out_scale)
+    if IS_FP8:  # v's descale (the kernel's out_scale)
         inv_l = inv_l * out_scale
     out = acc * inv_l[:, None]
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
@@ -236,7 +240,7 @@ def attention_fwd_kernel(
     # [Hq] fp32, each head's sink logit (softmax_finish). IS_FP8: Q, K, V e4m3 and the descales (fp32, each
     # None for 1, else read at (batch, KV head) with descale_strides' pair for it: 0, 0 for one a tensor):
     # q's and k's scale the raw scores (the softmax's scale and the softcap's input), v's the output, which
-    # P.V's e4m3 P (P_E4M3_SCALE times the probabilities) also divides.
+    # P.V's e4m3 P (2^P_E4M3_LOG2 times the probabilities) counts in l's units, so nothing divides it out.
     # LSE is contiguous [B, Hq, n_q] fp32. IS_VARLEN: sequence b's rows are
     # [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed Q / O (likewise K / V), the
     # grid's first dimension covers the longest, LSE is [Hq, total_q]. SPLIT: the
@@ -258,9 +262,9 @@ def attention_fwd_kernel(
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // kv_group
     out_scale = 1.0
-    if IS_FP8:  # P's e4m3 scale divided out with v's descale
-        qk_scale, softcap_in, out_scale = descaled(qk_scale, softcap_in, 1.0 / P_E4M3_SCALE, Q_DESCALE, K_DESCALE,
-                                                   V_DESCALE, off_b, off_hk, descale_strides)
+    if IS_FP8:
+        qk_scale, softcap_in, out_scale = descaled(qk_scale, softcap_in, 1.0, Q_DESCALE, K_DESCALE, V_DESCALE,
+                                                   off_b, off_hk, descale_strides)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh

@@ -60,10 +60,10 @@ def cast(x, dtype: tl.constexpr, EMULATE_BF16: tl.constexpr):
 
 
 E4M3_MAX = tl.constexpr(448.0)  # e4m3fn's largest finite value
-P_E4M3_LOG2 = tl.constexpr(8.0)  # log2 of P_E4M3_SCALE: the sm90 kernel folds it into exp2's operand (softmax_step)
-P_E4M3_SCALE = tl.constexpr(2.0 ** P_E4M3_LOG2.value)  # P [0, 1] times this (256) before its rounding to e4m3: the
-# row max in e4m3's top binade, its other values in the normals down to 2^-14 (FlashAttention-3's choice); the
-# finish divides it out
+# P [0, 1] times 2^P_E4M3_LOG2 (256) before its rounding to e4m3: the row max in e4m3's top binade, its other values
+# in the normals down to 2^-14 (FlashAttention-3's choice). Both forward kernels fold it into exp2's operand
+# (softmax_step's P_LOG2), l counts in the same units, and the finish takes m - P_E4M3_LOG2.
+P_E4M3_LOG2 = tl.constexpr(8.0)
 E4M3_LAZY_SLACK = tl.constexpr(0.75)  # the lazy reference max's slack for e4m3 P: 2^0.75 * 256 = 431 < 448
 
 
