@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_forward tests_sm90 tests_dispatch_backward tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_mla profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -265,6 +265,19 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
                python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
+             done ;;
+    profile_mla) # Nsight Compute's full set on one launch of the sm90 MLA kernel per row (PROFILE_MLA "Hq:B:KV",
+                 # default a compute-bound and a memory-bound row): tensor-pipe, shared-memory and stall figures
+             for row in ${PROFILE_MLA:-128:64:4096 16:32:4096}; do
+               IFS=: read -r hq b kv <<< "$row"; name=prof_mla_h${hq}_b${b}_kv${kv}
+               timeout 240 ncu --clock-control none --set full --import-source yes -k regex:mla_decode --launch-skip 2 \
+                 --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_mla --hq "$hq" \
+                 --b "$b" --kv "$kv" > "$R/$name.log" 2>&1
+               ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
+               ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
+               python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \
+                 > "$R/$name.summary.txt" 2>&1
+               tail -2 "$R/$name.log"; head -30 "$R/$name.summary.txt"
              done ;;
     bwd_sm90) # the sm_90 backward kernels against the portable ones (BWD_ROWS "D:N:causal", HOPPER_DQ_TILES /
                 # HOPPER_DKDV_TILES "m:n ...", BWD_APART=1: dK and dV apart, D 256; BWD_GRAPHS=1: CUDA graph replays,
