@@ -241,7 +241,7 @@ def test_fp8_varlen_descriptors_take_only_strides_tma_takes(total):
     q = torch.randn(total, 8, 64).to(e4m3)
     k = torch.randn(total, 2, 64).to(e4m3)
     cu = torch.tensor([0, 1000, total], dtype=torch.int32)
-    v = tma.tile_aligned_keys(torch.randn(total, 2, 64).to(e4m3), cu, 128)
+    v = tma.sm90_e4m3_values(torch.randn(total, 2, 64).to(e4m3), cu, 128)
     out, lse = torch.empty(total, 8, 64, dtype=torch.bfloat16), torch.empty(8, total)
     score = Score(0.125, None, None, torch.ones(2, 2), torch.ones(()), None)
     launch = sm90.build(q, k, v, out, lse, None, Band(0, -1, 0), score, Sm90Tiles(128, 128, 2), 132,
@@ -253,19 +253,39 @@ def test_fp8_varlen_descriptors_take_only_strides_tma_takes(total):
         size = d.base.element_size()
         assert d.base.data_ptr() % 16 == 0 and d.strides[-1] == 1, name
         assert all(stride * size % 16 == 0 for stride in d.strides[:-1]), (name, d.strides)
-    rows = -(-total // 128) * 128 + 2 * 128  # each sequence from a tile multiple (tile_aligned_keys)
+    rows = -(-total // 128) * 128 + 2 * 128  # each sequence from a tile multiple (sm90_e4m3_values)
     assert descriptors["v_desc"].shape == (1, 2, 64, rows)  # [1, Hkv, D, rows]: keys last
+
+
+def _operand_order(p):
+    # the sm90 FP8 build's _p_operand: P [rows, N] in the score accumulator's order relabelled as the e4m3
+    # operand (each 16-key group's columns reshaped and permuted, no value moved between threads)
+    rows, n = p.shape
+    return p.reshape(rows, n // 16, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(rows, n)
+
+
+def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact():
+    # dense V [B, H, N, D] -> keys contiguous, each 16-key group in E4M3_KEY_ORDER, zeros past N: the
+    # relabelled P times that V is P.V (N 40: a part group, whose padded keys P's zeros meet)
+    v = (torch.rand(1, 2, 40, 64) + 0.5).to(torch.float8_e4m3fn)
+    copy = tma.sm90_e4m3_values(v)
+    assert tma.keys_ready(copy, 2) and copy.shape == (1, 2, 48, 64)
+    p = torch.rand(8, 48)
+    p[:, 40:] = 0  # keys past N: masked
+    for h in range(2):
+        assert torch.allclose(_operand_order(p) @ copy[0, h].float(), p[:, :40] @ v[0, h].float(), atol=1e-5)
 
 
 @pytest.mark.parametrize("block_n", [64, 128])
 def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_between(block_n):
     # TMA takes V's innermost coordinate (a key, FP8's V keys-contiguous) only at 16-byte multiples, which
     # packed sequences' starts are not (the H100 stopped with an illegal instruction): the sm90 FP8 varlen build
-    # reads sequence b's keys from the kernel's tile_aligned_start (written out here), zeros past each end
+    # reads sequence b's keys from the kernel's tile_aligned_start (written out here), in the operand order,
+    # zeros past each end
     lens = [1000, 1, 0, 127, 128, 129, 3]
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     v = (torch.rand(int(cu[-1]), 2, 64) + 0.5).to(torch.float8_e4m3fn)  # no zeros among the values
-    copy = tma.tile_aligned_keys(v, cu, block_n)
+    copy = tma.sm90_e4m3_values(v, cu, block_n)
     assert tma.keys_ready(copy, 0)
     expected = torch.zeros(-(-int(cu[-1]) // block_n) * block_n + len(lens) * block_n, 2, 64)
     ends = []
@@ -273,7 +293,9 @@ def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_bet
         start = -(-int(cu[b]) // block_n) * block_n + b * block_n
         assert start % block_n == 0 and all(start >= end for end in ends)  # no sequence's tiles overlap another's
         ends.append(start + -(-n // block_n) * block_n)
-        expected[start:start + n] = v[int(cu[b]):int(cu[b]) + n].float()
+        for key in range(n):
+            row = start + key // 16 * 16 + tma.E4M3_KEY_ORDER.index(key % 16)
+            expected[row] = v[int(cu[b]) + key].float()
     assert torch.equal(copy.float(), expected)
 
 

@@ -18,7 +18,8 @@ Masks and tiles
   MetadataTiles
 Launchers with their tiles forced (nothing validated, no plan recorded), the kernel the tiles name
   kernel_of                           the kernel family a tile type belongs to ("portable" or "sm90")
-  keys_contiguous                     V laid out as the FP8 kernels take it (keys at unit stride)
+  keys_contiguous                     V laid out as the portable FP8 kernel takes it (keys at unit stride)
+  sm90_e4m3_values                    V laid out as the sm90 FP8 build takes it (a copy: keys contiguous, in P's order)
   attention_forward, attention_varlen_forward, attention_kvcache_forward, attention_backward, merge_states_forward,
   write_kvcache_forward, sequence_metadata_flags
 Launches
@@ -58,7 +59,7 @@ from vflash.ops.cache import write_kvcache_forward
 from vflash.ops.combine import merge_states_forward
 from vflash.ops.launch import KernelLaunch
 from vflash.ops.metadata import sequence_metadata_flags
-from vflash.ops.tma import keys_contiguous
+from vflash.ops.tma import keys_contiguous, sm90_e4m3_values
 from vflash.ops.mla_sm90 import mla_launches
 from vflash.ops.tiles import (BackwardLaunch, BackwardTiles, CacheWriteTiles, Sm90Tiles, KVCacheTiles, MergeTiles,
                               MetadataTiles, MlaTiles, PortableTiles)
@@ -67,7 +68,7 @@ __all__ = [
     "Band", "mask_band", "sequence_band", "Score", "Call", "Packed", "Cache",
     "PortableTiles", "Sm90Tiles", "BackwardLaunch", "BackwardTiles", "KVCacheTiles", "MergeTiles", "CacheWriteTiles",
     "MetadataTiles",
-    "kernel_of", "keys_contiguous",
+    "kernel_of", "keys_contiguous", "sm90_e4m3_values",
     "attention_forward", "attention_varlen_forward", "attention_kvcache_forward", "attention_backward",
     "merge_states_forward", "write_kvcache_forward", "sequence_metadata_flags",
     "KernelLaunch", "run_launch", "capturing_launches", "captured_launches",

@@ -502,17 +502,23 @@ if HAVE_GLUON:
         # here, in the iteration that issues the product; the empty non-pure asm
         # pins the packing before the S_j issue: left free, LLVM sinks it below,
         # where the fp32 P, S_j and O do not fit in a three-consumer register
-        # budget (2.7 KB of spills at D = 64). FP8: P rounded to e4m3, into the
-        # operand's register layout, or with P_SHARED into consumer C's buffer of
-        # p_smem (its previous PV product has completed), which the product reads.
+        # budget (2.7 KB of spills at D = 64). FP8: P rounded to e4m3 and relabelled
+        # as the operand (a thread holds S's columns 2t, 2t + 1, 2t + 8, 2t + 9 of each
+        # 16-key group and the operand's keys 4t to 4t + 3: column 16j + 8h + 2t + e
+        # becomes key 16j + 4t + 2h + e, no value moves; V's keys come in that order,
+        # ops.tma.E4M3_KEY_ORDER), or with P_SHARED into consumer C's buffer of p_smem
+        # (its previous PV product has completed), which the product reads.
         if dtype == gl.float8e4nv:
+            ROWS: gl.constexpr = p.shape[0]
+            N: gl.constexpr = p.shape[1]
+            p8 = p.to(dtype).reshape([ROWS, N // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([ROWS, N])
             if P_SHARED:
                 p_buf = p_smem.index(C)
-                p_buf.store(p.to(dtype))
+                p_buf.store(p8)
                 fence_async_shared()
                 return p_buf
             else:
-                return gl.convert_layout(p.to(dtype), p_layout)
+                return gl.convert_layout(p8, p_layout)
         elif P_FP32:
             p = gl.convert_layout(p.to(dtype), p_layout)
             return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [p], dtype=p.dtype, is_pure=False, pack=2)

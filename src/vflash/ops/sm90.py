@@ -12,8 +12,8 @@ from vflash.call import Band, Score
 from vflash.ops.launch import KernelLaunch, Slot, compile_sm90_launch, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.tiles import CONSUMER_REGS, CONSUMER_ROWS, Sm90Tiles
-from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, keys_contiguous, keys_last_describer,
-                            page_rows, page_runs, pages_fit, tile_aligned_keys)
+from vflash.ops.tma import (cache_ready, cache_rows, describers, heads_first, keys_last_describer,
+                            page_rows, page_runs, pages_fit, sm90_e4m3_values)
 
 
 def qk_columns(head_dim: int) -> int:
@@ -80,9 +80,9 @@ def build(q, k, v, out, lse: Optional[torch.Tensor], counter: Optional[torch.Ten
     `cache` (cache_seqlens, block_table or None) with varlen (cu_seqlens_k None):
     k and v are KV caches [pages, page_size, Hkv, D] (paged) or [B, max_len, Hkv, D]; pages shorter than
     a tile also get descriptors in blocks of the tile's rows (a run of consecutive pages' one copy).
-    e4m3 q, k, v (FP8, not with a cache): v with its keys contiguous (its dimension N of unit stride and a
-    multiple of 16 bytes apart: ops.tma.keys_contiguous; varlen: each sequence's keys from a block_n multiple,
-    ops.tma.tile_aligned_keys), its descriptor over the [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales. A v head dim of its
+    e4m3 q, k, v (FP8, not with a cache): v as ops.tma.sm90_e4m3_values lays it out (keys contiguous, each
+    16-key group in the order the kernel's P takes; varlen: each sequence's keys from a block_n multiple), its
+    descriptor over the [B, Hkv, D, N] view; out (16-bit) through the kernel's pointer store; score's descales. A v head dim of its
     own (not with a cache): v's and out's descriptors in its width, out through the pointer store. A q / k head
     dim that is no power of two (192): their descriptors in blocks of 64 columns (the kernel's QK_BLOCK), out
     through the pointer store."""
@@ -210,7 +210,7 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
         v = empty(*k.shape[:-1], dv)
         if not fp8:
             return v
-        return tile_aligned_keys(v, cu, tiles.block_n) if varlen else keys_contiguous(v, 2)
+        return sm90_e4m3_values(v, cu, tiles.block_n) if varlen else sm90_e4m3_values(v)
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
     descales = (torch.ones(2, kv_heads), torch.ones(()), None) if fp8 else (None, None, None)
     score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None, *descales)

@@ -6,7 +6,7 @@ copies a paged cache's tiles take, and a descriptor's type in an ahead-of-time c
 the launchers (ops/sm90.py, ops/sm90_bwd.py) build the descriptors."""
 
 from functools import lru_cache
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -41,14 +41,32 @@ def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
     return copy.permute([order.index(d) for d in range(v.dim())])
 
 
-def tile_aligned_keys(v: torch.Tensor, cu_seqlens_k: torch.Tensor, block_n: int) -> torch.Tensor:
-    """Packed FP8 v [total, Hkv, D] as the sm90 kernel's FP8 varlen build takes it: a copy with the keys
-    contiguous (keys_contiguous) in which sequence b's keys start at row
-    ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), zeros between.
+# The sm90 FP8 build's P.V takes P in the score accumulator's register order, relabelled without moving a
+# value (kernels/attention_fwd_sm90.py:_p_operand): within each 16-key group the e4m3 A operand's key k is the
+# accumulator's column E4M3_KEY_ORDER[k] (a thread holds columns 2t, 2t + 1, 2t + 8, 2t + 9 there, and keys
+# 4t to 4t + 3 in the operand). V goes in with its keys in the same order (sm90_e4m3_values).
+E4M3_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+
+
+def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = None, block_n: int = 16) -> torch.Tensor:
+    """FP8 v as the sm90 kernel's FP8 build takes it: a copy with the keys contiguous (the e4m3 wgmma reads
+    V K-major), each 16-key group in E4M3_KEY_ORDER, zeros in the padding. Dense v [B, H, N, D]: the
+    [B, H, N padded to 16, D] view of the copy. Packed v [total, H, D] with cu_seqlens_k: sequence b's keys
+    from row ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), as
     TMA takes the innermost coordinate (here a key) only at 16-byte multiples, which packed sequences' starts
-    are not; from these starts every key tile's first key is a block_n multiple, and a tile reaching past its
-    sequence's end reads zeros, not the next sequence's values. The [rows, Hkv, D] view of the copy, rows =
-    ceil(total / block_n) * block_n + B * block_n; device work only (no host sync)."""
+    are not; a tile reaching past its sequence's end reads zeros. The [rows, H, D] view of the copy, rows =
+    ceil(total / block_n) * block_n + B * block_n. Device work only (no host sync)."""
+    order = torch.tensor(E4M3_KEY_ORDER, device=v.device)
+    position = torch.empty_like(order)
+    position[order] = torch.arange(16, device=v.device)  # where each key of a group goes
+
+    def placed(key):  # key (within its sequence) -> its row in the operand order
+        return key // 16 * 16 + position[key % 16]
+    if cu_seqlens_k is None:
+        batch, heads, n, dim = v.shape
+        copy = torch.zeros(batch, heads, dim, -(-n // 16) * 16, dtype=v.dtype, device=v.device)
+        copy.view(torch.uint8)[..., placed(torch.arange(n, device=v.device))] = v.view(torch.uint8).transpose(-1, -2)
+        return copy.transpose(-1, -2)
     total, heads, dim = v.shape
     batch = cu_seqlens_k.numel() - 1
     rows = -(-total // block_n) * block_n + batch * block_n
@@ -57,8 +75,7 @@ def tile_aligned_keys(v: torch.Tensor, cu_seqlens_k: torch.Tensor, block_n: int)
     key = torch.arange(total, device=v.device)
     seq = torch.searchsorted(cu[1:], key, right=True)
     start = (cu[:-1] + block_n - 1) // block_n * block_n + torch.arange(batch, device=v.device) * block_n
-    bytes_of = (lambda t: t.view(torch.uint8)) if v.element_size() == 1 else (lambda t: t)
-    bytes_of(copy)[:, :, start[seq] + key - cu[seq]] = bytes_of(v).permute(1, 2, 0)
+    copy.view(torch.uint8)[:, :, start[seq] + placed(key - cu[seq])] = v.view(torch.uint8).permute(1, 2, 0)
     return copy.permute(2, 0, 1)
 
 
