@@ -29,16 +29,7 @@ VARIANTS = {
 
 def one(name: str) -> None:
     import torch
-    from vflash.dispatch import rules
     from vflash.harness.cases import Fp8Case
-    # dispatch refuses packed FP8 sequences for the sm90 kernel (session 50): the experiment launches them anyway
-    sm90 = rules.REGISTRY["sm90"]
-    refuse = sm90.forward_refusal
-
-    def lenient(p):
-        why = refuse(p)
-        return None if why and "no packed sequences" in why else why
-    rules.REGISTRY["sm90"] = sm90._replace(forward_refusal=lenient)
     kw = dict(VARIANTS[name])
     kw["lens"] = tuple((n, n) for n in kw["lens"])
     case = Fp8Case(**kw)
