@@ -743,7 +743,7 @@ if HAVE_GLUON:
                 # Only the work tile's last key tile can reach past the sequence's end (key_range):
                 # its rows there are the next sequence's V (or a cache's unused rows), which P's
                 # zeros would not cancel if they held inf or NaN. (FP8's packed V holds zeros there:
-                # ops.tma.tile_aligned_keys.)
+                # ops.tma.sm90_e4m3_values.)
                 base = lo + (c_end - 1) * cfg.BLOCK_N
                 if base + cfg.BLOCK_N > n_k:
                     zero_rows_from(v_tile, n_k - base, cfg.BLOCK_N, cfg.HEAD_DIM_V)

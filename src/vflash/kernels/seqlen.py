@@ -36,6 +36,6 @@ def sequence(off_b, cu_seqlens_q, cu_seqlens_k, seqlens_k, n_q, n_k, off, IS_VAR
 @triton.jit
 def tile_aligned_start(k_row, off_b, BLOCK_N: tl.constexpr):
     # Sequence off_b's first row in a packed tensor laid out with every sequence from a BLOCK_N multiple
-    # (ops.tma.tile_aligned_keys: FP8's V for the sm90 kernel), from its first row k_row in the packed one:
+    # (ops.tma.sm90_e4m3_values: FP8's V for the sm90 kernel), from its first row k_row in the packed one:
     # k_row rounded up to BLOCK_N, plus BLOCK_N a sequence before it, so that each one's rounded-up length fits.
     return (k_row + BLOCK_N - 1) // BLOCK_N * BLOCK_N + off_b * BLOCK_N
