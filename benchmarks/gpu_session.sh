@@ -15,7 +15,7 @@
 STEPS="check tests tests_kernels tests_forward tests_sm90 tests_dispatch_backward tests_rest tests_serving tests_some memory fa_bf16 fa_fp16 fa_fp16_flex article d256
   clocks decode varlen chunked kvops bwd tune tune_short tune_split tune_article_d256 kvops_tune invariant_tune
   chunked_ring decode_tune bwd_tune check_cost sanitize_serving hf_llama hf_gpt_oss hf_cb ring_single_gpu ring_nccl ring_scaling
-  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode sm90_launcher sm90_variants profile_sm90 profile_mla profile_decode
+  launch_overhead host_sm90 host_sm90_old check_sinks fa_sinks bwd_sinks decode_sinks decode_sinks_ab check_fp8 fa_fp8 fp8_bars decode_fp8 fp8_sm90 fp8_varlen_bisect check_sm90_forced check_mla mla_decode vhead_prefill sm90_launcher sm90_variants profile_sm90 profile_mla profile_decode
   profile_decode_full bwd_sm90 bwd_host decode_host decode_trees ab_trees"
 set -u
 # $PWD on the path too: the experiment scripts run as `python3 -m benchmarks.experiments.NAME`.
@@ -215,6 +215,11 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
               sampled mla_decode timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.mla_decode \
                 --rows ${MLA_ROWS:-all} ${MLA_TILES:+--tiles} --out "$R/mla_decode.csv" > "$R/mla_decode.txt" 2>&1
               tail -40 "$R/mla_decode.txt" ;;
+    vhead_prefill) # issue 55's prefill row: v head dims unlike q's (192 / 128, 128 / 64, 256 / 128) through the dispatch
+                   # and the sm90 kernel forced, beside SDPA's backends and vflash's D 128 (VHEAD_DIMS "Dqk/Dv ...")
+              sampled vhead_prefill timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.vhead_prefill \
+                --dims ${VHEAD_DIMS:-192/128 128/64 256/128} --out "$R/vhead_prefill.csv" > "$R/vhead_prefill.txt" 2>&1
+              tail -40 "$R/vhead_prefill.txt" ;;
     decode_sinks_ab) # issue 53: paged decode with and without sinks on the same inputs, over input draws (DECODE_ROWS
                      # "B:KV", default 1:1024 8:1024 1:8192)
               timeout ${SWEEP_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_sinks_ab \
@@ -266,13 +271,14 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
-    profile_mla) # Nsight Compute's full set on one launch of the sm90 MLA kernel per row (PROFILE_MLA "Hq:B:KV",
-                 # default a compute-bound and a memory-bound row): tensor-pipe, shared-memory and stall figures
-             for row in ${PROFILE_MLA:-128:64:4096 16:32:4096}; do
-               IFS=: read -r hq b kv <<< "$row"; name=prof_mla_h${hq}_b${b}_kv${kv}
+    profile_mla) # Nsight Compute's full set on one launch of the sm90 MLA kernel per row (PROFILE_MLA "Hq:B:KV" or
+                 # "Hq:B:KV:seesaw", default a compute-bound row in both schedules and a memory-bound one):
+                 # tensor-pipe, shared-memory and stall figures
+             for row in ${PROFILE_MLA:-128:64:4096 128:64:4096:seesaw 16:32:4096}; do
+               IFS=: read -r hq b kv schedule <<< "$row"; name=prof_mla_h${hq}_b${b}_kv${kv}${schedule:+_$schedule}
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:mla_decode --launch-skip 2 \
                  --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_mla --hq "$hq" \
-                 --b "$b" --kv "$kv" > "$R/$name.log" 2>&1
+                 --b "$b" --kv "$kv" ${schedule:+--seesaw} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
                python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \

@@ -9,8 +9,9 @@ both products). Two kinds of row:
   compute-bound Hq 128, B 32-128, KV 4k-8k: TFLOP/s counting 2 * (576 + 512) flops a query head and key;
                 bar 550
 
-`vflash` is the dispatch's choice (the portable kernel's latent path while the sm90 MLA kernel is taken where
-forced only), `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's forced split count.
+`vflash` is the dispatch's choice, `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's
+tiles and split count, `vflash-sm90-seesaw` the same with its seesaw schedule (MlaTiles.seesaw: the consumers take
+turns owning a tile's S and softmax).
 Beside each row, in the same process: SDPA on the unpacked cache (K [B, 1, KV, 576], V [B, 1, KV, 512]
 contiguous, `enable_gqa`, unmasked: with Nq > 1 it skips the last queries' few masked keys), each backend
 that takes it ("sdpa-<backend>"), and vflash's own GQA decode
@@ -142,9 +143,12 @@ def main() -> int:
             return [lambda kc=kc: attention_kvcache_forward(rows_q, kc, kc[..., :D_V], seqlens, table, None, nq,
                                                              band=band, score=call.score, return_lse=False, tiles=t)
                     for kc in caches]
-        if not args.smoke:  # the sm90 MLA kernel (dispatch takes it where forced only), the dispatch's split count
+        if not args.smoke:  # the sm90 MLA kernel at the dispatch's tiles and split count, both schedules
             mla = dispatch.choose(call, "sm90").tiles
-            record("vflash-sm90", _time(forced(mla), device), f"{mla.block_n},{mla.stages} x{mla.num_splits}")
+            for seesaw in (False, True):
+                t = mla._replace(seesaw=seesaw)
+                record("vflash-sm90-seesaw" if seesaw else "vflash-sm90", _time(forced(t), device),
+                       f"{t.block_n},{t.stages} x{t.num_splits}")
         if tiles is not None:
             for cand in tiles:
                 saved = tables.LATENT_ROWS, tables.KVCACHE_LATENT

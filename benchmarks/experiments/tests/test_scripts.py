@@ -23,7 +23,7 @@ WITH_OPTIONS = ["ab_trees", "clock_ramp", "sm90_variants", "profile_sm90", "ncu_
                 "ptx_fingerprint", "decode_warp_keys", "host_noise", "chunked_ring", "kvops_tune", "invariant_tune",
                 "ring_scaling", "check_cost", "bwd_host", "bwd_sm90", "bwd_tune", "decode_host", "decode_residency",
                 "decode_tune", "decode_trees", "profile_decode", "ring_single_gpu", "sm90_compile", "hf_gpt_oss",
-                "mla_decode"]
+                "mla_decode", "vhead_prefill"]
 WITHOUT_OPTIONS = ["host_sm90", "launch_overhead"]
 # The library's modules a lab script may import: the public API and what vflash.harness.lab collects.
 PUBLIC = re.compile(r"vflash(\.(harness|dispatch|reference|integrations)(\.\w+)*|\.distributed|\.cli)?")
@@ -223,6 +223,20 @@ def test_mla_decode_smoke_run_writes_a_row_per_method(tmp_path):
     assert [row["method"] for row in rows] == ["hbm"] + ["vflash", "vflash-tiles", "gqa-d128"] * 2
     assert {row["kind"] for row in rows[1:]} == {"memory", "compute"} and rows[2]["tiles"] == "16,16,4,1 x1"
     assert all(float(row["us"]) > 0 for row in rows[1:])
+
+
+def test_vhead_prefill_smoke_run_writes_a_row_per_method_and_shape(tmp_path):
+    # the interpreter, one tiny shape: the dispatch's call and the D 128 yardstick at each v head dim, causal or not
+    import csv
+    out = tmp_path / "vhead.csv"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.experiments.vhead_prefill", "--smoke", "--dims", "192/128",
+                        "128/64", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), ROOT]),
+                                TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader(open(out)))
+    assert [(row["d_qk"], row["d_v"], row["causal"], row["method"]) for row in rows] == [
+        (dq, dv, c, m) for dq, dv in (("192", "128"), ("128", "64")) for c in "01" for m in ("vflash", "vflash-d128")]
 
 
 def test_ring_scaling_smoke_run_writes_rows_with_kept_fractions(tmp_path):

@@ -1,5 +1,6 @@
 """MLA decode on one latent cache for Hopper (sm_90), written in Gluon: FlashMLA's split of the
-output's columns over two warpgroups, launched by ops/mla_sm90.py where vflash.dispatch picks it.
+output's columns over two warpgroups, in two schedules, launched by ops/mla_sm90.py where vflash.dispatch
+picks it.
 
 DeepSeek-V3's absorbed attention is MQA over one cache head of 576 values a token (512 latent + 64
 rope): every query head's q [576] meets the same keys, and V is each key's first 512 values. The
@@ -25,6 +26,17 @@ outgrows one warpgroup's registers (256 a thread at 64 rows). Here:
   LSE) through pointers, rows of the tile past the sequence's own alone. IS_SPLIT: both store fp32
   partials with the split's LSE (no sink: it enters once, at kernels/combine.py's merge), which
   a second launch merges.
+
+The seesaw schedule (mla_decode_seesaw_sm90_kernel, MlaTiles.seesaw; FlashMLA's, 2025-04): the consumers take
+turns owning a key tile, consumer j % 2 tile j (numbered from the split's first). The owner computes S_j and the
+softmax from the running max m_{j-1} that the previous tile's owner handed over, hands P_j, alpha_j and m_j to the
+other consumer through shared memory (one buffer each: the two alternate, so each is free when written), and
+adds P_j V_j to its half of O; the other consumer, at its own next tile, rescales its half by alpha_j and adds
+P_j V_j while its own S runs. So both warpgroups issue S products, and one's softmax overlaps the other's
+tensor work, where the first schedule leaves consumer 1 idle through consumer 0's S. Each consumer sums the
+rows of its own tiles' P; the finish adds the two. Each key tile's three parts have their own barriers: the
+rope, read by S alone, is released first, and the producer loads the half whose PV the tile's owner does
+before the other.
 
 Gluon does not run under the Triton interpreter: the CPU suite compiles this kernel for sm_90
 (ops/mla_sm90.py) and the GPU tests check its numbers.
@@ -307,6 +319,269 @@ if HAVE_GLUON:
             mbarrier.arrive(smem.k_empty.index(slot), count=1)
         mbarrier.wait(smem.fin_ready.index(0), 0)
         _store_rows(o * smem.fin.load(o_rows)[:, None], w, Out, O_PART, cfg.HALF, call, cfg)
+
+    # ---- the seesaw schedule (FlashMLA's): the consumers take turns owning a key tile ----
+
+    @aggregate
+    class SeesawSmem:
+        """Shared memory of the seesaw build: Q's halves and rope; the ring's key tiles as parts (k_half: slot * 2 +
+        half, k_rope: slot), each part its own ready / empty barrier (slot * 3 + part: 0 and 1 the halves, 2 the
+        rope); the exchange from a tile's owner to the other consumer (P, alpha, the row max m; x_ready); each
+        consumer's row sums at the finish (l_sum, fin_ready)."""
+        q_half: gl.shared_memory_descriptor
+        q_rope: gl.shared_memory_descriptor
+        k_half: gl.shared_memory_descriptor
+        k_rope: gl.shared_memory_descriptor
+        p: gl.shared_memory_descriptor
+        alpha: gl.shared_memory_descriptor
+        m: gl.shared_memory_descriptor
+        l_sum: gl.shared_memory_descriptor
+        q_ready: gl.shared_memory_descriptor
+        k_ready: gl.shared_memory_descriptor
+        k_empty: gl.shared_memory_descriptor
+        x_ready: gl.shared_memory_descriptor
+        fin_ready: gl.shared_memory_descriptor
+
+        @gluon.constexpr_function
+        def __init__(self, q_half, q_rope, k_half, k_rope, p, alpha, m, l_sum, q_ready, k_ready, k_empty, x_ready,
+                     fin_ready):
+            self.q_half, self.q_rope, self.k_half, self.k_rope = q_half, q_rope, k_half, k_rope
+            self.p, self.alpha, self.m, self.l_sum = p, alpha, m, l_sum
+            self.q_ready, self.k_ready, self.k_empty = q_ready, k_ready, k_empty
+            self.x_ready, self.fin_ready = x_ready, fin_ready
+
+    @gluon.jit
+    def _seesaw_load_part(desc, buf, col, rows, ready, empty, phase, cfg):
+        # one part of a key tile into its ring buffer once both its readers released the slot's previous tile
+        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
+        mbarrier.wait(empty, phase ^ 1)
+        mbarrier.expect(ready, COPIES * desc.block_type.nbytes)
+        for c in gl.static_range(COPIES):
+            tma_load(desc, [0, 0, rows[c], col], ready, buf.slice(c * cfg.PAGE_ROWS, cfg.PAGE_ROWS, 2))
+
+    @gluon.jit
+    def _seesaw_load_partition(q_half_desc, q_rope_desc, k_half_desc, k_rope_desc, smem, call, cache_seqlens,
+                               block_table, cfg):
+        # Producer: Q once, then each key tile's parts in the order their slot frees them: the rope (read by S
+        # alone), the half whose PV the tile's owner does (tile j's owner is consumer j % 2, that of tile j - 2
+        # too), then the other consumer's half.
+        w = _work(call, cache_seqlens, cfg)
+        mbarrier.expect(smem.q_ready.index(0), 2 * q_half_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+        tma_load(q_half_desc, [0, 0, w.row0, 0], smem.q_ready.index(0), smem.q_half.index(0))
+        tma_load(q_half_desc, [0, 0, w.row0, cfg.HALF], smem.q_ready.index(0), smem.q_half.index(1))
+        tma_load(q_rope_desc, [0, 0, w.row0, 2 * cfg.HALF], smem.q_ready.index(0), smem.q_rope.index(0))
+        COPIES: gl.constexpr = cfg.BLOCK_N // cfg.PAGE_ROWS
+        for i in range(w.first, w.last):
+            j = i - w.first
+            slot, phase = ring(j, cfg.STAGES)
+            key = i * cfg.BLOCK_N
+            rows = ()
+            for c in gl.static_range(COPIES):
+                rows = rows + (key_row(block_table, w.b, call.table_stride, w.n_k, key + c * cfg.PAGE_ROWS,
+                                        w.b * call.kv_seq_rows, cfg.PAGE_SIZE),)
+            _seesaw_load_part(k_rope_desc, smem.k_rope.index(slot), 2 * cfg.HALF, rows,
+                              smem.k_ready.index(slot * 3 + 2), smem.k_empty.index(slot * 3 + 2), phase, cfg)
+            for h in gl.static_range(2):
+                part = (j & 1) ^ h
+                _seesaw_load_part(k_half_desc, smem.k_half.index(slot * 2 + part), part * cfg.HALF, rows,
+                                  smem.k_ready.index(slot * 3 + part), smem.k_empty.index(slot * 3 + part), phase,
+                                  cfg)
+
+    @gluon.jit
+    def _seesaw_take(o, l_i, smem, j, C: gl.constexpr, cfg):
+        # The other consumer's tile j: its alpha and row max m from the exchange, o and l rescaled by that alpha,
+        # O[:, C half] += P_j V_j[:, C half] issued (P from shared memory; the caller waits). Returns o (in
+        # flight), m, l and the V part.
+        s_rows: gl.constexpr = gl.SliceLayout(1, cfg.S_LAYOUT)
+        o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
+        slot, phase = ring(j, cfg.STAGES)
+        mbarrier.wait(smem.x_ready.index(0), j & 1)
+        alpha = smem.alpha.load(s_rows)
+        m_i = smem.m.load(s_rows)
+        l_i = l_i * alpha
+        o = o * gl.convert_layout(alpha, o_rows)[:, None]
+        mbarrier.wait(smem.k_ready.index(slot * 3 + C), phase)  # landed (the owner saw it): no wait in effect
+        v = smem.k_half.index(slot * 2 + C).reshape([cfg.BLOCK_N, cfg.HALF])
+        o = warpgroup_mma(smem.p, v, o, is_async=True)
+        return o, m_i, l_i, v
+
+    @gluon.jit
+    def _seesaw_tile(o, m_i, l_i, smem, w, j, offs_i, call, C: gl.constexpr, HAS_PREV: gl.constexpr,
+                     MASKED: gl.constexpr, cfg):
+        # Consumer C's own tile j (j % 2 == C), after the other consumer's tile j - 1 (HAS_PREV):
+        #   S_j's three parts (rope, lo, hi), each issued once it has landed; behind them the other's
+        #   P_{j-1} V_{j-1} on this consumer's half; the softmax from the other's m_{j-1}; P_j, alpha_j and m_j
+        #   to the exchange; O[:, C half] += P_j V_j[:, C half] with P from registers.
+        # While one consumer computes its softmax the other's products keep the tensor cores busy.
+        ROWS: gl.constexpr = 64
+        o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
+        dtype: gl.constexpr = smem.p.dtype
+        slot, phase = ring(j, cfg.STAGES)
+        k_rope = smem.k_rope.index(slot).reshape([cfg.BLOCK_N, cfg.ROPE])
+        k_lo = smem.k_half.index(slot * 2).reshape([cfg.BLOCK_N, cfg.HALF])
+        k_hi = smem.k_half.index(slot * 2 + 1).reshape([cfg.BLOCK_N, cfg.HALF])
+        if C == 0:
+            q_at = 0
+        else:
+            # consumer 1 addresses Q through an index the compiler cannot fold (0): the same constant addresses in
+            # both consumers would be computed once for both, before the partitions split, and the 36 descriptors
+            # held in registers across consumer 1's loop (spilled)
+            q_at = (w.n_k < 0).to(gl.int32)
+        q_rope = smem.q_rope.index(q_at).reshape([ROWS, cfg.ROPE])
+        q_lo = smem.q_half.index(q_at).reshape([ROWS, cfg.HALF])
+        q_hi = smem.q_half.index(q_at + 1).reshape([ROWS, cfg.HALF])
+        mbarrier.wait(smem.k_ready.index(slot * 3 + 2), phase)
+        s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, cfg.S_LAYOUT),
+                          use_acc=False, is_async=True)
+        mbarrier.wait(smem.k_ready.index(slot * 3), phase)
+        s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
+        mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
+        s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+        if HAS_PREV:
+            o, m_i, l_i, v_prev = _seesaw_take(o, l_i, smem, j - 1, C, cfg)
+            s, k_rope, k_lo, k_hi = warpgroup_mma_wait(1, deps=(s, k_rope, k_lo, k_hi))  # PV may run on
+        else:
+            s, k_rope, k_lo, k_hi = warpgroup_mma_wait(0, deps=(s, k_rope, k_lo, k_hi))
+        # S has read the tile: the rope is free, each half waits for its PV reader's arrival too
+        mbarrier.arrive(smem.k_empty.index(slot * 3 + 2), count=1)
+        mbarrier.arrive(smem.k_empty.index(slot * 3 + C), count=1)
+        mbarrier.arrive(smem.k_empty.index(slot * 3 + 1 - C), count=1)
+        key = (w.first + j) * cfg.BLOCK_N
+        cols = gl.arange(0, cfg.BLOCK_N, layout=gl.SliceLayout(0, cfg.S_LAYOUT))
+        s = masked_logits(s, offs_i, cols, w.n_k - key, w.n_k - call.n_q - key, 0, 0, 0.0, 0.0, MASKED, False,
+                          cfg.HAS_RIGHT, False)
+        p, alpha, m_i, l_i = softmax_step(s, gl.max(s, 1), m_i, l_i, call.qk_scale, MASKED, False, 0.0, 0.0)
+        if MASKED:
+            if w.n_k - key < cfg.BLOCK_N:  # V's rows past the sequence's end: zero (both halves, before either PV)
+                zero_rows_from(k_lo, w.n_k - key, cfg.BLOCK_N, cfg.HALF)
+                zero_rows_from(k_hi, w.n_k - key, cfg.BLOCK_N, cfg.HALF)
+        if HAS_PREV:
+            o, v_prev = warpgroup_mma_wait(0, deps=(o, v_prev))
+            prev_slot = ring(j - 1, cfg.STAGES)[0]
+            mbarrier.arrive(smem.k_empty.index(prev_slot * 3 + C), count=1)
+        p16 = p.to(dtype)
+        # the exchange is free: this consumer read P_{j-1} (its PV done) and the other reads nothing until x_ready
+        smem.p.store(p16)
+        smem.alpha.store(alpha)
+        smem.m.store(m_i)
+        fence_async_shared()
+        mbarrier.arrive(smem.x_ready.index(0), count=1)
+        o = o * gl.convert_layout(alpha, o_rows)[:, None]
+        p_op = gl.convert_layout(p16, cfg.P_LAYOUT)
+        if C == 0:
+            v = k_lo
+        else:
+            v = k_hi
+        o = warpgroup_mma(p_op, v, o, is_async=True)
+        o, p_op, v = warpgroup_mma_wait(0, deps=(o, p_op, v))
+        mbarrier.arrive(smem.k_empty.index(slot * 3 + C), count=1)
+        return o, m_i, l_i
+
+    @gluon.jit
+    def _seesaw_consumer(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, C: gl.constexpr, cfg):
+        # Consumer C: O's columns [C * HALF, + HALF) over every key tile, the S and softmax of tiles j % 2 == C
+        # (j = 0, 1, ... from the split's first tile). Consumer 0 peels its first tile (no earlier tile to take);
+        # a last tile of the other's is taken after the loop. Every tile takes the mask (one loop, not the
+        # unmasked and masked loops of the other schedule: a second copy of S's 36 wgmmas makes the compiler
+        # hold their Q descriptors in registers across both, spilled).
+        ROWS: gl.constexpr = 64
+        s_rows: gl.constexpr = gl.SliceLayout(1, cfg.S_LAYOUT)
+        o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
+        w = _work(call, cache_seqlens, cfg)
+        r = w.row_start + gl.arange(0, ROWS, layout=s_rows)  # the rows in the sequence's
+        offs_i = r // call.heads_q  # their queries
+        heads = r % call.heads_q
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+        o = gl.zeros([ROWS, cfg.HALF], gl.float32, layout=cfg.O_LAYOUT)
+        n = w.last - w.first
+        mbarrier.wait(smem.q_ready.index(0), 0)
+        if C == 0:
+            if n > 0:
+                o, m_i, l_i = _seesaw_tile(o, m_i, l_i, smem, w, gl.to_tensor(0), offs_i, call, C, False, True, cfg)
+            start = 2
+        else:
+            start = 1
+        for j in range(start, n, 2):
+            o, m_i, l_i = _seesaw_tile(o, m_i, l_i, smem, w, j, offs_i, call, C, True, True, cfg)
+        if n > 0:
+            if ((n - 1) & 1) != C:
+                o, m_i, l_i, v = _seesaw_take(o, l_i, smem, n - 1, C, cfg)
+                o, v = warpgroup_mma_wait(0, deps=(o, v))
+                mbarrier.arrive(smem.k_empty.index(ring(n - 1, cfg.STAGES)[0] * 3 + C), count=1)
+        # the finish: each consumer's row sums (its own tiles') to the other, both finish alike
+        smem.l_sum.slice(C * ROWS, ROWS).store(l_i)
+        mbarrier.arrive(smem.fin_ready.index(0), count=1)
+        mbarrier.wait(smem.fin_ready.index(0), 0)
+        l_i = smem.l_sum.slice(0, ROWS).load(s_rows) + smem.l_sum.slice(ROWS, ROWS).load(s_rows)
+        if cfg.HAS_SINK:
+            sink = gl.load(SINKS + heads)
+        else:
+            sink = 0.0
+        inv_l, lse = softmax_finish(m_i, l_i, sink, cfg.HAS_SINK)
+        _store_rows(o * gl.convert_layout(inv_l, o_rows)[:, None], w, Out, O_PART, C * cfg.HALF, call, cfg)
+        if C == 0:
+            # row r: query b * n_q + r // Hq of head r % Hq, at [head, query] of LSE [Hq, total_q]
+            offs = heads.to(gl.int64) * call.total_q + w.b * call.n_q + offs_i
+            if cfg.IS_SPLIT:
+                gl.store(LSE_PART + w.split * (call.total_q.to(gl.int64) * call.heads_q) + offs, lse,
+                         mask=r < w.seq_rows)
+            elif cfg.STORE_LSE:
+                gl.store(LSE + offs, lse, mask=r < w.seq_rows)
+
+    @gluon.jit
+    def _seesaw_consumer0(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, cfg):
+        _seesaw_consumer(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, 0, cfg)
+
+    @gluon.jit
+    def _seesaw_consumer1(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, cfg):
+        _seesaw_consumer(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, 1, cfg)
+
+    @gluon.jit
+    def mla_decode_seesaw_sm90_kernel(
+        q_half_desc, q_rope_desc, k_half_desc, k_rope_desc, Out, LSE, O_PART, LSE_PART, SINKS, CACHE_SEQLENS,
+        BLOCK_TABLE, heads_q, n_q, total_q, num_splits, kv_seq_rows, table_stride, qk_scale,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, ROPE: gl.constexpr, PAGE_SIZE: gl.constexpr,
+        HAS_RIGHT: gl.constexpr, STORE_LSE: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_SINK: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+    ):
+        # mla_decode_sm90_kernel's arguments, grid and descriptors, the seesaw schedule (module docstring).
+        cfg = Config(BLOCK_N, STAGES, HALF, ROPE, PAGE_SIZE, HAS_RIGHT, STORE_LSE, IS_SPLIT, HAS_SINK)
+        call = Call(gl.to_tensor(heads_q), gl.to_tensor(n_q), gl.to_tensor(total_q), gl.to_tensor(kv_seq_rows),
+                    gl.to_tensor(table_stride), gl.to_tensor(qk_scale), gl.to_tensor(num_splits))
+        ROWS: gl.constexpr = 64
+        dtype: gl.constexpr = q_half_desc.dtype
+        q_half = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HALF], q_half_desc.layout)
+        q_rope = gl.allocate_shared_memory(dtype, [1, 1, 1, ROWS, ROPE], q_rope_desc.layout)
+        k_half = gl.allocate_shared_memory(dtype, [2 * STAGES, 1, 1, BLOCK_N, HALF], k_half_desc.layout)
+        k_rope = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, ROPE], k_rope_desc.layout)
+        p = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_N], gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N],
+                                                                                                 dtype))
+        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        alpha = gl.allocate_shared_memory(gl.float32, [ROWS], rows_layout)
+        m = gl.allocate_shared_memory(gl.float32, [ROWS], rows_layout)
+        l_sum = gl.allocate_shared_memory(gl.float32, [2 * ROWS], rows_layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+        x_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        fin_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready.index(0), count=1)
+        mbarrier.init(x_ready.index(0), count=1)
+        mbarrier.init(fin_ready.index(0), count=2)  # one arrival a consumer
+        for s in gl.static_range(3 * STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            # a half: the owner's S and the half's PV reader (the owner twice for its own half); the rope: S
+            mbarrier.init(k_empty.index(s), count=2 if s % 3 < 2 else 1)
+        fence_async_shared()
+        smem = SeesawSmem(q_half, q_rope, k_half, k_rope, p, alpha, m, l_sum, q_ready, k_ready, k_empty, x_ready,
+                          fin_ready)
+        gl.warp_specialize([
+            (_seesaw_load_partition, (q_half_desc, q_rope_desc, k_half_desc, k_rope_desc, smem, call, CACHE_SEQLENS,
+                                      BLOCK_TABLE, cfg)),
+            (_seesaw_consumer0, (Out, LSE, O_PART, LSE_PART, SINKS, CACHE_SEQLENS, smem, call, cfg)),
+            (_seesaw_consumer1, (Out, LSE, O_PART, LSE_PART, SINKS, CACHE_SEQLENS, smem, call, cfg)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
     @gluon.jit
     def mla_decode_sm90_kernel(
