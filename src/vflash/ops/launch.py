@@ -142,7 +142,7 @@ def record_sequence(key: Hashable, launched: Sequence[Tuple[KernelLaunch, Any]],
 # --- a launch compiled for sm_90 without a GPU (the CPU compile tests, the lab's PTX fingerprints) ---
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-           torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
+           torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv", torch.uint8: "u8"}
 
 
 def compile_sm90_launch(launch: KernelLaunch):

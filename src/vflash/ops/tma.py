@@ -55,28 +55,33 @@ def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = Non
     from row ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), as
     TMA takes the innermost coordinate (here a key) only at 16-byte multiples, which packed sequences' starts
     are not; a tile reaching past its sequence's end reads zeros. The [rows, H, D] view of the copy, rows =
-    ceil(total / block_n) * block_n + B * block_n. Device work only (no host sync)."""
-    order = torch.tensor(E4M3_KEY_ORDER, device=v.device)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(16, device=v.device)  # where each key of a group goes
-
-    def placed(key):  # key (within its sequence) -> its row in the operand order
-        return key // 16 * 16 + position[key % 16]
+    ceil(total / block_n) * block_n + B * block_n. One launch of kernels/layout.py's copy (no host sync)."""
+    import triton
+    from vflash import _backend
+    from vflash.kernels.layout import e4m3_values_kernel
+    cols = 16 if block_n % 64 else 64  # a copy tile's keys: they divide block_n, so a tile holds one sequence
+    block_d = min(64, max(16, triton.next_power_of_2(v.shape[-1])))
     if cu_seqlens_k is None:
         batch, heads, n, dim = v.shape
-        copy = torch.zeros(batch, heads, dim, -(-n // 16) * 16, dtype=v.dtype, device=v.device)
-        copy.view(torch.uint8)[..., placed(torch.arange(n, device=v.device))] = v.view(torch.uint8).transpose(-1, -2)
-        return copy.transpose(-1, -2)
-    total, heads, dim = v.shape
-    batch = cu_seqlens_k.numel() - 1
-    rows = -(-total // block_n) * block_n + batch * block_n
-    copy = torch.zeros(heads, dim, rows, dtype=v.dtype, device=v.device)
-    cu = cu_seqlens_k.to(torch.int64)
-    key = torch.arange(total, device=v.device)
-    seq = torch.searchsorted(cu[1:], key, right=True)
-    start = (cu[:-1] + block_n - 1) // block_n * block_n + torch.arange(batch, device=v.device) * block_n
-    copy.view(torch.uint8)[:, :, start[seq] + placed(key - cu[seq])] = v.view(torch.uint8).permute(1, 2, 0)
-    return copy.permute(2, 0, 1)
+        n_cols = -(-n // 16) * 16
+        copy = torch.empty(batch, heads, dim, n_cols, dtype=v.dtype, device=v.device)
+        grid = (-(-n_cols // cols), heads, batch)
+        args = (v.view(torch.uint8), copy.view(torch.uint8), None, tuple(v.stride()), tuple(copy.stride()[:3]), n,
+                n_cols, batch, dim)
+        view = copy.transpose(-1, -2)
+    else:
+        total, heads, dim = v.shape
+        batch = cu_seqlens_k.numel() - 1
+        n_cols = -(-total // block_n) * block_n + batch * block_n
+        copy = torch.empty(heads, dim, n_cols, dtype=v.dtype, device=v.device)
+        grid = (-(-n_cols // cols), heads, 1)
+        v_strides = (0, v.stride(1), v.stride(0), v.stride(2))  # (batch, head, key, dim) as the dense path's
+        args = (v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, (0, *copy.stride()[:2]), total,
+                n_cols, batch, dim)
+        view = copy.permute(2, 0, 1)
+    _backend.launcher(e4m3_values_kernel, v.device)[grid](
+        *args, COLS=cols, BLOCK_D=block_d, BLOCK_N=max(block_n, 16), IS_VARLEN=cu_seqlens_k is not None, num_warps=4)
+    return view
 
 
 def block_shapes(block_n: int, head_dim: int):
