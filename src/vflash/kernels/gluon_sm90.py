@@ -35,11 +35,12 @@ if HAVE_GLUON:
         # Rows [first, ROWS) of a landed [ROWS, HEAD_DIM] tile set to zero in shared memory, in
         # 16-row pieces, then fenced for the wgmma that reads it: a ring tile that reaches past its
         # sequence's end holds the next sequence's rows (or a cache's unused ones), which a zero
-        # weight would not cancel if they held inf or NaN. Every consumer of the tile does it
-        # before its own read, unsynchronized with the others: rows before `first` are stored
-        # back with the bytes TMA wrote, rows from it with zeros, so a consumer's wgmma may
+        # weight would not cancel if they held inf or NaN. In the forward every consumer of the tile
+        # does it before its own read, unsynchronized with the others: rows before `first` are
+        # stored back with the bytes TMA wrote, rows from it with zeros, so a consumer's wgmma may
         # overlap another's stores of the same bytes but never sees other bytes (a race by the
-        # PTX memory model's letter, harmless because the values agree).
+        # PTX memory model's letter, harmless because the values agree). The MLA decode kernel's
+        # tile owner does it alone, before it hands the tile to the other consumer.
         PIECE: gl.constexpr = 16
         layout: gl.constexpr = tail_layout(HEAD_DIM)
         for c in gl.static_range(ROWS // PIECE):

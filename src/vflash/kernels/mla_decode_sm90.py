@@ -409,7 +409,7 @@ if HAVE_GLUON:
     def _seesaw_tile(o, m_i, l_i, smem, w, j, offs_i, call, C: gl.constexpr, HAS_PREV: gl.constexpr,
                      MASKED: gl.constexpr, cfg):
         # Consumer C's own tile j (j % 2 == C), after the other consumer's tile j - 1 (HAS_PREV):
-        #   S_j's three parts (rope, lo, hi), each issued once it has landed; behind them the other's
+        #   S_j's three parts, each issued once it has landed; behind them the other's
         #   P_{j-1} V_{j-1} on this consumer's half; the softmax from the other's m_{j-1}; P_j, alpha_j and m_j
         #   to the exchange; O[:, C half] += P_j V_j[:, C half] with P from registers.
         # While one consumer computes its softmax the other's products keep the tensor cores busy.
@@ -430,13 +430,20 @@ if HAVE_GLUON:
         q_rope = smem.q_rope.index(q_at).reshape([ROWS, cfg.ROPE])
         q_lo = smem.q_half.index(q_at).reshape([ROWS, cfg.HALF])
         q_hi = smem.q_half.index(q_at + 1).reshape([ROWS, cfg.HALF])
+        # the parts in the order the producer loads them: the rope, this consumer's half, the other's
         mbarrier.wait(smem.k_ready.index(slot * 3 + 2), phase)
         s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, cfg.S_LAYOUT),
                           use_acc=False, is_async=True)
-        mbarrier.wait(smem.k_ready.index(slot * 3), phase)
-        s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
-        mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
-        s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+        if C == 0:
+            mbarrier.wait(smem.k_ready.index(slot * 3), phase)
+            s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
+            mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
+            s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+        else:
+            mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
+            s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+            mbarrier.wait(smem.k_ready.index(slot * 3), phase)
+            s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
         if HAS_PREV:
             o, m_i, l_i, v_prev = _seesaw_take(o, l_i, smem, j - 1, C, cfg)
             s, k_rope, k_lo, k_hi = warpgroup_mma_wait(1, deps=(s, k_rope, k_lo, k_hi))  # PV may run on
@@ -546,6 +553,7 @@ if HAVE_GLUON:
         CONSUMER_REGS: gl.constexpr,
     ):
         # mla_decode_sm90_kernel's arguments, grid and descriptors, the seesaw schedule (module docstring).
+        gl.static_assert(STAGES >= 2, "the seesaw's ring needs two slots: a tile's release waits for the next")
         cfg = Config(BLOCK_N, STAGES, HALF, ROPE, PAGE_SIZE, HAS_RIGHT, STORE_LSE, IS_SPLIT, HAS_SINK)
         call = Call(gl.to_tensor(heads_q), gl.to_tensor(n_q), gl.to_tensor(total_q), gl.to_tensor(kv_seq_rows),
                     gl.to_tensor(table_stride), gl.to_tensor(qk_scale), gl.to_tensor(num_splits))
