@@ -264,6 +264,23 @@ def _operand_order(p):
     return p.reshape(rows, n // 16, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(rows, n)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 40, 64), (1, 2, 16, 32), (37, 2, 64), (16, 3, 128)])
+def test_fp8_v_keys_contiguous_is_v_with_the_keys_last_and_zeros_past_them(shape):
+    # the portable FP8 kernel's V (ops.tma.keys_contiguous, kernels/layout.py's copy without the permutation):
+    # the same values in v's dims, keys contiguous and padded to 16 with zeros, the other strides TMA-ready;
+    # dense [B, H, N, D] (keys 2) and packed [total, H, D] (keys 0), v strided too
+    keys = 2 if len(shape) == 4 else 0
+    v = (torch.rand(*shape[:-1], 2 * shape[-1]) + 0.5).to(torch.float8_e4m3fn)[..., ::2]  # a strided view
+    copy = tma.keys_contiguous(v, keys)
+    assert copy.shape == v.shape and tma.keys_ready(copy, keys) and torch.equal(copy.float(), v.float())
+    n = shape[keys]
+    padded = copy.transpose(keys, -1)  # [..., D, N]: the pad is the storage past N in each row
+    whole = torch.as_strided(padded, padded.shape[:-1] + (-(-n // 16) * 16,), padded.stride())
+    assert (whole[..., n:].float() == 0).all()
+    with pytest.raises(ValueError, match="keys 2"):
+        tma.keys_contiguous(v, 1)
+
+
 def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact():
     # dense V [B, H, N, D] -> keys contiguous, each 16-key group in E4M3_KEY_ORDER, zeros past N: the
     # relabelled P times that V is P.V (N 40: a part group, whose padded keys P's zeros meet)

@@ -1,5 +1,6 @@
-"""FP8 V laid out as the sm90 kernel's FP8 build reads it (ops.tma.sm90_e4m3_values): keys contiguous, each
-16-key group in the score accumulator's column order (ops.tma.E4M3_KEY_ORDER), zeros in every padding byte.
+"""FP8 V copied with its keys contiguous, as Hopper's e4m3 dot reads P.V's second operand (ops.tma.keys_contiguous
+for the portable kernel; ops.tma.sm90_e4m3_values for the sm90 kernel's FP8 build, each 16-key group in the
+score accumulator's column order, ops.tma.E4M3_KEY_ORDER, and packed sequences from key-tile multiples).
 One pass: a program reads [COLS keys, BLOCK_D] tiles of V and writes them transposed; it writes every byte
 of its columns, pads included, so the copy needs no memset. Bytes only (uint8 views): the interpreter and
 every GPU move them alike."""
@@ -21,13 +22,14 @@ def operand_key(col):
 @triton.jit
 def e4m3_values_kernel(
     V, OUT, CU_SEQLENS, v_strides, out_strides, n_keys, n_cols, batch, head_dim,
-    COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PERMUTED: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
-    # grid = (cdiv(n_cols, COLS), H, B dense or 1 packed). Dense: V [B, H, N, D] (v_strides: b, h, key, d),
-    # OUT [B, H, D, n_cols] (out_strides: b, h, d; columns contiguous), n_cols = N padded to 16, n_keys = N.
-    # IS_VARLEN: V [total, H, D] (v_strides: 0, h, key, d), OUT [H, D, n_cols] (out_strides: 0, h, d),
-    # sequence b's keys from column tile_aligned_start(cu[b], b) (a BLOCK_N multiple, so a COLS tile never
-    # straddles two sequences: COLS divides BLOCK_N), zeros up to the next sequence's start.
+    # grid = (cdiv(n_cols, COLS), H, B). V [B, H, N, D] (v_strides: b, h, key, d; a packed [total, H, D] as B 1:
+    # 0, h, key, d), OUT [B, H, D, n_cols] (out_strides: b, h, d; columns contiguous), n_cols = N padded to 16,
+    # n_keys = N. PERMUTED: each 16-key group in the operand order (operand_key). IS_VARLEN (B 1, PERMUTED):
+    # sequence b of the packed keys from column tile_aligned_start(cu[b], b) (a BLOCK_N multiple, so a COLS
+    # tile never straddles two sequences: COLS divides BLOCK_N), zeros up to the next sequence's start.
     stride_vb, stride_vh, stride_vn, stride_vd = v_strides
     stride_ob, stride_oh, stride_od = out_strides
     col0 = tl.program_id(0) * COLS
@@ -45,13 +47,16 @@ def e4m3_values_kernel(
                 hi = mid - 1
         first = tl.load(CU_SEQLENS + lo)
         start = tile_aligned_start(first, lo, BLOCK_N)
-        key = operand_key(cols - start)
+        key = operand_key(cols - start)  # PERMUTED
         valid = key < tl.load(CU_SEQLENS + lo + 1) - first
         src = V + h * stride_vh + (first + key).to(tl.int64) * stride_vn
         dst = OUT + h * stride_oh
     else:
         b = tl.program_id(2).to(tl.int64)
-        key = operand_key(cols)
+        if PERMUTED:
+            key = operand_key(cols)
+        else:
+            key = cols
         valid = key < n_keys
         src = V + b * stride_vb + h * stride_vh + key.to(tl.int64) * stride_vn
         dst = OUT + b * stride_ob + h * stride_oh

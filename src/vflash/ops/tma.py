@@ -9,7 +9,10 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
+import triton
 
+from vflash import _backend
+from vflash.kernels.layout import e4m3_values_kernel
 from vflash.ops.tiles import CONSUMER_ROWS
 
 
@@ -27,18 +30,17 @@ def keys_ready(v: torch.Tensor, keys: int) -> bool:
 
 
 def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
-    """A copy of FP8 v whose dimension `keys` is contiguous (keys_ready: their count padded to 16 bytes' worth),
-    for P.V: Hopper's e4m3 tensor-core dot reads both operands K-major from shared memory, and P.V's K is the
-    keys. With d-contiguous rows the portable kernel's compiler moves each V tile through registers to
-    transpose it, unpipelined (about half the speed), and the sm90 kernel's TMA cannot transpose; the copy is
-    one pass over v. A caller who stores v this way pays none (and keeps the launch plan)."""
-    order = [d for d in range(v.dim()) if d != keys] + [keys]
-    shape = [v.shape[d] for d in order]
-    n = shape[-1]
-    shape[-1] = -(-n // 16) * 16
-    copy = v.new_empty(shape)[..., :n]
-    copy.copy_(v.permute(order))
-    return copy.permute([order.index(d) for d in range(v.dim())])
+    """A copy of FP8 v ([B, H, N, D] with keys 2, or packed [total, H, D] with keys 0) whose keys are contiguous
+    (keys_ready: their count padded to 16 bytes' worth, zeros there), for P.V: Hopper's e4m3 tensor-core dot
+    reads both operands K-major from shared memory, and P.V's K is the keys. With d-contiguous rows the portable
+    kernel's compiler moves each V tile through registers to transpose it, unpipelined (about half the speed),
+    and the sm90 kernel's TMA cannot transpose; the copy is one pass over v (kernels/layout.py). A caller who
+    stores v this way pays none (and keeps the launch plan)."""
+    if (v.dim(), keys) not in ((4, 2), (3, 0)):
+        raise ValueError(f"keys_contiguous takes v [B, H, N, D] with keys 2 or [total, H, D] with keys 0, not "
+                         f"{v.dim()}-d with keys {keys}")
+    copy = _keys_last(v, permuted=False)
+    return copy[..., :v.shape[keys], :] if v.dim() == 4 else copy[:v.shape[0]]
 
 
 # The sm90 FP8 build's P.V takes P in the score accumulator's register order, relabelled without moving a
@@ -55,33 +57,33 @@ def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = Non
     from row ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), as
     TMA takes the innermost coordinate (here a key) only at 16-byte multiples, which packed sequences' starts
     are not; a tile reaching past its sequence's end reads zeros. The [rows, H, D] view of the copy, rows =
-    ceil(total / block_n) * block_n + B * block_n. One launch of kernels/layout.py's copy (no host sync)."""
-    import triton
-    from vflash import _backend
-    from vflash.kernels.layout import e4m3_values_kernel
-    cols = 16 if block_n % 64 else 64  # a copy tile's keys: they divide block_n, so a tile holds one sequence
-    block_d = min(64, max(16, triton.next_power_of_2(v.shape[-1])))
-    if cu_seqlens_k is None:
+    ceil(total / block_n) * block_n + B * block_n. One launch (kernels/layout.py), no host sync."""
+    return _keys_last(v, permuted=True, cu_seqlens_k=cu_seqlens_k, block_n=block_n)
+
+
+def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Tensor] = None,
+               block_n: int = 16) -> torch.Tensor:
+    # kernels/layout.py's copy of v [B, H, N, D] (or packed [total, H, D], as B 1) into [B, H, D, keys padded to
+    # 16] (packed with cu_seqlens_k: each sequence from a block_n multiple), returned as a view in v's dims
+    if v.dim() == 4:
         batch, heads, n, dim = v.shape
-        n_cols = -(-n // 16) * 16
-        copy = torch.empty(batch, heads, dim, n_cols, dtype=v.dtype, device=v.device)
-        grid = (-(-n_cols // cols), heads, batch)
-        args = (v.view(torch.uint8), copy.view(torch.uint8), None, tuple(v.stride()), tuple(copy.stride()[:3]), n,
-                n_cols, batch, dim)
-        view = copy.transpose(-1, -2)
+        v_strides = tuple(v.stride())
     else:
-        total, heads, dim = v.shape
-        batch = cu_seqlens_k.numel() - 1
-        n_cols = -(-total // block_n) * block_n + batch * block_n
-        copy = torch.empty(heads, dim, n_cols, dtype=v.dtype, device=v.device)
-        grid = (-(-n_cols // cols), heads, 1)
-        v_strides = (0, v.stride(1), v.stride(0), v.stride(2))  # (batch, head, key, dim) as the dense path's
-        args = (v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, (0, *copy.stride()[:2]), total,
-                n_cols, batch, dim)
-        view = copy.permute(2, 0, 1)
-    _backend.launcher(e4m3_values_kernel, v.device)[grid](
-        *args, COLS=cols, BLOCK_D=block_d, BLOCK_N=max(block_n, 16), IS_VARLEN=cu_seqlens_k is not None, num_warps=4)
-    return view
+        n, heads, dim = v.shape
+        batch, v_strides = 1, (0, v.stride(1), v.stride(0), v.stride(2))  # (batch, head, key, dim)
+    if cu_seqlens_k is None:
+        n_cols, seqs = -(-n // 16) * 16, batch
+    else:
+        seqs = cu_seqlens_k.numel() - 1
+        n_cols = -(-n // block_n) * block_n + seqs * block_n
+    copy = torch.empty(batch, heads, dim, n_cols, dtype=v.dtype, device=v.device)
+    cols = 16 if block_n % 64 else 64  # a copy tile's keys: they divide block_n, so a tile holds one sequence
+    block_d = min(64, max(16, triton.next_power_of_2(dim)))
+    _backend.launcher(e4m3_values_kernel, v.device)[(-(-n_cols // cols), heads, batch)](
+        v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, tuple(copy.stride()[:3]), n, n_cols,
+        seqs, dim, COLS=cols, BLOCK_D=block_d, BLOCK_N=max(block_n, 16), PERMUTED=permuted,
+        IS_VARLEN=cu_seqlens_k is not None, num_warps=4)
+    return copy.transpose(-1, -2) if v.dim() == 4 else copy[0].permute(2, 0, 1)
 
 
 def block_shapes(block_n: int, head_dim: int):
