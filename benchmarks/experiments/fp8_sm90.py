@@ -96,15 +96,18 @@ def speed(B, H, N, D):
         "fp8 sm90": _fp8_call("sm90", q, k, v, descales),
         "fp8 sm90 P shared": _fp8_call("sm90 P shared", q, k, v, descales),
         "fp8 portable": _fp8_call("portable", q, k, v_t, descales),
+        "fp8 portable V copied": _fp8_call("portable", q, k, v, descales),
         "bf16 vflash": lambda: vflash.attention(*b),
     }
     for name, fn in calls.items():
         _bench(f"B {B} H {H} N {N} D {D} {name:20s}", fn, 4 * B * H * N * N * D)
-    try:  # the sm90 build's V copy alone (its share of the call)
-        ms = triton.testing.do_bench(lambda: lab.sm90_e4m3_values(v), warmup=25, rep=100, return_mode="median")
-        print(f"B {B} H {H} N {N} D {D} {'sm90 V copy':20s}: {ms:.3f} ms", flush=True)
-    except Exception as e:  # noqa: BLE001 - report and go on
-        print(f"sm90 V copy: {type(e).__name__} {str(e)[:200]}", flush=True)
+    for name, copy in (("sm90 V copy", lambda: lab.sm90_e4m3_values(v)),
+                       ("portable V copy", lambda: lab.keys_contiguous(v, 2))):
+        try:  # each build's V copy alone (its share of the call), and its GB/s (read and write)
+            ms = triton.testing.do_bench(copy, warmup=25, rep=100, return_mode="median")
+            print(f"B {B} H {H} N {N} D {D} {name:20s}: {ms:.3f} ms {2 * v.numel() / ms / 1e6:.0f} GB/s", flush=True)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"{name}: {type(e).__name__} {str(e)[:200]}", flush=True)
 
 
 _SWITCHES = {"ps": "p_shared", "pp": "pingpong", "lz": "lazy_rescale"}
