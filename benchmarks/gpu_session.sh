@@ -55,7 +55,7 @@ gpu_tests() {
   # a test still running after TESTS_STALL_S seconds (default 240) dumps every thread's stack into the output:
   # a stalled compile shows where it stalls before the step's limit cuts the run
   VFLASH_TEST_DEVICE=cuda timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TESTS_WORKERS:-$workers}" \
-    -o faulthandler_timeout="${TESTS_STALL_S:-240}" "$@" > "$R/$out" 2>&1
+    -o faulthandler_timeout="${TESTS_STALL_S:-240}" --durations=20 "$@" > "$R/$out" 2>&1
   tail -2 "$R/$out"
 }
 for step in "$@"; do
