@@ -265,12 +265,12 @@ def _operand_order(p):
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 40, 64), (1, 2, 16, 32), (37, 2, 64), (16, 3, 128)])
-def test_fp8_v_keys_contiguous_is_v_with_the_keys_last_and_zeros_past_them(shape):
+def test_fp8_v_keys_contiguous_is_v_with_the_keys_last_and_zeros_past_them(shape, device):
     # the portable FP8 kernel's V (ops.tma.keys_contiguous, kernels/layout.py's copy without the permutation):
     # the same values in v's dims, keys contiguous and padded to 16 with zeros, the other strides TMA-ready;
     # dense [B, H, N, D] (keys 2) and packed [total, H, D] (keys 0), v strided too
     keys = 2 if len(shape) == 4 else 0
-    v = (torch.rand(*shape[:-1], 2 * shape[-1]) + 0.5).to(torch.float8_e4m3fn)[..., ::2]  # a strided view
+    v = (torch.rand(*shape[:-1], 2 * shape[-1]) + 0.5).to(torch.float8_e4m3fn).to(device)[..., ::2]  # strided
     copy = tma.keys_contiguous(v, keys)
     assert copy.shape == v.shape and tma.keys_ready(copy, keys) and torch.equal(copy.float(), v.float())
     n = shape[keys]
@@ -281,11 +281,11 @@ def test_fp8_v_keys_contiguous_is_v_with_the_keys_last_and_zeros_past_them(shape
         tma.keys_contiguous(v, 1)
 
 
-def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact():
+def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact(device):
     # dense V [B, H, N, D] -> keys contiguous, each 16-key group in E4M3_KEY_ORDER, zeros past N: the
     # relabelled P times that V is P.V (N 40: a part group, whose padded keys P's zeros meet)
     v = (torch.rand(1, 2, 40, 64) + 0.5).to(torch.float8_e4m3fn)
-    copy = tma.sm90_e4m3_values(v)
+    copy = tma.sm90_e4m3_values(v.to(device)).cpu()
     assert tma.keys_ready(copy, 2) and copy.shape == (1, 2, 48, 64)
     p = torch.rand(8, 48)
     p[:, 40:] = 0  # keys past N: masked
@@ -294,7 +294,7 @@ def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact():
 
 
 @pytest.mark.parametrize("block_n", [64, 128])
-def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_between(block_n):
+def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_between(block_n, device):
     # TMA takes V's innermost coordinate (a key, FP8's V keys-contiguous) only at 16-byte multiples, which
     # packed sequences' starts are not (the H100 stopped with an illegal instruction): the sm90 FP8 varlen build
     # reads sequence b's keys from the kernel's tile_aligned_start (written out here), in the operand order,
@@ -302,8 +302,9 @@ def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_bet
     lens = [1000, 1, 0, 127, 128, 129, 3]
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     v = (torch.rand(int(cu[-1]), 2, 64) + 0.5).to(torch.float8_e4m3fn)  # no zeros among the values
-    copy = tma.sm90_e4m3_values(v, cu, block_n)
+    copy = tma.sm90_e4m3_values(v.to(device), cu.to(device), block_n)
     assert tma.keys_ready(copy, 0)
+    copy = copy.cpu()
     expected = torch.zeros(-(-int(cu[-1]) // block_n) * block_n + len(lens) * block_n, 2, 64)
     ends = []
     for b, n in enumerate(lens):
