@@ -418,9 +418,9 @@ if HAVE_GLUON:
     def _seesaw_tile(o, m_i, l_i, smem, w, j, offs_i, call, C: gl.constexpr, HAS_PREV: gl.constexpr,
                      MASKED: gl.constexpr, cfg):
         # Consumer C's own tile j (j % 2 == C), after the other consumer's tile j - 1 (HAS_PREV):
-        #   S_j's three parts, each issued once it has landed; behind them the other's
-        #   P_{j-1} V_{j-1} on this consumer's half; the softmax from the other's m_{j-1}; P_j, alpha_j and m_j
-        #   to the exchange; O[:, C half] += P_j V_j[:, C half] with P from registers.
+        #   S_j's three parts, each issued once it has landed, the other's P_{j-1} V_{j-1} on this consumer's
+        #   half among them; the softmax from the other's m_{j-1}; P_j, alpha_j and m_j to the exchange;
+        #   O[:, C half] += P_j V_j[:, C half] with P from registers.
         # While one consumer computes its softmax the other's products keep the tensor cores busy.
         ROWS: gl.constexpr = 64
         o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
@@ -439,25 +439,26 @@ if HAVE_GLUON:
         q_rope = smem.q_rope.index(q_at).reshape([ROWS, cfg.ROPE])
         q_lo = smem.q_half.index(q_at).reshape([ROWS, cfg.HALF])
         q_hi = smem.q_half.index(q_at + 1).reshape([ROWS, cfg.HALF])
-        # the parts in the order the producer loads them: the rope, this consumer's half, the other's
+        if C == 0:
+            q_own, k_own, q_other, k_other = q_lo, k_lo, q_hi, k_hi
+        else:
+            q_own, k_own, q_other, k_other = q_hi, k_hi, q_lo, k_lo
+        # S's parts in the order the producer loads them (the rope, this consumer's half, the other's), the take
+        # of the other's tile j - 1 before the last: its PV then retires with the first parts, and the half of
+        # tile j - 1 it reads (the last reader) goes back to the producer without waiting for tile j's last part
         mbarrier.wait(smem.k_ready.index(slot * 3 + 2), phase)
         s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), gl.zeros([ROWS, cfg.BLOCK_N], gl.float32, cfg.S_LAYOUT),
                           use_acc=False, is_async=True)
-        if C == 0:
-            mbarrier.wait(smem.k_ready.index(slot * 3), phase)
-            s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
-            mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
-            s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
-        else:
-            mbarrier.wait(smem.k_ready.index(slot * 3 + 1), phase)
-            s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
-            mbarrier.wait(smem.k_ready.index(slot * 3), phase)
-            s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, is_async=True)
+        mbarrier.wait(smem.k_ready.index(slot * 3 + C), phase)
+        s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, is_async=True)
         if HAS_PREV:
             o, m_i, l_i, v_prev = _seesaw_take(o, l_i, smem, j - 1, C, cfg)
-            s, k_rope, k_lo, k_hi = warpgroup_mma_wait(1, deps=(s, k_rope, k_lo, k_hi))  # PV may run on
-        else:
-            s, k_rope, k_lo, k_hi = warpgroup_mma_wait(0, deps=(s, k_rope, k_lo, k_hi))
+        mbarrier.wait(smem.k_ready.index(slot * 3 + 1 - C), phase)
+        s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
+        if HAS_PREV:
+            o, v_prev = warpgroup_mma_wait(1, deps=(o, v_prev))  # all but S's last part: the take's PV is done
+            mbarrier.arrive(smem.k_empty.index(ring(j - 1, cfg.STAGES)[0] * 3 + C), count=1)
+        s, k_rope, k_lo, k_hi = warpgroup_mma_wait(0, deps=(s, k_rope, k_lo, k_hi))
         # S has read the tile: the rope is free, each half waits for its PV reader's arrival too
         mbarrier.arrive(smem.k_empty.index(slot * 3 + 2), count=1)
         mbarrier.arrive(smem.k_empty.index(slot * 3 + C), count=1)
@@ -471,10 +472,6 @@ if HAVE_GLUON:
             if w.n_k - key < cfg.BLOCK_N:  # V's rows past the sequence's end: zero (both halves, before either PV)
                 zero_rows_from(k_lo, w.n_k - key, cfg.BLOCK_N, cfg.HALF)
                 zero_rows_from(k_hi, w.n_k - key, cfg.BLOCK_N, cfg.HALF)
-        if HAS_PREV:
-            o, v_prev = warpgroup_mma_wait(0, deps=(o, v_prev))
-            prev_slot = ring(j - 1, cfg.STAGES)[0]
-            mbarrier.arrive(smem.k_empty.index(prev_slot * 3 + C), count=1)
         p16 = p.to(dtype)
         # the exchange is free: this consumer read P_{j-1} (its PV done) and the other reads nothing until x_ready
         smem.p.store(p16)
@@ -484,12 +481,8 @@ if HAVE_GLUON:
         mbarrier.arrive(smem.x_ready.index(0), count=1)
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
         p_op = gl.convert_layout(p16, cfg.P_LAYOUT)
-        if C == 0:
-            v = k_lo
-        else:
-            v = k_hi
-        o = warpgroup_mma(p_op, v, o, is_async=True)
-        o, p_op, v = warpgroup_mma_wait(0, deps=(o, p_op, v))
+        o = warpgroup_mma(p_op, k_own, o, is_async=True)
+        o, p_op, k_own = warpgroup_mma_wait(0, deps=(o, p_op, k_own))
         mbarrier.arrive(smem.k_empty.index(slot * 3 + C), count=1)
         return o, m_i, l_i
 
