@@ -211,10 +211,12 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
               done ;;
     mla_decode) # issue 55's MLA decode rows (Hq 16 memory-bound, Hq 128 compute-bound) beside SDPA on the unpacked
                 # cache, vflash's GQA decode and the run's HBM read bandwidth; MLA_TILES=1: the latent path's candidate
-                # tiles too; MLA_ROWS mem|compute|all
-              sampled mla_decode timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.mla_decode \
-                --rows ${MLA_ROWS:-all} ${MLA_TILES:+--tiles} --out "$R/mla_decode.csv" > "$R/mla_decode.txt" 2>&1
-              tail -40 "$R/mla_decode.txt" ;;
+                # tiles too; MLA_ROWS mem|compute|all; MLA_NQ new queries a sequence (default 1; files _nqN)
+              name=mla_decode${MLA_NQ:+_nq$MLA_NQ}
+              sampled $name timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.mla_decode \
+                --rows ${MLA_ROWS:-all} ${MLA_TILES:+--tiles} ${MLA_NQ:+--nq $MLA_NQ} --out "$R/$name.csv" \
+                > "$R/$name.txt" 2>&1
+              tail -40 "$R/$name.txt" ;;
     vhead_prefill) # issue 55's prefill row: v head dims unlike q's (192 / 128, 128 / 64, 256 / 128) through the dispatch
                    # and the sm90 kernel forced, beside SDPA's backends and vflash's D 128 (VHEAD_DIMS "Dqk/Dv ...")
               sampled vhead_prefill timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.vhead_prefill \
