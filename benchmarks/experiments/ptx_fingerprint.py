@@ -185,7 +185,8 @@ def backward(head_dim: int, tiles: BackwardTiles, kernel: str, dtype=BF16, causa
 def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_right: bool, softcap: bool,
                    store_lse: bool, dtype=F16, sinks=False, head_dim_v: Optional[int] = None) -> Group:
     """attention_fwd_kernel's dense launch: [1, 2, 256, D]; FP8 (dtype e4m3) with [B, Hkv] descales and a bf16
-    out; head_dim_v: v's head dim where it differs."""
+    out, after V's copy with its keys contiguous (kernels/layout.py, role v_copy); head_dim_v: v's head dim where
+    it differs."""
     def launches():
         q = _empty(1, 2, 256, head_dim, dtype=dtype)
         v = q if head_dim_v is None else _empty(1, 2, 256, head_dim_v, dtype=dtype)
@@ -194,7 +195,7 @@ def portable_dense(head_dim: int, tiles: PortableTiles, has_left: bool, has_righ
         return _captured(lambda: lab.attention_forward(
             q, q, v, band=band, score=Score(head_dim ** -0.5, 20.0 if softcap else None, _sinks(2, sinks), *descales),
             return_lse=store_lse, tiles=tiles, out_dtype=BF16 if descales else None))
-    return Group(launches, ("",))
+    return Group(launches, ("v_copy", "") if dtype == torch.float8_e4m3fn else ("",))
 
 
 def portable_varlen(head_dim: int, tiles: PortableTiles, causal: Optional[str], window=(-1, -1), softcap=None,

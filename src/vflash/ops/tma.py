@@ -11,8 +11,8 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from vflash import _backend
 from vflash.kernels.layout import e4m3_values_kernel
+from vflash.ops import launch as launches
 from vflash.ops.tiles import CONSUMER_ROWS
 
 
@@ -64,7 +64,8 @@ def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = Non
 def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Tensor] = None,
                block_n: int = 16) -> torch.Tensor:
     # kernels/layout.py's copy of v [B, H, N, D] (or packed [total, H, D], as B 1) into [B, H, D, keys padded to
-    # 16] (packed with cu_seqlens_k: each sequence from a block_n multiple), returned as a view in v's dims
+    # 16] (packed with cu_seqlens_k: each sequence from a block_n multiple), returned as a view in v's dims; the
+    # launch goes through ops.launch.run like every other (a capture records it)
     if v.dim() == 4:
         batch, heads, n, dim = v.shape
         v_strides = tuple(v.stride())
@@ -78,11 +79,13 @@ def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Ten
         n_cols = -(-n // block_n) * block_n + seqs * block_n
     copy = torch.empty(batch, heads, dim, n_cols, dtype=v.dtype, device=v.device)
     cols = 16 if block_n % 64 else 64  # a copy tile's keys: they divide block_n, so a tile holds one sequence
-    block_d = min(64, max(16, triton.next_power_of_2(dim)))
-    _backend.launcher(e4m3_values_kernel, v.device)[(-(-n_cols // cols), heads, batch)](
-        v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, tuple(copy.stride()[:3]), n, n_cols,
-        seqs, dim, COLS=cols, BLOCK_D=block_d, BLOCK_N=max(block_n, 16), PERMUTED=permuted,
-        IS_VARLEN=cu_seqlens_k is not None, num_warps=4)
+    launches.run(launches.KernelLaunch(
+        e4m3_values_kernel, (-(-n_cols // cols), heads, batch),
+        (v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, tuple(copy.stride()[:3]), n, n_cols,
+         seqs, dim),
+        dict(COLS=cols, BLOCK_D=min(64, max(16, triton.next_power_of_2(dim))), BLOCK_N=max(block_n, 16),
+             PERMUTED=permuted, IS_VARLEN=cu_seqlens_k is not None),
+        dict(num_warps=4), ()), v.device)
     return copy.transpose(-1, -2) if v.dim() == 4 else copy[0].permute(2, 0, 1)
 
 
