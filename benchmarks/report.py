@@ -1048,42 +1048,57 @@ def continuous_batching_text(folder, base=""):
 
 def mla_decode_text(folder, base=""):
     """A run's mla_decode.csv (benchmarks/experiments/mla_decode.py): MLA decode on one latent cache, the sm90 MLA
-    kernel and the portable latent path against the run's HBM read bandwidth (16 heads) and MLA_TFLOPS (128
-    heads); returns (lines, CSV names)."""
+    kernel (and, where the run timed it, its seesaw schedule) and the portable latent path against the run's HBM
+    read bandwidth (16 heads) and MLA_TFLOPS (128 heads); returns (lines, CSV names). The bar is judged on the
+    faster sm90 schedule. Runs before the portable path's own row (`vflash-portable`) timed it as `vflash`, the
+    dispatch's choice then."""
     path = os.path.join(folder, "mla_decode.csv")
     if not os.path.exists(path):
         return [], []
     rows = _read(path)
     hbm = next(float(r["gbps"]) for r in rows if r["kind"] == "hbm")
     timed = {(r["kind"], r["Hq"], r["B"], r["KV"], r["method"]): r for r in rows if r["kind"] != "hbm" and r["us"]}
+    methods = {key[-1] for key in timed}
+    portable_method = "vflash-portable" if "vflash-portable" in methods else "vflash"
+    seesaw = "vflash-sm90-seesaw" in methods
     out = [f"## MLA decode on one latent cache (`{os.path.basename(folder)}`)\n",
            _wrap(f"`benchmarks/experiments/mla_decode.py` on the run in [{os.path.basename(folder)}]"
                  f"({_link(folder, base)}/REPORT.md): DeepSeek's latent cache (576 columns a token, V its first "
                  f"512), bf16, pages of 64, one new query; the run's HBM read bandwidth {hbm:.0f} GB/s. Bars (issue "
                  f"55): {MLA_HBM_SHARE:.0%} of it at 16 heads, {MLA_TFLOPS:.0f} TFLOP/s at 128 (2 x (576 + 512) "
-                 "flops a head and key). Beside them, SDPA on the unpacked cache (its math kernel; none: no "
-                 "kernel took it or it ran out of memory) and vflash's GQA decode at D 128 (GB/s of its cache).")
+                 "flops a head and key)" + (", judged on the faster sm90 schedule" if seesaw else "") + ". Beside "
+                 "them, SDPA on the unpacked cache (its math kernel; none: no kernel took it or it ran out of "
+                 "memory) and vflash's GQA decode at D 128 (GB/s of its cache).")
            + "\n",
-           "| heads | B | KV | sm90 MLA | portable latent | sm90 / portable | SDPA math | vflash GQA D 128 | bar |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| heads | B | KV | sm90 MLA |" + (" sm90 seesaw |" if seesaw else "") + " portable latent | "
+           "sm90 / portable | SDPA math | vflash GQA D 128 | bar |",
+           "|---|---|---|---|" + ("---|" if seesaw else "") + "---|---|---|---|---|"]
+
+    def shown(kind, r):
+        if r is None:
+            return ""
+        if kind == "memory":
+            return f"{float(r['gbps']):.0f} GB/s ({float(r['hbm_share']):.2f} of HBM)"
+        return f"{float(r['tflops']):.0f} TFLOP/s"
     for (kind, hq, b, kv, method), r in timed.items():
         if method != "vflash-sm90":
             continue
-        portable = timed.get((kind, hq, b, kv, "vflash"))
-        if kind == "memory":
-            got = f"{float(r['gbps']):.0f} GB/s ({float(r['hbm_share']):.2f} of HBM)"
-            met = float(r["hbm_share"]) >= MLA_HBM_SHARE
-            other = f"{float(portable['gbps']):.0f} GB/s" if portable else ""
+        portable = timed.get((kind, hq, b, kv, portable_method))
+        other = timed.get((kind, hq, b, kv, "vflash-sm90-seesaw"))
+        best = min((x for x in (r, other) if x is not None), key=lambda x: float(x["us"]))
+        met = (float(best["hbm_share"]) >= MLA_HBM_SHARE if kind == "memory"
+               else float(best["tflops"]) >= MLA_TFLOPS)
+        if portable is None:
+            portable_text, ratio = "", ""
         else:
-            got = f"{float(r['tflops']):.0f} TFLOP/s"
-            met = float(r["tflops"]) >= MLA_TFLOPS
-            other = f"{float(portable['tflops']):.0f} TFLOP/s" if portable else ""
-        ratio = f"{float(portable['us']) / float(r['us']):.2f}x" if portable else ""
+            portable_text = (f"{float(portable['gbps']):.0f} GB/s" if kind == "memory"
+                             else f"{float(portable['tflops']):.0f} TFLOP/s")
+            ratio = f"{float(portable['us']) / float(best['us']):.2f}x"
         sdpa, gqa = timed.get((kind, hq, b, kv, "sdpa-math")), timed.get((kind, hq, b, kv, "gqa-d128"))
         sdpa = f"{float(sdpa['gbps']):.0f} GB/s" if sdpa else "none"
         gqa = f"{float(gqa['gbps']):.0f} GB/s" if gqa else ""
-        out.append(f"| {hq} | {b} | {kv} | {got} | {other} | {ratio} | {sdpa} | {gqa} | "
-                   f"{'met' if met else 'not met'} |")
+        out.append(f"| {hq} | {b} | {kv} | {shown(kind, r)} |" + (f" {shown(kind, other)} |" if seesaw else "")
+                   + f" {portable_text} | {ratio} | {sdpa} | {gqa} | {'met' if met else 'not met'} |")
     out.append("")
     return out, ["mla_decode.csv"]
 

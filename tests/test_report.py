@@ -447,3 +447,24 @@ def test_a_log_cut_before_its_summary_reports_what_it_counted(tmp_path):
     assert report._outcome(str(tests)) == "cut before its summary: 6 passed, 1 skipped, 1 failed"
     tests.write_text("..s [ 50%]\n...\n7 passed, 1 skipped in 3.0s\n")
     assert report._outcome(str(tests)) == "7 passed, 1 skipped in 3.0s"
+
+
+def test_mla_table_judges_the_bar_on_the_faster_schedule_beside_the_portable_row(tmp_path):
+    # a run with both sm90 schedules and the portable path's own row: the seesaw column appears, the bar goes to
+    # the faster schedule, the portable row (not the dispatch's `vflash`) is the one compared
+    header = "kind,Hq,B,KV,nq,method,tiles,us,gbps,hbm_share,tflops\n"
+    rows = ["hbm,0,0,0,0,hbm,,0.0,3000.0,1.0,0.0",
+            "compute,128,32,4096,1,vflash,,80.0,1800.0,0.6,450.0",
+            "compute,128,32,4096,1,vflash-portable,,470.0,320.0,0.1,77.0",
+            "compute,128,32,4096,1,vflash-sm90,\"64,2 x2\",80.0,1800.0,0.6,450.0",
+            "compute,128,32,4096,1,vflash-sm90-seesaw,\"64,2 x2\",64.0,2250.0,0.75,563.0",
+            "memory,16,32,4096,1,vflash-portable,,100.0,1500.0,0.5,44.0",
+            "memory,16,32,4096,1,vflash-sm90,\"64,2 x4\",62.0,2430.0,0.81,73.0",
+            "memory,16,32,4096,1,vflash-sm90-seesaw,\"64,2 x4\",66.0,2280.0,0.76,69.0"]
+    (tmp_path / "mla_decode.csv").write_text(header + "\n".join(rows) + "\n")
+    lines, csvs = report.mla_decode_text(str(tmp_path))
+    table = [line for line in lines if line.startswith("| 128") or line.startswith("| 16")]
+    assert csvs == ["mla_decode.csv"] and "sm90 seesaw" in "\n".join(lines)
+    assert table[0] == "| 128 | 32 | 4096 | 450 TFLOP/s | 563 TFLOP/s | 77 TFLOP/s | 7.34x | none |  | met |"
+    assert table[1] == ("| 16 | 32 | 4096 | 2430 GB/s (0.81 of HBM) | 2280 GB/s (0.76 of HBM) | 1500 GB/s | 1.61x | "
+                        "none |  | met |")

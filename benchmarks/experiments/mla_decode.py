@@ -9,9 +9,10 @@ both products). Two kinds of row:
   compute-bound Hq 128, B 32-128, KV 4k-8k: TFLOP/s counting 2 * (576 + 512) flops a query head and key;
                 bar 550
 
-`vflash` is the dispatch's choice, `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's
-tiles and split count, `vflash-sm90-seesaw` the same with its seesaw schedule (MlaTiles.seesaw: the consumers take
-turns owning a tile's S and softmax).
+`vflash` is the dispatch's choice, `vflash-portable` the portable KV-cache kernel's latent path forced (the
+dispatch's tiles for it), `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's tiles
+and split count, `vflash-sm90-seesaw` the same with its seesaw schedule (MlaTiles.seesaw: the consumers take turns
+owning a tile's S and softmax).
 Beside each row, in the same process: SDPA on the unpacked cache (K [B, 1, KV, 576], V [B, 1, KV, 512]
 contiguous, `enable_gqa`, unmasked: with Nq > 1 it skips the last queries' few masked keys), each backend
 that takes it ("sdpa-<backend>"), and vflash's own GQA decode
@@ -143,6 +144,9 @@ def main() -> int:
             return [lambda kc=kc: attention_kvcache_forward(rows_q, kc, kc[..., :D_V], seqlens, table, None, nq,
                                                              band=band, score=call.score, return_lse=False, tiles=t)
                     for kc in caches]
+        portable = dispatch.choose(call, "portable").tiles  # the portable latent path at the dispatch's tiles
+        record("vflash-portable", _time(forced(portable), device), f"{portable.block_m},{portable.block_n},"
+               f"{portable.num_warps},{portable.num_stages} x{portable.num_splits}")
         if not args.smoke:  # the sm90 MLA kernel at the dispatch's tiles and split count, both schedules
             mla = dispatch.choose(call, "sm90").tiles
             for seesaw in (False, True):
@@ -154,7 +158,7 @@ def main() -> int:
                 saved = tables.LATENT_ROWS, tables.KVCACHE_LATENT
                 tables.LATENT_ROWS, tables.KVCACHE_LATENT = cand[0], KVCacheTiles(*cand)
                 try:
-                    chosen = dispatch.choose(call).tiles
+                    chosen = dispatch.choose(call, "portable").tiles
                 finally:
                     tables.LATENT_ROWS, tables.KVCACHE_LATENT = saved
                 text = ",".join(map(str, cand))

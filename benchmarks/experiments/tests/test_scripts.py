@@ -220,8 +220,8 @@ def test_mla_decode_smoke_run_writes_a_row_per_method(tmp_path):
     r = _run("benchmarks.experiments.mla_decode", "--smoke", "--tiles", "16,16,4,1", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     rows = list(csv.DictReader(open(out)))
-    assert [row["method"] for row in rows] == ["hbm"] + ["vflash", "vflash-tiles", "gqa-d128"] * 2
-    assert {row["kind"] for row in rows[1:]} == {"memory", "compute"} and rows[2]["tiles"] == "16,16,4,1 x1"
+    assert [row["method"] for row in rows] == ["hbm"] + ["vflash", "vflash-portable", "vflash-tiles", "gqa-d128"] * 2
+    assert {row["kind"] for row in rows[1:]} == {"memory", "compute"} and rows[3]["tiles"] == "16,16,4,1 x1"
     assert all(float(row["us"]) > 0 for row in rows[1:])
 
 
