@@ -26,21 +26,10 @@ import vflash
 from benchmarks.experiments.common import write_rows
 from vflash.dispatch import rules
 from vflash.harness.bench import visible_pairs
-from vflash.harness.lab import plans_off
+from vflash.harness.lab import clear_plans
 
 SHAPES = [(1, 16, 16384), (2, 16, 8192), (4, 16, 4096)]  # (B, H, N)
 DIMS = ["192/128", "128/64", "256/128"]
-
-
-def _forced_sm90(call: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    def run():
-        rules.FORCED = "sm90"
-        try:
-            with plans_off():
-                return call()
-        finally:
-            rules.FORCED = None
-    return run
 
 
 def _sdpa(backend: str, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
@@ -52,8 +41,12 @@ def _sdpa(backend: str, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
     return run
 
 
-def _time(fn: Callable[[], torch.Tensor], smoke: bool) -> Optional[float]:
-    # median microseconds, 0.0 on --smoke (one call), None where the method refuses the shape
+def _time(fn: Callable[[], torch.Tensor], smoke: bool, forced: Optional[str] = None) -> Optional[float]:
+    # median microseconds, 0.0 on --smoke (one call), None where the method refuses the shape. Launch plans are
+    # cleared first (a plan keys on the call, not on the forced kernel: the previous method's would serve this
+    # one), so the method's first call records its own and the timed calls replay it.
+    clear_plans()
+    rules.FORCED = forced
     try:
         if smoke:
             fn()
@@ -63,6 +56,8 @@ def _time(fn: Callable[[], torch.Tensor], smoke: bool) -> Optional[float]:
     except Exception as exc:  # noqa: BLE001 - a method that refuses a shape is a missing row, not a crash
         print(f"    {type(exc).__name__}: {str(exc)[:120]}", flush=True)
         return None
+    finally:
+        rules.FORCED = None
 
 
 def main() -> int:
@@ -83,7 +78,7 @@ def main() -> int:
                             for _ in range(3))
         pairs = b * h * visible_pairs(n, n, causal)
         methods = {"vflash": lambda: vflash.attention(q, k, v, causal=causal),
-                   "vflash-sm90": _forced_sm90(lambda: vflash.attention(q, k, v, causal=causal))}
+                   "vflash-sm90": lambda: vflash.attention(q, k, v, causal=causal)}  # timed with sm90 forced
         if not args.smoke:
             methods.update({f"sdpa-{name}": _sdpa(backend, q, k, v, causal) for name, backend in
                             (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"),
@@ -92,7 +87,7 @@ def main() -> int:
         for method, fn in methods.items():
             if method == "vflash-sm90" and args.smoke:
                 continue  # the sm90 kernel needs the GPU
-            us = _time(fn, args.smoke)
+            us = _time(fn, args.smoke, "sm90" if method == "vflash-sm90" else None)
             if us is None:
                 continue
             flops = pairs * 2 * ((d_qk + d_v) if method != "vflash-d128" else 256)
