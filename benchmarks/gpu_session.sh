@@ -257,15 +257,16 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
              # ("D:N[:causal[:Q buffers[:tiles]]]", PROFILE_SHAPES; e.g. 128:512:causal:2, or
              # 128:1024:causal::short for one consumer a CTA).
              # PROFILE_BACKWARD=1: forward and backward calls, the kernel PROFILE_KERNEL (default
-             # dkdv_sm90; dq_sm90 the other) profiled.
+             # dkdv_sm90; dq_sm90 the other) profiled. PROFILE_FP8=1: e4m3 inputs, the FP8 build forced.
              for shape in ${PROFILE_SHAPES:-64:16384 128:16384 128:512:causal}; do
                IFS=: read -r d n c qb tl <<< "$shape"; name=prof_d${d}_n${n}${c:+_$c}${qb:+_q$qb}${tl:+_$tl}
+               name=${name}${PROFILE_FP8:+_fp8}
                kernel=sm90
                if [ -n "${PROFILE_BACKWARD:-}" ]; then kernel=${PROFILE_KERNEL:-dkdv_sm90}; name=${name}_$kernel; fi
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:$kernel --launch-skip 3 \
                  --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_sm90 --d "$d" \
                  --n "$n" ${c:+--causal} ${qb:+--q-buffers $qb} ${tl:+--tiles $tl} \
-                 ${PROFILE_BACKWARD:+--backward} > "$R/$name.log" 2>&1
+                 ${PROFILE_BACKWARD:+--backward} ${PROFILE_FP8:+--fp8} > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page raw --csv > "$R/$name.raw.csv" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1

@@ -3,12 +3,13 @@ times, for Nsight Compute to profile one launch of the Gluon sm90 kernel
 (pipe use, warp stalls, per-instruction samples). The launcher picks the kernel
 and tiles as it does for users, unless --tiles or --q-buffers force the Hopper
 kernel's tiles. --backward: each call is a forward and a backward through
-autograd (the dispatched backward kernels; ncu's -k picks dq or dkdv's).
+autograd (the dispatched backward kernels; ncu's -k picks dq or dkdv's). --fp8: e4m3 inputs, the sm90 FP8
+build forced (its V copy, kernels/layout.py, runs before each call: -k regex:sm90 skips it).
 
 GPU only, under ncu, e.g. (from the repository root, PYTHONPATH=src:.):
   ncu --clock-control none --set full --import-source yes -k regex:sm90 --launch-skip 3 --launch-count 1 \
       -o d64 python3 -m benchmarks.experiments.profile_sm90 --d 64 --n 16384 [--causal] [--q-buffers 2] \
-      [--tiles main|short|few]
+      [--tiles main|short|few] [--fp8]
 """
 
 import argparse
@@ -62,6 +63,7 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--backward", action="store_true", help="a backward after each forward (bf16 inputs)")
+    ap.add_argument("--fp8", action="store_true", help="e4m3 q / k / v (0-d descales), the sm90 FP8 build forced")
     ap.add_argument("--q-buffers", type=int, choices=[1, 2], help="sm90 kernel Q buffers (default: the tiles')")
     ap.add_argument("--tiles", choices=sorted(TILES),
                     help="force these Hopper tiles whatever the length and mask: "
@@ -76,11 +78,21 @@ def main() -> int:
             table_tiles(a.tiles, a.d, a.causal)
         except ValueError as exc:
             ap.error(str(exc))
+    if a.fp8 and (a.backward or a.tiles or a.q_buffers):
+        ap.error("--fp8 takes the FP8 table's tiles, forward only")
     if not require_cuda("profile_sm90"):
         return 1
     dtype = torch.bfloat16 if a.backward else torch.float16
     q, k, v = (torch.randn(s.B, s.Hq, s.Nq, s.D, device="cuda", dtype=dtype, requires_grad=a.backward)
                for _ in range(3))
+    if a.fp8:  # the FP8 build is taken where forced only (tables.SM90_FORCED_ONLY); its V copy runs first each call
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+        one = torch.ones((), device="cuda")
+        dispatch.rules.FORCED = "sm90"
+        for _ in range(a.calls):
+            vflash.attention(q, k, v, causal=a.causal, q_descale=one, k_descale=one, v_descale=one)
+        torch.cuda.synchronize()
+        return 0
     causal = "bottom_right" if a.causal else None
     band = mask_band(s.Nq, s.Nk, causal, (-1, -1))
     tiles = None
