@@ -60,6 +60,22 @@ def _time(fn: Callable[[], torch.Tensor], smoke: bool, forced: Optional[str] = N
         rules.FORCED = None
 
 
+def _methods(b: int, h: int, n: int, d_qk: int, d_v: int, causal: bool, device: torch.device,
+             smoke: bool) -> Dict[str, Callable[[], torch.Tensor]]:
+    # each method's call on this shape's inputs (bf16; vflash-d128 on its own D 128 ones); the sm90 row needs the GPU
+    g = torch.Generator(device=device).manual_seed(n)
+    q, k = (torch.randn(b, h, n, d_qk, device=device, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(b, h, n, d_v, device=device, generator=g, dtype=torch.bfloat16)
+    q128, k128, v128 = (torch.randn(b, h, n, 128, device=device, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    methods = {"vflash": lambda: vflash.attention(q, k, v, causal=causal)}
+    if not smoke:
+        methods["vflash-sm90"] = lambda: vflash.attention(q, k, v, causal=causal)  # timed with sm90 forced
+        backends = (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION"))
+        methods.update({f"sdpa-{name}": _sdpa(backend, q, k, v, causal) for name, backend in backends})
+    methods["vflash-d128"] = lambda: vflash.attention(q128, k128, v128, causal=causal)
+    return methods
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="vhead_prefill.csv")
@@ -71,22 +87,8 @@ def main() -> int:
     rows: List[Dict[str, object]] = []
     for (b, h, n), dims, causal in [(s, d, c) for s in shapes for d in args.dims for c in (False, True)]:
         d_qk, d_v = (int(x) for x in dims.split("/"))
-        g = torch.Generator(device=device).manual_seed(n)
-        q, k = (torch.randn(b, h, n, d_qk, device=device, generator=g, dtype=torch.bfloat16) for _ in range(2))
-        v = torch.randn(b, h, n, d_v, device=device, generator=g, dtype=torch.bfloat16)
-        q128, k128, v128 = (torch.randn(b, h, n, 128, device=device, generator=g, dtype=torch.bfloat16)
-                            for _ in range(3))
         pairs = b * h * visible_pairs(n, n, causal)
-        methods = {"vflash": lambda: vflash.attention(q, k, v, causal=causal),
-                   "vflash-sm90": lambda: vflash.attention(q, k, v, causal=causal)}  # timed with sm90 forced
-        if not args.smoke:
-            methods.update({f"sdpa-{name}": _sdpa(backend, q, k, v, causal) for name, backend in
-                            (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"),
-                             ("efficient", "EFFICIENT_ATTENTION"))})
-        methods["vflash-d128"] = lambda: vflash.attention(q128, k128, v128, causal=causal)
-        for method, fn in methods.items():
-            if method == "vflash-sm90" and args.smoke:
-                continue  # the sm90 kernel needs the GPU
+        for method, fn in _methods(b, h, n, d_qk, d_v, causal, device, args.smoke).items():
             us = _time(fn, args.smoke, "sm90" if method == "vflash-sm90" else None)
             if us is None:
                 continue
@@ -96,7 +98,6 @@ def main() -> int:
             rows.append(row)
             print(f"B {b} H {h} N {n:6d} {dims:8s} causal {int(causal)} {method:15s} {us:10.2f} us "
                   f"{row['tflops']:7.1f} TFLOP/s", flush=True)
-        del q, k, v, q128, k128, v128
     write_rows(args.out, rows)
     print(f"wrote {args.out}")
     return 0
