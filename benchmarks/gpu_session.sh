@@ -93,7 +93,7 @@ for step in "$@"; do
     tests_rest) gpu_tests pytest_gpu_rest.txt 560 tests/test_varlen.py tests/test_merge.py tests/test_kvcache_write.py \
                   tests/test_kvcache.py tests/test_example_serve.py tests/test_transformers.py \
                   tests/test_distributed.py tests/test_validation.py tests/test_layers.py tests/test_sinks.py tests/test_fp8.py \
-                  tests/test_value_head_dim.py tests/test_mla.py ;;
+                  tests/test_value_head_dim.py tests/test_mla.py tests/test_transformers_paged.py ;;
     tests_serving) gpu_tests pytest_gpu_serving.txt 300 tests/test_varlen.py tests/test_merge.py \
                   tests/test_kvcache_write.py tests/test_kvcache.py tests/test_example_serve.py ;;
     decode) sampled decode timeout 240 python3 -m vflash bench --sweep decode --out "$R/decode.csv" | tail -14 ;;
