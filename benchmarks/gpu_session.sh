@@ -211,7 +211,8 @@ run_serving('decode', '$R/decode_sinks.csv', torch.device('cuda'), methods=['vfl
               done ;;
     mla_decode) # issue 55's MLA decode rows (Hq 16 memory-bound, Hq 128 compute-bound) beside SDPA on the unpacked
                 # cache, vflash's GQA decode and the run's HBM read bandwidth; MLA_TILES=1: the latent path's candidate
-                # tiles too; MLA_ROWS mem|compute|all; MLA_NQ new queries a sequence (default 1; files _nqN)
+                # tiles too; MLA_ROWS mem|compute|all; MLA_NQ new queries a sequence (files mla_decode_nqN.*,
+                # which report.py does not read: a run's NOTE cites them)
               name=mla_decode${MLA_NQ:+_nq$MLA_NQ}
               sampled $name timeout ${SWEEP_TIMEOUT:-400} python3 -m benchmarks.experiments.mla_decode \
                 --rows ${MLA_ROWS:-all} ${MLA_TILES:+--tiles} ${MLA_NQ:+--nq $MLA_NQ} --out "$R/$name.csv" \

@@ -1059,8 +1059,9 @@ def mla_decode_text(folder, base=""):
     hbm = next(float(r["gbps"]) for r in rows if r["kind"] == "hbm")
     timed = {(r["kind"], r["Hq"], r["B"], r["KV"], r["method"]): r for r in rows if r["kind"] != "hbm" and r["us"]}
     methods = {key[-1] for key in timed}
-    portable_method = "vflash-portable" if "vflash-portable" in methods else "vflash"
     seesaw = "vflash-sm90-seesaw" in methods
+    # a run with neither of the later rows is one whose `vflash` (the dispatch's choice then) was the portable path
+    portable_method = "vflash" if not methods & {"vflash-portable", "vflash-sm90-seesaw"} else "vflash-portable"
     out = [f"## MLA decode on one latent cache (`{os.path.basename(folder)}`)\n",
            _wrap(f"`benchmarks/experiments/mla_decode.py` on the run in [{os.path.basename(folder)}]"
                  f"({_link(folder, base)}/REPORT.md): DeepSeek's latent cache (576 columns a token, V its first "

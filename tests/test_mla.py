@@ -310,7 +310,7 @@ def test_the_sm90_mla_launches_take_the_latent_cache_in_three_column_parts():
     (0, 128, 2, None, [900, 64, 1], False),  # contiguous, two new queries (causal), a one-key sequence
     (32, 64, 4, 2, [333, 4, 129], False),  # four new queries on four keys: rows that see one key
 ], ids=["p64_h16", "p64_h16_unsplit_sinks", "p16_h128_split_sinks", "contiguous_h128_q2", "p32_h64_q4"])
-@pytest.mark.parametrize("seesaw", [False, True], ids=["turns", "seesaw"])
+@pytest.mark.parametrize("seesaw", [False, True], ids=["one_owner", "seesaw"])
 def test_gpu_sm90_mla_kernel_matches_the_oracle(page, hq, n_q, splits, lens, sinks, seesaw, monkeypatch):
     # the sm90 MLA kernel forced (a refusal fails the test), in both schedules, NaN in every cache row no
     # sequence holds

@@ -468,3 +468,18 @@ def test_mla_table_judges_the_bar_on_the_faster_schedule_beside_the_portable_row
     assert table[0] == "| 128 | 32 | 4096 | 450 TFLOP/s | 563 TFLOP/s | 77 TFLOP/s | 7.34x | none |  | met |"
     assert table[1] == ("| 16 | 32 | 4096 | 2430 GB/s (0.81 of HBM) | 2280 GB/s (0.76 of HBM) | 1500 GB/s | 1.61x | "
                         "none |  | met |")
+
+
+def test_mla_table_never_shows_the_dispatchs_row_as_the_portable_path_in_a_new_run(tmp_path):
+    # a run with the seesaw row but no portable row (refused, out of memory): `vflash` is the dispatch's sm90
+    # kernel there, so the portable column stays empty rather than showing it
+    header = "kind,Hq,B,KV,nq,method,tiles,us,gbps,hbm_share,tflops\n"
+    rows = ["hbm,0,0,0,0,hbm,,0.0,3000.0,1.0,0.0",
+            "compute,128,32,4096,1,vflash,,80.0,1800.0,0.6,450.0",
+            "compute,128,32,4096,1,vflash-sm90,\"64,2 x2\",80.0,1800.0,0.6,450.0",
+            "compute,128,32,4096,1,vflash-sm90-seesaw,\"64,2 x2\",64.0,2250.0,0.75,563.0"]
+    (tmp_path / "mla_decode.csv").write_text(header + "\n".join(rows) + "\n")
+    lines, _ = report.mla_decode_text(str(tmp_path))
+    assert [line for line in lines if line.startswith("| 128")] == [
+        "| 128 | 32 | 4096 | 450 TFLOP/s | 563 TFLOP/s |  |  | none |  | met |"]
+

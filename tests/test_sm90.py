@@ -293,7 +293,7 @@ def test_fp8_v_in_the_operand_order_makes_the_relabelled_p_v_exact(device):
         assert torch.allclose(_operand_order(p) @ copy[0, h].float(), p[:, :40] @ v[0, h].float(), atol=1e-5)
 
 
-@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("block_n", [16, 48, 64, 128])
 def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_between(block_n, device):
     # TMA takes V's innermost coordinate (a key, FP8's V keys-contiguous) only at 16-byte multiples, which
     # packed sequences' starts are not (the H100 stopped with an illegal instruction): the sm90 FP8 varlen build
@@ -315,6 +315,8 @@ def test_fp8_packed_v_starts_each_sequence_at_a_key_tile_multiple_with_zeros_bet
             row = start + key // 16 * 16 + tma.E4M3_KEY_ORDER.index(key % 16)
             expected[row] = v[int(cu[b]) + key].float()
     assert torch.equal(copy.float(), expected)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        tma.sm90_e4m3_values(v.to(device), cu.to(device), 40)
 
 
 @needs_gluon

@@ -185,14 +185,25 @@ def test_the_paged_function_refuses_a_call_without_the_engines_cache():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_generate_batch_under_cuda_graphs_matches_the_engine_without_them():
+def test_generate_batch_under_cuda_graphs_matches_the_engine_without_them(monkeypatch):
     # transformers' engine on the GPU capturing its prefill and decode steps as CUDA graphs (use_cuda_graph):
     # vflash's paged attention runs inside the captures (the batch metadata check skipped there: no host sync in
     # a capture) and in their replays, with the engine's padded batches; the greedy tokens equal the same
     # engine's without graphs
-    name = vt.register()
+    real, capturing = vt.paged_attention_forward, []
+
+    def spy(*args, **kwargs):  # whether each call of vflash's paged attention runs inside a capture
+        capturing.append(torch.cuda.is_current_stream_capturing())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(vt, "paged_attention_forward", spy)
+    name = vt.register()  # registers the spy under "paged|<name>"
     model = _llama().cuda()
     prompts = _prompts(128, (5, 30, 9))
     plain = _generate_batch(model, name, prompts, use_cuda_graph=False)
+    assert capturing and not any(capturing)
+    capturing.clear()
     assert _generate_batch(model, name, prompts, use_cuda_graph=True) == plain
+    assert any(capturing)  # the engine captured steps with vflash's attention inside
     assert len(plain) == len(prompts) and all(len(tokens) == NEW_TOKENS for tokens in plain)
+    monkeypatch.setattr(vt, "paged_attention_forward", real)
+    vt.register()  # the real function registered again (the spy only records, should an assert above stop here)

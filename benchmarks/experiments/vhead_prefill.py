@@ -11,8 +11,9 @@ Each row is one shape (B, H, N, D_qk, D_v, causal; bf16, no GQA) and one method:
 
 TFLOP/s counts 2 * (D_qk + D_v) flops a visible (query, key) pair (causal: bottom-right, about half). Timed with
 triton.testing.do_bench (median of 100 ms after 25 ms of warm-up). The issue's bar: vflash's rate at least the
-same run's cuDNN where cuDNN takes the shape, else at least 0.9x vflash-d128's. --smoke runs each method once at
-a tiny shape on the CPU (no timing, rows with us 0): a test of this script.
+same run's cuDNN where cuDNN takes the shape, else at least 0.9x vflash-d128's. --smoke runs vflash and vflash-d128
+once at a tiny shape on the CPU (no timing, rows with us 0; the sm90 and SDPA rows need the GPU): a test of this
+script.
 
   PYTHONPATH=src:. python3 -m benchmarks.experiments.vhead_prefill [--out vhead_prefill.csv] [--dims 192/128 ...]
 """

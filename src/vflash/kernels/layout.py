@@ -36,6 +36,7 @@ def e4m3_values_kernel(
     h = tl.program_id(1).to(tl.int64)
     cols = col0 + tl.arange(0, COLS)
     if IS_VARLEN:
+        tl.static_assert(PERMUTED, "packed sequences go to the sm90 build's layout only")
         # the last sequence whose region starts at or before col0 (starts grow with b: a binary search)
         lo = 0
         hi = batch - 1
@@ -62,6 +63,7 @@ def e4m3_values_kernel(
         dst = OUT + b * stride_ob + h * stride_oh
     for d0 in range(0, head_dim, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(src[:, None] + d[None, :] * stride_vd, mask=valid[:, None] & (d < head_dim)[None, :], other=0)
-        tl.store(dst + d[:, None] * stride_od + cols[None, :], tl.trans(x),
+        d64 = d.to(tl.int64)  # d * n_cols passes 2^31 past 16M keys at D 128
+        x = tl.load(src[:, None] + d64[None, :] * stride_vd, mask=valid[:, None] & (d < head_dim)[None, :], other=0)
+        tl.store(dst + d64[:, None] * stride_od + cols[None, :], tl.trans(x),
                  mask=(d < head_dim)[:, None] & (cols < n_cols)[None, :])

@@ -206,11 +206,11 @@ def compile_sm90(head_dim: int, dtype: torch.dtype = torch.float16, tiles: Sm90T
 
     dv = head_dim_v or head_dim
 
-    def values(k):  # v of dv columns; FP8: as the launcher gives it, its keys contiguous
+    def values(k):  # v of dv columns; FP8: laid out as the launcher's copy lays it out (nothing copied)
         v = empty(*k.shape[:-1], dv)
         if not fp8:
             return v
-        return sm90_e4m3_values(v, cu, tiles.block_n) if varlen else sm90_e4m3_values(v)
+        return sm90_e4m3_values(v, cu, tiles.block_n, run=False) if varlen else sm90_e4m3_values(v, run=False)
     band = Band(0, 40 if left_edge else -1, 0 if right_edge else -1)
     descales = (torch.ones(2, kv_heads), torch.ones(()), None) if fp8 else (None, None, None)
     score = Score(head_dim ** -0.5, 30.0 if softcap else None, torch.zeros(heads) if sinks else None, *descales)

@@ -50,22 +50,27 @@ def keys_contiguous(v: torch.Tensor, keys: int) -> torch.Tensor:
 E4M3_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
 
 
-def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = None, block_n: int = 16) -> torch.Tensor:
+def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = None, block_n: int = 16,
+                     run: bool = True) -> torch.Tensor:
     """FP8 v as the sm90 kernel's FP8 build takes it: a copy with the keys contiguous (the e4m3 wgmma reads
     V K-major), each 16-key group in E4M3_KEY_ORDER, zeros in the padding. Dense v [B, H, N, D]: the
     [B, H, N padded to 16, D] view of the copy. Packed v [total, H, D] with cu_seqlens_k: sequence b's keys
     from row ceil(cu_seqlens_k[b] / block_n) * block_n + b * block_n (the kernel's tile_aligned_start), as
     TMA takes the innermost coordinate (here a key) only at 16-byte multiples, which packed sequences' starts
     are not; a tile reaching past its sequence's end reads zeros. The [rows, H, D] view of the copy, rows =
-    ceil(total / block_n) * block_n + B * block_n. One launch (kernels/layout.py), no host sync."""
-    return _keys_last(v, permuted=True, cu_seqlens_k=cu_seqlens_k, block_n=block_n)
+    ceil(total / block_n) * block_n + B * block_n. One launch (kernels/layout.py), no host sync; run False: the
+    copy's layout alone, uninitialized, nothing launched (an ahead-of-time compile's V)."""
+    return _keys_last(v, permuted=True, cu_seqlens_k=cu_seqlens_k, block_n=block_n, run=run)
 
 
-def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Tensor] = None,
-               block_n: int = 16) -> torch.Tensor:
+def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Tensor] = None, block_n: int = 16,
+               run: bool = True) -> torch.Tensor:
     # kernels/layout.py's copy of v [B, H, N, D] (or packed [total, H, D], as B 1) into [B, H, D, keys padded to
     # 16] (packed with cu_seqlens_k: each sequence from a block_n multiple), returned as a view in v's dims; the
-    # launch goes through ops.launch.run like every other (a capture records it)
+    # launch goes through ops.launch.run like every other (a capture records it). run False: the view alone,
+    # uninitialized (what an ahead-of-time compile takes)
+    if block_n % 16:
+        raise ValueError(f"a key tile of {block_n} keys: the copy places sequences at multiples of 16 keys")
     if v.dim() == 4:
         batch, heads, n, dim = v.shape
         v_strides = tuple(v.stride())
@@ -78,15 +83,19 @@ def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Ten
         seqs = cu_seqlens_k.numel() - 1
         n_cols = -(-n // block_n) * block_n + seqs * block_n
     copy = torch.empty(batch, heads, dim, n_cols, dtype=v.dtype, device=v.device)
-    cols = 16 if block_n % 64 else 64  # a copy tile's keys: they divide block_n, so a tile holds one sequence
+    view = copy.transpose(-1, -2) if v.dim() == 4 else copy[0].permute(2, 0, 1)
+    if not run:
+        return view
+    # a copy tile's keys (16-byte accesses at 64; packed, a divisor of block_n, so a tile holds one sequence)
+    cols = 64 if cu_seqlens_k is None or block_n % 64 == 0 else 16
     launches.run(launches.KernelLaunch(
         e4m3_values_kernel, (-(-n_cols // cols), heads, batch),
         (v.view(torch.uint8), copy.view(torch.uint8), cu_seqlens_k, v_strides, tuple(copy.stride()[:3]), n, n_cols,
          seqs, dim),
-        dict(COLS=cols, BLOCK_D=min(64, max(16, triton.next_power_of_2(dim))), BLOCK_N=max(block_n, 16),
+        dict(COLS=cols, BLOCK_D=min(64, max(16, triton.next_power_of_2(dim))), BLOCK_N=block_n,
              PERMUTED=permuted, IS_VARLEN=cu_seqlens_k is not None),
         dict(num_warps=4), ()), v.device)
-    return copy.transpose(-1, -2) if v.dim() == 4 else copy[0].permute(2, 0, 1)
+    return view
 
 
 def block_shapes(block_n: int, head_dim: int):
