@@ -22,7 +22,7 @@ from vflash.ops.launch import Alloc, KernelLaunch, Slot, given_slots
 from vflash.ops.scales import descale_strides, score_scales
 from vflash.ops.scratch import scratch_fetcher, split_scratch
 from vflash.ops.tiles import Sm90Tiles, KVCacheTiles, MetadataTiles, MlaTiles, PortableTiles, head_dim_pad
-from vflash.ops.tma import keys_contiguous, keys_ready, sm90_e4m3_values, tma_ready
+from vflash.ops.tma import fp8_values, tma_ready
 
 INPUTS = ("q", "k", "v")
 VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
@@ -138,10 +138,9 @@ def attention_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    if q.dtype == torch.float8_e4m3fn and kernel == "sm90":  # V's keys in the order its P takes them
-        v, plan_key = sm90_e4m3_values(v), None  # a plan would launch on the caller's v
-    elif q.dtype == torch.float8_e4m3fn and not keys_ready(v, 2):
-        v, plan_key = keys_contiguous(v, 2), None
+    laid_out = fp8_values(v, kernel == "sm90") if q.dtype == torch.float8_e4m3fn else None
+    if laid_out is not None:
+        v, plan_key = laid_out, None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():
@@ -194,10 +193,10 @@ def attention_varlen_forward(
         allocs.append(Alloc("lse", tuple(lse.shape), torch.float32))
     if kernel == "sm90" and tiles.dynamic:
         allocs.append(Alloc("tile_counter", (1,), torch.int32, zero=True))
-    if q.dtype == torch.float8_e4m3fn and kernel == "sm90":  # each sequence's V from a key-tile multiple
-        v, plan_key = sm90_e4m3_values(v, cu_seqlens_k, tiles.block_n), None  # a plan would launch on the caller's v
-    elif q.dtype == torch.float8_e4m3fn and not keys_ready(v, 0):
-        v, plan_key = keys_contiguous(v, 0), None
+    laid_out = (fp8_values(v, kernel == "sm90", cu_seqlens_k, tiles.block_n) if q.dtype == torch.float8_e4m3fn
+                else None)
+    if laid_out is not None:
+        v, plan_key = laid_out, None  # a plan would launch on the caller's v
     launch = _FORWARD[kernel](q, k, v, out, lse, band, score, tiles, varlen=varlen)
     compiled = launches.run(launch, q.device)
     if plan_key is not None and fresh_out and q.device.index == torch.cuda.current_device():

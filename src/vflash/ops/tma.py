@@ -63,6 +63,17 @@ def sm90_e4m3_values(v: torch.Tensor, cu_seqlens_k: Optional[torch.Tensor] = Non
     return _keys_last(v, permuted=True, cu_seqlens_k=cu_seqlens_k, block_n=block_n, run=run)
 
 
+def fp8_values(v: torch.Tensor, sm90: bool, cu_seqlens_k: Optional[torch.Tensor] = None,
+               block_n: int = 16) -> Optional[torch.Tensor]:
+    """FP8 v ([B, H, N, D], or packed [total, H, D] with cu_seqlens_k) as the forward kernel takes it: the sm90
+    build's copy every call (sm90_e4m3_values: its key order is the kernel's own), the portable kernel's
+    keys-contiguous copy where v is not stored so (keys_contiguous); None where v serves as it is."""
+    if sm90:
+        return sm90_e4m3_values(v, cu_seqlens_k, block_n) if cu_seqlens_k is not None else sm90_e4m3_values(v)
+    keys = 2 if v.dim() == 4 else 0
+    return None if keys_ready(v, keys) else keys_contiguous(v, keys)
+
+
 def _keys_last(v: torch.Tensor, permuted: bool, cu_seqlens_k: Optional[torch.Tensor] = None, block_n: int = 16,
                run: bool = True) -> torch.Tensor:
     # kernels/layout.py's copy of v [B, H, N, D] (or packed [total, H, D], as B 1) into [B, H, D, keys padded to
