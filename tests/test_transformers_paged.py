@@ -207,3 +207,27 @@ def test_generate_batch_under_cuda_graphs_matches_the_engine_without_them(monkey
     assert len(plain) == len(prompts) and all(len(tokens) == NEW_TOKENS for tokens in plain)
     monkeypatch.setattr(vt, "paged_attention_forward", real)
     vt.register()  # the real function registered again (the spy only records, should an assert above stop here)
+
+
+@pytest.mark.parametrize("capturing", [False, True], ids=["eager", "capture"])
+def test_a_padded_continuous_batch_gives_its_requests_the_unpadded_rows(cpu_engine, monkeypatch, capturing):
+    # the engine pads a batch to a CUDA-graph size: q rows and k / v rows past cu_seq_lens' last entries belong to
+    # no request (and cu_seq_lens plateau for padding requests). The requests' rows equal the unpadded batch's,
+    # whether the padding is measured (eager) or, inside a capture, every row may be padding
+    monkeypatch.setattr(vt, "_capturing", lambda: capturing)
+    g = torch.Generator().manual_seed(3)
+    lens_q, lens_k, pad_q, pad_k = [3, 1, 4], [5, 1, 9], 5, 7
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    q = torch.randn(1, 4, total_q + pad_q, 16, generator=g).half()
+    k, v = (torch.randn(1, 2, total_k + pad_k, 16, generator=g).half() for _ in range(2))
+    cu = {}
+    for name, lens in (("q", lens_q), ("k", lens_k)):
+        cu[name] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist(), sum(lens)], dtype=torch.int32)
+    module = torch.nn.Module()
+    kwargs = dict(cu_seq_lens_q=cu["q"], cu_seq_lens_k=cu["k"], max_length_q=4, max_length_k=9, read_index=[])
+    padded, _ = vt.attention_forward(module, q, k, v, None, **kwargs)
+    plain, _ = vt.attention_forward(module, q[:, :, :total_q], k[:, :, :total_k], v[:, :, :total_k], None,
+                                    **dict(kwargs, cu_seq_lens_q=cu["q"][:-1], cu_seq_lens_k=cu["k"][:-1]))
+    assert padded.shape == (1, total_q + pad_q, 4, 16)
+    torch.testing.assert_close(padded[:, :total_q], plain, rtol=0, atol=0)
+    assert torch.isfinite(padded).all()

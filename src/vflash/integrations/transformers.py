@@ -360,14 +360,36 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if attention_mask is None:  # packed: [1, total, H, D] rows straight through
         k = key.transpose(1, 2).reshape(-1, key.shape[1], D)
         v = value.transpose(1, 2).reshape(-1, value.shape[1], Dv)
-        # continuous batching (transformers 5.23 on: the engine's read / write indices beside the packed rows)
-        # checks a batch's metadata once, not once a layer
-        check = _per_batch(cu_q, cu_k)[0] if "read_index" in kwargs else True
-        out = vflash.attention_varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
-                                      int(kwargs["max_length_q"]), int(kwargs["max_length_k"]),
-                                      check_metadata=check, **opts)
+        check, padding = True, None
+        if "read_index" in kwargs:  # continuous batching: the batch's metadata checked once, not once a layer
+            check, padding = _per_batch(cu_q, cu_k, compute=lambda: _padding(cu_q, cu_k, q.shape[0], k.shape[0]))
+        cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+        max_q, max_k = int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
+        if padding is not None:
+            cu_q, cu_k, max_q, max_k = _cover_padding(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, padding)
+        out = vflash.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, check_metadata=check, **opts)
         return out.view(B, Sq, Hq, Dv), None
     return _padded(query, key, value, attention_mask, opts), None
+
+
+def _padding(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int) -> Optional[Tuple[int, int]]:
+    """The rows past a continuous batch's last request, (q's, k's), or None where there are none. The engine pads a
+    batch to a CUDA-graph size (use_cuda_graph, or compile): its packed q and k / v then hold rows past
+    cu_seq_lens' last entries that belong to no request. Inside a capture the rows vary from replay to replay and
+    nothing may be read to the host: every row of q and k may be padding."""
+    if _capturing():
+        return total_q, total_k
+    last_q, last_k = (int(x) for x in torch.stack([cu_q[-1], cu_k[-1]]).tolist())
+    return None if (last_q, last_k) == (total_q, total_k) else (total_q - last_q, total_k - last_k)
+
+
+def _cover_padding(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int, padding: Tuple[int, int]):
+    # vflash's varlen metadata rule wants every packed row in a sequence (the backward writes every row of dq, dk,
+    # dv): the padding rows become one more sequence, which ends at the packed lengths (its queries attend its own
+    # keys, and its output rows are the engine's to drop). On the device, without a host read: capturable.
+    pad = torch.nn.functional.pad
+    return (pad(cu_q, (0, 1), value=total_q), pad(cu_k, (0, 1), value=total_k), max(max_q, padding[0]),
+            max(max_k, padding[1]))
 
 
 def _padded(query, key, value, mask, opts):
@@ -498,16 +520,18 @@ def _per_batch(*tensors: torch.Tensor, compute=None):
     # share its metadata tensors (a full layer's and a sliding one's cu_seqlens_k differ: each is seen once),
     # and the engine rewrites them in place for the next batch, which bumps their versions. So the check (a
     # kernel, and a host sync for CUDA tensors) runs once a batch, and never inside a CUDA-graph capture (whose
-    # replays rerun no Python). The entries hold the tensors, so no other tensor takes their memory (and
-    # pointer) while they are here.
+    # replays rerun no Python, on other values: there `compute` runs each time, so the graph records it). The
+    # entries hold the tensors, so no other tensor takes their memory (and pointer) while they are here.
     key = tuple(x for t in tensors for x in (t.data_ptr(), t._version))
+    if _capturing():  # what a capture records must come from its own tensors, not from the warm-up's
+        return False, compute() if compute is not None else None
     if key in _SEEN:
         return False, _SEEN[key][1]
     if len(_SEEN) > 64:
         _SEEN.clear()
     value = compute() if compute is not None else None
     _SEEN[key] = (tensors, value)
-    return not _capturing(), value
+    return True, value
 
 
 def _capturing() -> bool:
