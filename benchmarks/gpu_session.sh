@@ -275,14 +275,13 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
                  > "$R/$name.summary.txt" 2>&1
                tail -3 "$R/$name.log"; grep -i -m3 "duration\|pipe" "$R/$name.details.txt"
              done ;;
-    profile_mla) # Nsight Compute's full set on one launch of the sm90 MLA kernel per row (PROFILE_MLA "Hq:B:KV" or
-                 # "Hq:B:KV:seesaw", default a compute-bound row in both schedules and a memory-bound one):
-                 # tensor-pipe, shared-memory and stall figures
-             for row in ${PROFILE_MLA:-128:64:4096 128:64:4096:seesaw 16:32:4096}; do
-               IFS=: read -r hq b kv schedule <<< "$row"; name=prof_mla_h${hq}_b${b}_kv${kv}${schedule:+_$schedule}
+    profile_mla) # Nsight Compute's full set on one launch of the sm90 MLA kernel per row (PROFILE_MLA "Hq:B:KV",
+                 # default a compute-bound row and a memory-bound one): tensor-pipe, shared-memory and stall figures
+             for row in ${PROFILE_MLA:-128:64:4096 16:32:4096}; do
+               IFS=: read -r hq b kv <<< "$row"; name=prof_mla_h${hq}_b${b}_kv${kv}
                timeout 240 ncu --clock-control none --set full --import-source yes -k regex:mla_decode --launch-skip 2 \
                  --launch-count 1 -f -o "/tmp/$name" python3 -m benchmarks.experiments.profile_mla --hq "$hq" \
-                 --b "$b" --kv "$kv" ${schedule:+--seesaw} > "$R/$name.log" 2>&1
+                 --b "$b" --kv "$kv" > "$R/$name.log" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$R/$name.details.txt" 2>&1
                ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$R/$name.sass.csv" 2>&1
                python3 -m benchmarks.experiments.ncu_summary "$R/$name.details.txt" "$R/$name.sass.csv" \

@@ -185,73 +185,6 @@ def test_the_split_merge_folds_the_partials_and_the_sink_once(device):
         assert torch.equal(out[4 * hq + 2].float().cpu(), torch.zeros(d))  # the row without keys: 0
 
 
-def _seesaw(q, k, v, scale, block_n, sink=None):
-    # The sm90 MLA kernel's seesaw schedule (kernels/mla_decode_sm90.py, MlaTiles.seesaw) step by step in fp64, in
-    # each consumer's program order: consumer c holds O's half c and the row sums of its own tiles (j % 2 == c);
-    # at its own tile j it first takes the other's tile j - 1 from the exchange (alpha, m, P: O and l rescaled,
-    # O += P V), then runs S and the softmax from m_{j-1}, publishes, and adds its own P V; the non-owner of the
-    # last tile takes it after the loop; the finish adds both row sums. q [rows, D], k [n, D], v [n, Dv] (Dv even).
-    rows, n, half = q.shape[0], k.shape[0], v.shape[1] // 2
-    log2e = 1.4426950408889634
-    o = [torch.zeros(rows, half, dtype=F64) for _ in range(2)]
-    l_sum = [torch.zeros(rows, dtype=F64) for _ in range(2)]
-    m = torch.full((rows,), float("-inf"), dtype=F64)
-    tiles = -(-n // block_n)
-    exchange = None
-
-    def take(c, j):
-        alpha, m_j, p = exchange
-        assert exchange_tile[0] == j
-        o[c] = o[c] * alpha[:, None] + p @ v[j * block_n:(j + 1) * block_n, c * half:(c + 1) * half]
-        l_sum[c] = l_sum[c] * alpha
-        return m_j
-
-    exchange_tile = [None]
-    for j in range(tiles):
-        c = j % 2
-        if j > 0:
-            m = take(c, j - 1)
-        s = (q @ k[j * block_n:(j + 1) * block_n].T) * scale * log2e
-        m_new = torch.maximum(m, s.max(1).values)
-        m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)
-        p = torch.exp2(s - m_ref[:, None])
-        alpha = torch.exp2(m - m_ref)
-        l_sum[c] = l_sum[c] * alpha + p.sum(1)
-        m = m_new
-        exchange, exchange_tile[0] = (alpha, m, p), j
-        o[c] = o[c] * alpha[:, None] + p @ v[j * block_n:(j + 1) * block_n, c * half:(c + 1) * half]
-    if tiles:
-        take(1 - (tiles - 1) % 2, tiles - 1)
-    # the finish (softmax_finish): a row that saw no key has l = 0, out 0 and LSE -inf, or the sink's
-    l_total = l_sum[0] + l_sum[1]
-    lse2 = torch.where(l_total == 0, float("-inf"), torch.log2(l_total) + m)
-    if sink is not None:
-        lse2 = torch.logaddexp2(lse2, sink * log2e)
-    norm = torch.where(l_total == 0, 1.0, torch.exp2(lse2 - torch.where(l_total == 0, 0.0, m)))
-    return torch.cat(o, 1) / norm[:, None], lse2 / log2e
-
-
-@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 128, 129, 300])
-def test_the_seesaw_schedule_is_attention(n):
-    # the schedule's bookkeeping (each consumer's own row sums, the exchanged alphas and maxima, the last tile's
-    # take) gives attention's output and LSE for tile counts 0-5, odd and even, with and without a sink
-    g = torch.Generator().manual_seed(n)
-    q = torch.randn(8, 40, generator=g, dtype=F64)
-    k = torch.randn(n, 40, generator=g, dtype=F64) * 3
-    v = torch.randn(n, 32, generator=g, dtype=F64)
-    sink = torch.randn(8, generator=g, dtype=F64)
-    scale = 40 ** -0.5
-    for s in (None, sink):
-        out, lse = _seesaw(q, k, v, scale, 64, s)
-        scores = q @ k.T * scale
-        if s is not None:
-            scores = torch.cat([scores, s[:, None]], 1)
-        want_lse = torch.logsumexp(scores, 1)
-        want = torch.softmax(scores, 1)[:, :n] @ v if scores.shape[1] else torch.zeros(8, 32, dtype=F64)
-        torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-12)
-        torch.testing.assert_close(lse, want_lse, atol=1e-12, rtol=1e-12)
-
-
 @pytest.mark.slow
 def test_the_sm90_mla_kernel_compiles_for_sm90():
     # both products as wgmma (S over 64-key tiles, each consumer's PV over its 256 columns), TMA copies, the
@@ -266,11 +199,6 @@ def test_the_sm90_mla_kernel_compiles_for_sm90():
     assert "cp.async.bulk.tensor" in ptx and "setmaxnreg.inc" in ptx
     split = mla_sm90.compile_mla_sm90(16, MlaTiles(64, 2, num_splits=4), causal=False).asm["ptx"]
     assert "wgmma.mma_async" in split and split != ptx
-    # the seesaw schedule: both consumers compute S (a chain each, consumer 0's first tile peeled) and PV
-    seesaw = mla_sm90.compile_mla_sm90(64, MlaTiles(64, 2, seesaw=True), heads_q=128, n_q=2, sinks=True).asm["ptx"]
-    assert ".entry mla_decode_seesaw_sm90_kernel" in seesaw
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", seesaw)) == 3 * 36
-    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", seesaw)) == {"64", "256"}
 
 
 def test_the_sm90_mla_launches_take_the_latent_cache_in_three_column_parts():
@@ -295,11 +223,6 @@ def test_the_sm90_mla_launches_take_the_latent_cache_in_three_column_parts():
     assert split[1].constexprs["HAS_SINK"] and split[1].grid == (-(-4 * 128 // 4), 1, 1)
     with pytest.raises(ValueError, match="no window"):
         mla_sm90.mla_launches(q, cache, out, lse, seqlens, table, 2, Band(0, 8, 0), Score(0.1), MlaTiles(64, 2))
-    seesaw = mla_sm90.mla_launches(q, cache, out, lse, seqlens, table, 2, Band(0, -1, 0), Score(0.1, None, sinks),
-                                   MlaTiles(64, 2, seesaw=True))
-    assert seesaw[0].kernel is mla_sm90.kernels.mla_decode_seesaw_sm90_kernel
-    assert one[0].kernel is mla_sm90.kernels.mla_decode_sm90_kernel
-    assert (seesaw[0].grid, seesaw[0].constexprs) == (one[0].grid, one[0].constexprs)
 
 
 @needs_sm90
@@ -310,13 +233,10 @@ def test_the_sm90_mla_launches_take_the_latent_cache_in_three_column_parts():
     (0, 128, 2, None, [900, 64, 1], False),  # contiguous, two new queries (causal), a one-key sequence
     (32, 64, 4, 2, [333, 4, 129], False),  # four new queries on four keys: rows that see one key
 ], ids=["p64_h16", "p64_h16_unsplit_sinks", "p16_h128_split_sinks", "contiguous_h128_q2", "p32_h64_q4"])
-@pytest.mark.parametrize("seesaw", [False, True], ids=["one_owner", "seesaw"])
-def test_gpu_sm90_mla_kernel_matches_the_oracle(page, hq, n_q, splits, lens, sinks, seesaw, monkeypatch):
-    # the sm90 MLA kernel forced (a refusal fails the test), in both schedules, NaN in every cache row no
-    # sequence holds
+def test_gpu_sm90_mla_kernel_matches_the_oracle(page, hq, n_q, splits, lens, sinks, monkeypatch):
+    # the sm90 MLA kernel forced (a refusal fails the test), NaN in every cache row no sequence holds
     from vflash import dispatch
     monkeypatch.setattr(dispatch.rules, "FORCED", "sm90")
-    monkeypatch.setattr(tables, "SM90_MLA", tables.SM90_MLA._replace(seesaw=seesaw))
     cache, table = _latent(lens, page, "cuda", dtype=torch.bfloat16, seed=page + hq)
     cache = _poison(cache, table, lens, page)
     g = torch.Generator().manual_seed(n_q)

@@ -11,8 +11,7 @@ both products). Two kinds of row:
 
 `vflash` is the dispatch's choice, `vflash-portable` the portable KV-cache kernel's latent path forced (the
 dispatch's tiles for it), `vflash-sm90` the sm90 MLA kernel (kernels/mla_decode_sm90.py) at the dispatch's tiles
-and split count, `vflash-sm90-seesaw` the same with its seesaw schedule (MlaTiles.seesaw: the consumers take turns
-owning a tile's S and softmax).
+and split count (runs before session 52 also timed a second schedule, `vflash-sm90-seesaw`).
 Beside each row, in the same process: SDPA on the unpacked cache (K [B, 1, KV, 576], V [B, 1, KV, 512]
 contiguous, `enable_gqa`, unmasked: with Nq > 1 it skips the last queries' few masked keys), each backend
 that takes it ("sdpa-<backend>"), and vflash's own GQA decode
@@ -147,12 +146,9 @@ def main() -> int:
         portable = dispatch.choose(call, "portable").tiles  # the portable latent path at the dispatch's tiles
         record("vflash-portable", _time(forced(portable), device), f"{portable.block_m},{portable.block_n},"
                f"{portable.num_warps},{portable.num_stages} x{portable.num_splits}")
-        if not args.smoke:  # the sm90 MLA kernel at the dispatch's tiles and split count, both schedules
-            mla = dispatch.choose(call, "sm90").tiles
-            for seesaw in (False, True):
-                t = mla._replace(seesaw=seesaw)
-                record("vflash-sm90-seesaw" if seesaw else "vflash-sm90", _time(forced(t), device),
-                       f"{t.block_n},{t.stages} x{t.num_splits}")
+        if not args.smoke:  # the sm90 MLA kernel at the dispatch's tiles and split count
+            t = dispatch.choose(call, "sm90").tiles
+            record("vflash-sm90", _time(forced(t), device), f"{t.block_n},{t.stages} x{t.num_splits}")
         if tiles is not None:
             for cand in tiles:
                 saved = tables.LATENT_ROWS, tables.KVCACHE_LATENT

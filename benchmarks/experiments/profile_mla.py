@@ -3,7 +3,7 @@ attention_with_kvcache on one latent-cache row (bf16, pages of 64, q [B, 1, Hq, 
 columns) a few times; gpu_session.sh's profile_mla step profiles one launch of the MLA kernel with the full set.
 
   ncu --set full -k regex:mla_decode --launch-skip 2 --launch-count 1 \\
-      python3 -m benchmarks.experiments.profile_mla --hq 128 --b 64 --kv 4096 [--seesaw]
+      python3 -m benchmarks.experiments.profile_mla --hq 128 --b 64 --kv 4096
 """
 
 import argparse
@@ -11,7 +11,6 @@ import argparse
 import torch
 
 import vflash
-from vflash.dispatch import tables
 from benchmarks.experiments.mla_decode import D_V, _latent_inputs
 
 
@@ -21,10 +20,7 @@ def main() -> int:
     ap.add_argument("--b", type=int, default=64)
     ap.add_argument("--kv", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=4)
-    ap.add_argument("--seesaw", action="store_true", help="the kernel's seesaw schedule (MlaTiles.seesaw)")
     args = ap.parse_args()
-    if args.seesaw:
-        tables.SM90_MLA = tables.SM90_MLA._replace(seesaw=True)
     q, caches, table, seqlens = _latent_inputs(args.hq, args.b, args.kv, 1, torch.device("cuda"), 1)
     cache = caches[0]
     for _ in range(args.calls):

@@ -297,11 +297,9 @@ GROUPS: Dict[str, Group] = {
     "kvcache_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True)),
     "paged16_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=16, lse=False),
     "paged64_d128": gluon_kvcache(128, Sm90Tiles(128, 128, 2, dynamic=True), page_size=64),
-    # the Gluon MLA decode: pages of 64 (FlashMLA's) unsplit with sinks, pages of 16 split (with its merge), the
-    # seesaw schedule
+    # the Gluon MLA decode: pages of 64 (FlashMLA's) unsplit with sinks, pages of 16 split (with its merge)
     "mla_paged64_sinks": gluon_mla(lab.MlaTiles(64, 2), sinks=True),
     "mla_paged16_split": gluon_mla(lab.MlaTiles(64, 2, num_splits=4), page_size=16, heads=16, n_q=2),
-    "mla_seesaw_paged64_sinks": gluon_mla(lab.MlaTiles(64, 2, seesaw=True), sinks=True),
     # the Gluon backward (the dispatch's SM90_BACKWARD tiles)
     "bwd_d128_causal": backward(128, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90"),
     "bwd_varlen_d64_window": backward(64, BackwardTiles(_B(64, 128, 4, 2), _B(192, 64, 4, 2)), "sm90", F16,

@@ -167,9 +167,8 @@ LATENT_ROWS = 32
 # On sm_90 the latent cache's own kernel (kernels/mla_decode_sm90.py): 64-key tiles of 576 columns, two in the
 # ring (with Q and P, 225 KB of shared memory: one CTA an SM); a sequence's keys split over CTAs to fill one wave,
 # each split at least SM90_MLA_MIN_SPLIT_TILES tiles. On an H100 (mla_decode, bf16, pages of 64): 16 heads at
-# 0.78-1.01 of the HBM read bandwidth (the portable latent path 0.47-0.62), 128 heads 440-530 TFLOP/s (portable
-# 77-90). The first schedule (consumer 0 owns every tile's S and softmax) until the seesaw one (MlaTiles.seesaw)
-# is checked and timed on a GPU.
+# 0.77-1.02 of the HBM read bandwidth (the portable latent path 0.47-0.62), 128 heads 426-560 TFLOP/s (portable
+# 78-90).
 SM90_MLA = MlaTiles(64, 2)
 SM90_MLA_MIN_SPLIT_TILES = 4
 SM90_MLA_MAX_SPLITS = 64

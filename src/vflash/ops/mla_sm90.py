@@ -77,8 +77,7 @@ def mla_launches(q: torch.Tensor, k_cache: torch.Tensor, out: torch.Tensor, lse:
              Slot("CACHE_SEQLENS", "cache_seqlens"))
     slots += given_slots(lse=lse, o_part=o_part, lse_part=lse_part, sinks=sinks, block_table=block_table)
     row_tiles = -(-n_q * heads_q // CONSUMER_ROWS)
-    kernel = kernels.mla_decode_seesaw_sm90_kernel if tiles.seesaw else kernels.mla_decode_sm90_kernel
-    launches = [KernelLaunch(kernel, (splits, row_tiles, batch), args, constexprs,
+    launches = [KernelLaunch(kernels.mla_decode_sm90_kernel, (splits, row_tiles, batch), args, constexprs,
                              dict(num_warps=4), slots)]
     if splits > 1:
         rows = total_q * heads_q

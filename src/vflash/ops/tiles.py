@@ -91,8 +91,6 @@ class MlaTiles(NamedTuple):
     num_splits: int = 1  # CTAs each sequence's keys are split across; > 1: fp32 partials, then the merge launch
     merge_rows: int = 4  # (query, head) rows a merge program
     split_chunk: int = 4  # splits a merge load
-    seesaw: bool = False  # the consumers take turns owning a tile's S and softmax (FlashMLA's schedule); else
-    # consumer 0 owns every tile's and consumer 1 only accumulates its half of O
 
 
 class MergeTiles(NamedTuple):
