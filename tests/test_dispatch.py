@@ -298,37 +298,41 @@ def test_the_registry_says_what_each_family_takes_as_data():
     assert set(_validate.SUPPORTED_DTYPES) == {d for k in dispatch.REGISTRY.values() for d in k.dtypes}
 
 
-def test_fp8_runs_the_sm90_build_where_forced_until_its_gpu_check(h200, monkeypatch):
-    # "fp8" in tables.SM90_FORCED_ONLY: an FP8 call dispatch would give the sm90 kernel goes to the portable one,
-    # saying why, and forcing sm90 gives SM90_FP8's tiles; without it, the same call takes them unforced
+def test_fp8_runs_the_sm90_build_dense_and_packed_where_forced_until_its_gpu_check(h200, monkeypatch):
+    # dense FP8 takes SM90_FP8's tiles; "fp8 packed" in tables.SM90_FORCED_ONLY: a packed FP8 call goes to the
+    # portable kernel, saying why, and forcing sm90 gives it the same tiles; without the entry, it takes them
     fp8 = problem(128, False, 4096, 32, dtype=torch.float8_e4m3fn)
-    unforced = dispatch.select(fp8)
-    assert unforced.kernel == "portable" and "forced only" in unforced.why
-    forced = dispatch.select(fp8, "sm90")
+    assert (dispatch.select(fp8).kernel, dispatch.select(fp8).tiles) == ("sm90", tables.SM90_FP8[(128, False)])
+    packed = dataclasses.replace(fp8, layout="packed")
+    unforced = dispatch.select(packed)
+    assert unforced.kernel == "portable" and "fp8 packed build is taken where forced only" in unforced.why
+    forced = dispatch.select(packed, "sm90")
     assert (forced.kernel, forced.tiles) == ("sm90", tables.SM90_FP8[(128, False)])
     monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
-    assert dispatch.select(fp8).tiles == tables.SM90_FP8[(128, False)]
+    assert dispatch.select(packed).tiles == tables.SM90_FP8[(128, False)]
     assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
 
 
-def test_a_v_head_dim_of_its_own_runs_the_sm90_forward_where_forced(h200, monkeypatch):
-    # v narrower than q / k, a power of two, dense or packed: the sm90 forward takes it with q's head dim's tiles,
-    # where forced while "v head dim" is in tables.SM90_FORCED_ONLY; a wider v, one of no power of two and a KV
-    # cache's go to the portable kernel, saying why
+def test_a_v_head_dim_of_its_own_runs_the_sm90_forward(h200, monkeypatch):
+    # v narrower than q / k, a power of two, dense or packed: the sm90 forward takes it with q's head dim's tiles
+    # (where forced only while "v head dim" is in tables.SM90_FORCED_ONLY); a wider v, one of no power of two and
+    # a KV cache's go to the portable kernel, saying why
     p = dataclasses.replace(problem(128, True, 4096, 32), head_dim_v=64)
+    assert dispatch.select(p).tiles == dispatch.select(problem(128, True, 4096, 32)).tiles
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ("v head dim",))
     assert "forced only" in dispatch.select(p).why
     assert dispatch.select(p, "sm90").tiles == dispatch.select(problem(128, True, 4096, 32)).tiles
-    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
-    assert dispatch.select(p).kernel == "sm90"
     for dv, layout, words in ((256, "dense", "from 16 to q's (128), not 256"), (96, "packed", "power of two"),
                               (64, "cache", "against a KV cache")):
         refused = dispatch.refusal("sm90", dataclasses.replace(p, head_dim_v=dv, layout=layout))
         assert refused is not None and words in refused, refused
 
 
-def test_a_v_head_dim_of_its_own_runs_the_sm90_backward_where_forced(h200, monkeypatch):
+def test_a_v_head_dim_of_its_own_runs_the_sm90_backward(h200, monkeypatch):
     # the sm90 backward takes what its forward takes (v a power of two no wider than q's; q's 192 beside one, on
-    # D 256's tiles), where forced while "v head dim" is in tables.SM90_FORCED_ONLY, and refuses the rest saying why
+    # D 256's tiles), where forced only while "v head dim" is in tables.SM90_FORCED_ONLY, and refuses the rest
+    # saying why
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ("v head dim",))
     p = dataclasses.replace(problem(128, True, 4096, 32), head_dim_v=64)
     unforced = dispatch.select_backward(p)
     assert unforced.kernel == "portable" and "forced only" in unforced.why

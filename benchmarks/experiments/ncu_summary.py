@@ -69,7 +69,7 @@ def main() -> None:
 
     all_samples = sum(num(r, samples) for r in rows) or 1
     region = partitions(rows)
-    print("\n## Warp-stall samples by partition (code between setmaxnreg markers; consumer: has HGMMA, "
+    print("\n## Warp-stall samples by partition (code between setmaxnreg markers; consumer: has a wgmma, "
           "producer: has UTMALDG)")
     looped = in_key_loops(rows)
     for name in dict.fromkeys(region.values()):
@@ -101,13 +101,13 @@ def in_key_loops(rows):
 def partitions(rows):
     """{address: region name}. Gluon's warp_specialize gives each partition a
     `setmaxnreg` (USETMAXREG) at its start: a region runs from one marker to the
-    next, named for what it holds (consumer: HGMMA; producer: UTMALDG; else
+    next, named for what it holds (consumer: a wgmma, HGMMA / QGMMA / IGMMA; producer: UTMALDG; else
     other), consumers numbered in code order."""
     bounds = [0] + [i for i, r in enumerate(rows) if len(r) > 1 and "USETMAXREG" in r[1]] + [len(rows)]
     names, consumers = {}, 0
     for lo, hi in zip(bounds, bounds[1:]):
         ops = " ".join(r[1] for r in rows[lo:hi] if len(r) > 1)
-        if "HGMMA" in ops:
+        if any(op in ops for op in ("HGMMA", "QGMMA", "IGMMA")):  # wgmma of 16-bit, FP8, int8 operands
             name, consumers = f"consumer {consumers}", consumers + 1
         else:
             name = "producer" if "UTMALDG" in ops else "other"

@@ -89,10 +89,14 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),  # untuned
 }
 # Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
-# --kernel sm90`), by feature, until `vflash check --kernel sm90` passes on them on an sm_90 GPU and their speed
-# is measured: "fp8" (e4m3 inputs) and "v head dim" (v's head dim unlike q's and k's; the forward and the
-# backward). The latent cache's decode kernel ("mla") left the list once checked and timed (SM90_MLA).
-SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8", "v head dim")
+# --kernel sm90`), by feature ("fp8": e4m3 inputs, "fp8 packed": packed e4m3 sequences, "v head dim": v's head
+# dim unlike q's and k's, forward and backward, "mla": the latent cache's decode kernel), until `vflash check
+# --kernel sm90` passes on them on an sm_90 GPU and their speed is measured. Packed FP8 waits for its check since
+# its V copy starts each sequence at a key-tile multiple (an H100 stopped on the unaligned copy, session 50).
+# Measured on an H100 (session 52), the sm90 builds ahead of the portable kernel: dense FP8 820 / 1198 TFLOP/s at
+# D 128 / 256 (N 16k) against 785 / 661; v head dims 192 / 128 at 573-692 against 333-415, 256 / 128 at
+# 527-658 against 431-456, 128 / 64 at 481-571 against 420-521 (N 4k-16k).
+SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8 packed",)
 
 
 class ShortBand(NamedTuple):
@@ -134,7 +138,7 @@ SM90_USE: Dict[int, Sm90Use] = {
     64: Sm90Use(512, 1024, 4),  # 368 against 345 at N 512; causal 337 against 300 at N 1k
     128: Sm90Use(1, 1, 0),  # ahead at every length since the causal grid went persistent (246 / 242 at 512)
     256: Sm90Use(1, 1, 0),  # ahead at every length (causal N 512: 315 against 226)
-    192: Sm90Use(1, 1, 0),  # unmeasured; taken where forced only (SM90_FORCED_ONLY's "v head dim")
+    192: Sm90Use(1, 1, 0),  # beside v's 128 (DeepSeek's prefill): 573-692 TFLOP/s at N 4k-16k, portable 333-415
 }
 
 
@@ -275,7 +279,8 @@ BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # smal
 # fp32 accumulator a consumer (both spill 2-8 KB), 32-row query tiles and 32-key dQ tiles for the
 # registers. D 16 / 32 are untimed: the portable backward serves them. D 192 (beside a v of its own, DeepSeek's
 # 192 / 128; the kernels pad q's and k's tiles to 256 columns) takes D 256's tiles, untimed: no spill at 192 / 128
-# (ptxas, Triton 3.6), where dK and dV in one launch spill 0.8 KB; taken where forced only (SM90_FORCED_ONLY).
+# (ptxas, Triton 3.6), where dK and dV in one launch spill 0.8 KB; checked on an H100 (vflash check --kernel sm90
+# --match D192/128, session 50), its speed untimed.
 SM90_BACKWARD: Dict[int, BackwardTiles] = {
     64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
