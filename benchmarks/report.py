@@ -372,9 +372,13 @@ GPT_OSS = "benchmarks/results/2026-12-06-h200-s46"
 CONTINUOUS_BATCHING = ("benchmarks/results/2026-12-06-h200-s46", "benchmarks/results/2026-12-07-h100-s49")
 # The run of MLA decode on the latent cache against its bars (issue 55): 80 % of the run's HBM read bandwidth at
 # 16 heads, MLA_TFLOPS at 128.
-MLA_DECODE = "benchmarks/results/2026-12-07-h100-s50"
+MLA_DECODE = "benchmarks/results/2026-12-07-h100-s52"
 MLA_HBM_SHARE = 0.8
 MLA_TFLOPS = 550.0
+# The run of prefill with v head dims unlike q's (issue 55's 192 / 128 row): at least the same run's cuDNN where it
+# takes the shape, else VHEAD_OF_D128 of vflash's own D 128 forward.
+VHEAD_PREFILL = "benchmarks/results/2026-12-07-h100-s52"
+VHEAD_OF_D128 = 0.9
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -596,8 +600,9 @@ def run_report(folder):
     oss, oss_csvs = gpt_oss_text(folder, base)
     cb, cb_csvs = continuous_batching_text(folder, base)
     mla, mla_csvs = mla_decode_text(folder, base)
-    hf += oss + cb + mla
-    hf_csvs += oss_csvs + cb_csvs + mla_csvs
+    vhead, vhead_csvs = vhead_prefill_text(folder, base)
+    hf += oss + cb + mla + vhead
+    hf_csvs += oss_csvs + cb_csvs + mla_csvs + vhead_csvs
     ring, ring_csvs = ring_text(folder, base)
     scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
@@ -615,7 +620,8 @@ def run_report(folder):
 
 
 def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
-          scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING, mla_decode=MLA_DECODE):
+          scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING, mla_decode=MLA_DECODE,
+          vhead_prefill=VHEAD_PREFILL):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -661,8 +667,9 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
     out += gpt_oss_text(gpt_oss, base)[0] if gpt_oss else []
     for run in continuous_batching:
         out += continuous_batching_text(run, base)[0]
-    out += mla_decode_text(mla_decode, base)[0] if mla_decode else []
-    out += ring_text(ring, base)[0] if ring else []
+    out += mla_decode_text(mla_decode, base, schedules=False)[0] if mla_decode else []
+    out += vhead_prefill_text(vhead_prefill, base, rows=False)[0] if vhead_prefill else []
+    out += ring_text(ring, base, min_n=131072)[0] if ring else []  # the shorter rows: the run's REPORT.md
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
         out.append(_wrap(f"The primary run's sweep tables (every method and shape, peak memory): "
@@ -1046,12 +1053,12 @@ def continuous_batching_text(folder, base=""):
     return out, ["hf_cb.csv"] + (["hf_cb_share.csv"] if shares else [])
 
 
-def mla_decode_text(folder, base=""):
+def mla_decode_text(folder, base="", schedules=True):
     """A run's mla_decode.csv (benchmarks/experiments/mla_decode.py): MLA decode on one latent cache, the sm90 MLA
-    kernel (and, where the run timed it, its seesaw schedule) and the portable latent path against the run's HBM
-    read bandwidth (16 heads) and MLA_TFLOPS (128 heads); returns (lines, CSV names). The bar is judged on the
-    faster sm90 schedule. Runs before the portable path's own row (`vflash-portable`) timed it as `vflash`, the
-    dispatch's choice then."""
+    kernel (and, where the run timed it and `schedules`, its seesaw schedule: sessions 51-52) and the portable
+    latent path against the run's HBM read bandwidth (16 heads) and MLA_TFLOPS (128 heads); returns (lines, CSV
+    names). The bar is judged on the faster sm90 schedule. Runs before the portable path's own row
+    (`vflash-portable`) timed it as `vflash`, the dispatch's choice then."""
     path = os.path.join(folder, "mla_decode.csv")
     if not os.path.exists(path):
         return [], []
@@ -1059,7 +1066,7 @@ def mla_decode_text(folder, base=""):
     hbm = next(float(r["gbps"]) for r in rows if r["kind"] == "hbm")
     timed = {(r["kind"], r["Hq"], r["B"], r["KV"], r["method"]): r for r in rows if r["kind"] != "hbm" and r["us"]}
     methods = {key[-1] for key in timed}
-    seesaw = "vflash-sm90-seesaw" in methods
+    seesaw = schedules and "vflash-sm90-seesaw" in methods
     # a run with neither of the later rows is one whose `vflash` (the dispatch's choice then) was the portable path
     portable_method = "vflash" if not methods & {"vflash-portable", "vflash-sm90-seesaw"} else "vflash-portable"
     out = [f"## MLA decode on one latent cache (`{os.path.basename(folder)}`)\n",
@@ -1085,7 +1092,7 @@ def mla_decode_text(folder, base=""):
         if method != "vflash-sm90":
             continue
         portable = timed.get((kind, hq, b, kv, portable_method))
-        other = timed.get((kind, hq, b, kv, "vflash-sm90-seesaw"))
+        other = timed.get((kind, hq, b, kv, "vflash-sm90-seesaw")) if seesaw else None
         best = min((x for x in (r, other) if x is not None), key=lambda x: float(x["us"]))
         met = (float(best["hbm_share"]) >= MLA_HBM_SHARE if kind == "memory"
                else float(best["tflops"]) >= MLA_TFLOPS)
@@ -1104,9 +1111,52 @@ def mla_decode_text(folder, base=""):
     return out, ["mla_decode.csv"]
 
 
-def ring_text(folder, base=""):
+def vhead_prefill_text(folder, base="", rows=True):
+    """A run's vhead_prefill.csv (benchmarks/experiments/vhead_prefill.py): prefill with v's head dim unlike q's,
+    the sm90 kernel against the same run's cuDNN (where it takes the shape) and vflash's own D 128 forward; returns
+    (lines, CSV names). `rows`: a row per shape, else a line per head-dim pair (the range over its shapes)."""
+    path = os.path.join(folder, "vhead_prefill.csv")
+    if not os.path.exists(path):
+        return [], []
+    timed = {}
+    for r in _read(path):
+        timed.setdefault((r["B"], r["N"], f"{r['d_qk']}/{r['d_v']}", r["causal"]), {})[r["method"]] = float(r["tflops"])
+    out = [f"## Prefill with a v head dim of its own (`{os.path.basename(folder)}`)\n",
+           _wrap(f"`benchmarks/experiments/vhead_prefill.py` on the run in [{os.path.basename(folder)}]"
+                 f"({_link(folder, base)}/REPORT.md), bf16, 16 heads, TFLOP/s counting 2 (D_qk + D_v) flops a "
+                 f"visible pair. Bar (issue 55): the same run's cuDNN where it takes the shape, else "
+                 f"{VHEAD_OF_D128} of vflash's D 128 forward; judged on the sm90 kernel (the dispatch's from "
+                 f"b069e9d on; the run's `vflash` column is the portable kernel, the dispatch's then).") + "\n"]
+    pairs = {}
+    for (b, n, dims, causal), m in timed.items():
+        sm90, cudnn, d128 = m.get("vflash-sm90"), m.get("sdpa-cudnn"), m.get("vflash-d128")
+        bar = cudnn if cudnn is not None else (VHEAD_OF_D128 * d128 if d128 is not None else None)
+        if sm90 is None or bar is None:
+            continue
+        pairs.setdefault(dims, []).append((b, n, causal, m.get("vflash"), sm90, cudnn, d128, sm90 >= bar))
+    if rows:
+        out += ["| D_qk / D_v | B | N | causal | vflash (portable) | sm90 | cuDNN | vflash D 128 | bar |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for dims, entries in pairs.items():
+            for b, n, causal, portable, sm90, cudnn, d128, met in entries:
+                out.append(f"| {dims} | {b} | {n} | {'yes' if causal == '1' else 'no'} | {_f(portable, '.0f')} | "
+                           f"{sm90:.0f} | {_f(cudnn, '.0f')} | {_f(d128, '.0f')} | {'met' if met else 'not met'} |")
+    else:
+        for dims, entries in pairs.items():
+            sm90s = [e[4] for e in entries]
+            cudnns = [e[5] for e in entries if e[5] is not None]
+            met = sum(e[7] for e in entries)
+            cudnn = f", cuDNN {min(cudnns):.0f}-{max(cudnns):.0f}" if cudnns else ""
+            out.append(_wrap(f"- {dims}: sm90 {min(sm90s):.0f}-{max(sm90s):.0f} TFLOP/s{cudnn}, bar met on {met} of "
+                             f"{len(entries)} shapes (B x N 16k, causal and not).", "  "))
+    out.append("")
+    return out, ["vhead_prefill.csv"]
+
+
+def ring_text(folder, base="", min_n=0):
     """A run's ring_single_gpu.csv (benchmarks/experiments/ring_single_gpu.py): one rank's ring
-    steps on one GPU against the whole sequence's kernel over R; returns (lines, CSV names)."""
+    steps on one GPU against the whole sequence's kernel over R, the rows from `min_n` tokens; returns (lines,
+    CSV names)."""
     path = os.path.join(folder, "ring_single_gpu.csv")
     if not os.path.exists(path):
         return [], []
@@ -1124,7 +1174,7 @@ def ring_text(folder, base=""):
            "| N | R | mask | layout | pass | ideal ms | ring steps ms | kept | with copies ms | merges ms |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if int(r["rank"]) != int(r["R"]) - 1:
+        if int(r["rank"]) != int(r["R"]) - 1 or int(r["N"]) < min_n:
             continue
         merge = f"{float(r['merge_ms']):.2f}" if r["merge_ms"] else ""
         out.append(f"| {r['N']} | {r['R']} | {'causal' if r['causal'] == 'True' else 'full'} | {r['layout']} | "
