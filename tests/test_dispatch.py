@@ -298,18 +298,17 @@ def test_the_registry_says_what_each_family_takes_as_data():
     assert set(_validate.SUPPORTED_DTYPES) == {d for k in dispatch.REGISTRY.values() for d in k.dtypes}
 
 
-def test_fp8_runs_the_sm90_build_dense_and_packed_where_forced_until_its_gpu_check(h200, monkeypatch):
-    # dense FP8 takes SM90_FP8's tiles; "fp8 packed" in tables.SM90_FORCED_ONLY: a packed FP8 call goes to the
-    # portable kernel, saying why, and forcing sm90 gives it the same tiles; without the entry, it takes them
+def test_fp8_runs_the_sm90_build_dense_and_packed(h200, monkeypatch):
+    # FP8 calls, dense or packed, take SM90_FP8's tiles; with "fp8" in tables.SM90_FORCED_ONLY they go to the
+    # portable kernel, saying why, unless the sm90 kernel is forced
     fp8 = problem(128, False, 4096, 32, dtype=torch.float8_e4m3fn)
-    assert (dispatch.select(fp8).kernel, dispatch.select(fp8).tiles) == ("sm90", tables.SM90_FP8[(128, False)])
     packed = dataclasses.replace(fp8, layout="packed")
+    for p in (fp8, packed):
+        assert (dispatch.select(p).kernel, dispatch.select(p).tiles) == ("sm90", tables.SM90_FP8[(128, False)])
+    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ("fp8",))
     unforced = dispatch.select(packed)
-    assert unforced.kernel == "portable" and "fp8 packed build is taken where forced only" in unforced.why
-    forced = dispatch.select(packed, "sm90")
-    assert (forced.kernel, forced.tiles) == ("sm90", tables.SM90_FP8[(128, False)])
-    monkeypatch.setattr(tables, "SM90_FORCED_ONLY", ())
-    assert dispatch.select(packed).tiles == tables.SM90_FP8[(128, False)]
+    assert unforced.kernel == "portable" and "fp8 build is taken where forced only" in unforced.why
+    assert dispatch.select(packed, "sm90").tiles == tables.SM90_FP8[(128, False)]
     assert "not 96" in dispatch.refusal("sm90", problem(96, False, 4096, 32, dtype=torch.float8_e4m3fn))
 
 

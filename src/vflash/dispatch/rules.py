@@ -398,9 +398,8 @@ def _v_head_dim_refusal(p: Problem) -> Optional[str]:
 def _forced_only(p: Problem) -> Optional[str]:
     # why dispatch does not give p to the sm90 kernels unforced: the features of p that tables.SM90_FORCED_ONLY
     # names (their builds not yet checked on a GPU); None if none
-    fp8 = p.dtype == torch.float8_e4m3fn
-    features = (("fp8", fp8), ("fp8 packed", fp8 and p.layout == "packed"),
-                ("v head dim", bool(p.head_dim_v) and not p.v_in_k), ("mla", p.v_in_k))
+    features = (("fp8", p.dtype == torch.float8_e4m3fn), ("v head dim", bool(p.head_dim_v) and not p.v_in_k),
+                ("mla", p.v_in_k))
     unchecked = [f for f, on in features if on and f in tables.SM90_FORCED_ONLY]
     if unchecked:
         return f"its {' and '.join(unchecked)} build is taken where forced only (tables.SM90_FORCED_ONLY)"

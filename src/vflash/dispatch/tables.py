@@ -89,14 +89,13 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (256, True): Sm90Tiles(128, 64, 2, q_buffers=1, dynamic=True),  # untuned
 }
 # Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
-# --kernel sm90`), by feature ("fp8": e4m3 inputs, "fp8 packed": packed e4m3 sequences, "v head dim": v's head
-# dim unlike q's and k's, forward and backward, "mla": the latent cache's decode kernel), until `vflash check
-# --kernel sm90` passes on them on an sm_90 GPU and their speed is measured. Packed FP8 waits for its check since
-# its V copy starts each sequence at a key-tile multiple (an H100 stopped on the unaligned copy, session 50).
-# Measured on an H100 (session 52), the sm90 builds ahead of the portable kernel: dense FP8 820 / 1198 TFLOP/s at
-# D 128 / 256 (N 16k) against 785 / 661; v head dims 192 / 128 at 573-692 against 333-415, 256 / 128 at
-# 527-658 against 431-456, 128 / 64 at 481-571 against 420-521 (N 4k-16k).
-SM90_FORCED_ONLY: Tuple[str, ...] = ("fp8 packed",)
+# --kernel sm90`), by feature ("fp8": e4m3 inputs, "v head dim": v's head dim unlike q's and k's, forward and
+# backward, "mla": the latent cache's decode kernel), until `vflash check --kernel sm90` passes on them on an
+# sm_90 GPU and their speed is measured. None today: on an H100 (session 52) the forced FP8 cases (packed
+# included) pass, and the sm90 builds lead the portable kernel: dense FP8 820 / 1198 TFLOP/s at D 128 / 256
+# (N 16k) against 785 / 661; v head dims 192 / 128 at 573-692 against 333-415, 256 / 128 at 527-658 against
+# 431-456, 128 / 64 at 481-571 against 420-521 (N 4k-16k).
+SM90_FORCED_ONLY: Tuple[str, ...] = ()
 
 
 class ShortBand(NamedTuple):
