@@ -1108,6 +1108,10 @@ def mla_decode_text(folder, base="", schedules=True):
         out.append(f"| {hq} | {b} | {kv} | {shown(kind, r)} |" + (f" {shown(kind, other)} |" if seesaw else "")
                    + f" {portable_text} | {ratio} | {sdpa} | {gqa} | {'met' if met else 'not met'} |")
     out.append("")
+    profiles = sorted(f for f in os.listdir(folder) if f.startswith("prof_mla_") and f.endswith(".summary.txt"))
+    if profiles:
+        out.append(_wrap(f"Why the unmet rows miss, from Nsight Compute ({', '.join(profiles)}): the run's "
+                         f"[NOTE]({_link(folder, base)}/NOTE.md).") + "\n")
     return out, ["mla_decode.csv"]
 
 
