@@ -91,10 +91,10 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
 # Calls the sm90 kernel takes that dispatch gives it only where forced (VFLASH_KERNEL=sm90, `vflash check
 # --kernel sm90`), by feature ("fp8": e4m3 inputs, "v head dim": v's head dim unlike q's and k's, forward and
 # backward, "mla": the latent cache's decode kernel), until `vflash check --kernel sm90` passes on them on an
-# sm_90 GPU and their speed is measured. None today: on an H100 (session 52) the forced FP8 cases (packed
-# included) pass, and the sm90 builds lead the portable kernel: dense FP8 820 / 1198 TFLOP/s at D 128 / 256
-# (N 16k) against 785 / 661; v head dims 192 / 128 at 573-692 against 333-415, 256 / 128 at 527-658 against
-# 431-456, 128 / 64 at 481-571 against 420-521 (N 4k-16k).
+# sm_90 GPU and their speed is measured. None today: on an H100 (benchmarks/results/2026-12-07-h100-s52) the
+# forced FP8 cases (packed included) pass, and the sm90 builds lead the portable kernel: dense FP8 820 / 1198
+# TFLOP/s at D 128 / 256 (N 16k) against 785 / 661; v head dims 192 / 128 at 573-692 against 333-415, 256 / 128
+# at 527-658 against 431-456, 128 / 64 at 481-571 against 420-521 (N 4k-16k).
 SM90_FORCED_ONLY: Tuple[str, ...] = ()
 
 
@@ -279,7 +279,7 @@ BACKWARD_INTERPRETER = BackwardTiles(_B(16, 16, 4, 1), _B(16, 16, 4, 1))  # smal
 # registers. D 16 / 32 are untimed: the portable backward serves them. D 192 (beside a v of its own, DeepSeek's
 # 192 / 128; the kernels pad q's and k's tiles to 256 columns) takes D 256's tiles, untimed: no spill at 192 / 128
 # (ptxas, Triton 3.6), where dK and dV in one launch spill 0.8 KB; checked on an H100 (vflash check --kernel sm90
-# --match D192/128, session 50), its speed untimed.
+# --match D192/128: benchmarks/results/2026-12-07-h100-s50), its speed untimed.
 SM90_BACKWARD: Dict[int, BackwardTiles] = {
     64: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),
     128: BackwardTiles(dkdv=_B(64, 128, 4, 2), dq=_B(192, 64, 4, 2)),

@@ -1,6 +1,5 @@
 """MLA decode on one latent cache for Hopper (sm_90), written in Gluon: FlashMLA's split of the
-output's columns over two warpgroups, launched by ops/mla_sm90.py where vflash.dispatch
-picks it.
+output's columns over two warpgroups, launched by ops/mla_sm90.py where vflash.dispatch picks it.
 
 DeepSeek-V3's absorbed attention is MQA over one cache head of 576 values a token (512 latent + 64
 rope): every query head's q [576] meets the same keys, and V is each key's first 512 values. The
@@ -258,29 +257,15 @@ if HAVE_GLUON:
             gl.store(Out + offs, o.to(Out.dtype.element_ty), mask=ok)
 
     @gluon.jit
-    def _tile_rows(w, call, cfg):
-        # the CTA's 64 rows: their index in the sequence's n_q * Hq (row r: query r // Hq, head r % Hq), query, head
-        ROWS: gl.constexpr = 64
-        r = w.row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, cfg.S_LAYOUT))
-        return r, r // call.heads_q, r % call.heads_q
-
-    @gluon.jit
-    def _store_lse(lse, r, offs_i, heads, w, LSE, LSE_PART, call, cfg):
-        # the rows' LSE at [head, query] of LSE [Hq, total_q] (query b * n_q + r // Hq), or IS_SPLIT the split's
-        offs = heads.to(gl.int64) * call.total_q + w.b * call.n_q + offs_i
-        if cfg.IS_SPLIT:
-            gl.store(LSE_PART + w.split * (call.total_q.to(gl.int64) * call.heads_q) + offs, lse, mask=r < w.seq_rows)
-        elif cfg.STORE_LSE:
-            gl.store(LSE + offs, lse, mask=r < w.seq_rows)
-
-    @gluon.jit
     def _owner_partition(Out, LSE, O_PART, LSE_PART, SINKS, cache_seqlens, smem, call, cfg):
         # Consumer 0: the softmax's owner and O's first HALF columns.
         ROWS: gl.constexpr = 64
         s_rows: gl.constexpr = gl.SliceLayout(1, cfg.S_LAYOUT)
         o_rows: gl.constexpr = gl.SliceLayout(1, cfg.O_LAYOUT)
         w = _work(call, cache_seqlens, cfg)
-        r, offs_i, heads = _tile_rows(w, call, cfg)
+        r = w.row_start + gl.arange(0, ROWS, layout=s_rows)  # the rows in the sequence's
+        offs_i = r // call.heads_q  # their queries
+        heads = r % call.heads_q
         if cfg.HAS_SINK:
             sink = gl.load(SINKS + heads)
         else:
@@ -295,7 +280,12 @@ if HAVE_GLUON:
         smem.fin.store(inv_l)
         mbarrier.arrive(smem.fin_ready.index(0), count=1)
         _store_rows(o * gl.convert_layout(inv_l, o_rows)[:, None], w, Out, O_PART, 0, call, cfg)
-        _store_lse(lse, r, offs_i, heads, w, LSE, LSE_PART, call, cfg)
+        # row r: query b * n_q + r // Hq of head r % Hq, at [head, query] of LSE [Hq, total_q]
+        offs = heads.to(gl.int64) * call.total_q + w.b * call.n_q + offs_i
+        if cfg.IS_SPLIT:
+            gl.store(LSE_PART + w.split * (call.total_q.to(gl.int64) * call.heads_q) + offs, lse, mask=r < w.seq_rows)
+        elif cfg.STORE_LSE:
+            gl.store(LSE + offs, lse, mask=r < w.seq_rows)
 
     @gluon.jit
     def _helper_partition(Out, O_PART, cache_seqlens, smem, call, cfg):

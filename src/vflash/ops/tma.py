@@ -69,7 +69,7 @@ def fp8_values(v: torch.Tensor, sm90: bool, cu_seqlens_k: Optional[torch.Tensor]
     build's copy every call (sm90_e4m3_values: its key order is the kernel's own), the portable kernel's
     keys-contiguous copy where v is not stored so (keys_contiguous); None where v serves as it is."""
     if sm90:
-        return sm90_e4m3_values(v, cu_seqlens_k, block_n) if cu_seqlens_k is not None else sm90_e4m3_values(v)
+        return sm90_e4m3_values(v, cu_seqlens_k, block_n)
     keys = 2 if v.dim() == 4 else 0
     return None if keys_ready(v, keys) else keys_contiguous(v, keys)
 
