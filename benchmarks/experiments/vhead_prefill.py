@@ -4,8 +4,8 @@ beside the run's own yardsticks.
 Each row is one shape (B, H, N, D_qk, D_v, causal; bf16, no GQA) and one method:
 
   vflash          the dispatch's choice
-  vflash-sm90     the sm90 forward forced (its v-head-dim build; vflash.dispatch takes it where forced only until
-                  checked on a GPU)
+  vflash-sm90     the sm90 forward forced (its v-head-dim build; the dispatch's choice on sm_90 since session 52's
+                  run, the portable kernel's before)
   sdpa-<backend>  SDPA restricted to one backend (cudnn, flash, efficient), where it takes the shape
   vflash-d128     vflash on q / k / v of D 128 at the same B, H, N: the issue's other yardstick (0.9x its rate)
 
