@@ -161,11 +161,13 @@ for step in "$@"; do
                       --variants "${CHUNKED_VARIANTS-128:3:1,64:4,64:3:1}" \
                       --out "$R/chunked_ring.csv" > "$R/chunked_ring.txt" 2>&1
                     tail -4 "$R/chunked_ring.txt" ;;
-    decode_tune) timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
+    decode_tune) # TUNE_NAME: the output files' name (default decode_tune), for several runs in one call
+                 name=${TUNE_NAME:-decode_tune}
+                 timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.experiments.decode_tune ${TUNE_QUICK:+--quick} \
                    ${TUNE_GRID:+--grid} ${TUNE_ROWS:+--rows "$TUNE_ROWS"} ${TUNE_TILES:+--tiles "$TUNE_TILES"} \
                    ${TUNE_SPLITS:+--splits "$TUNE_SPLITS"} ${TUNE_D:+--head-dim $TUNE_D} ${TUNE_FP8:+--fp8} \
-                   --out "$R/decode_tune.csv" > "$R/decode_tune.txt" 2>&1
-                 grep -v "^B .* grid " "$R/decode_tune.txt" | tail -60 ;;
+                   ${TUNE_PAGE:+--page $TUNE_PAGE} --out "$R/$name.csv" > "$R/$name.txt" 2>&1
+                 grep -v "^B .* grid " "$R/$name.txt" | tail -60 ;;
     check_sinks) timeout ${CHECK_TIMEOUT:-300} python3 -m vflash check --match sinks --log "$R/check_gpu_sinks.log" \
                    | tail -2 ;;
     fa_sinks) # issue 53: the fa sweep's forward with and without sinks (vflash_sinks), beside cuDNN, one run
@@ -320,14 +322,16 @@ run_serving('decode', '$R/decode_fp8.csv', torch.device('cuda'), methods=['vflas
                echo "$t B $b KV $kv"; grep -v "^==" "$R/$name" | grep gpu__time | cut -c1-220 | tail -6
              done; done ;;
     profile_decode_full) # Nsight Compute's full set (unlocked clocks) on the last launch of each PROFILE_METHODS
-                    # method (paged contiguous sdpa_cudnn) at each PROFILE_DECODE row: what a decode kernel stalls on
+                    # method (paged contiguous sdpa_cudnn) at each PROFILE_DECODE row: what a decode kernel stalls on;
+                    # PROFILE_FP8=1: vflash's methods on e4m3 caches
              for row in ${PROFILE_DECODE:-1:8192}; do for m in ${PROFILE_METHODS:-paged contiguous sdpa_cudnn}; do
                IFS=: read -r b kv <<< "$row"
-               name=prof_full_${m}_b${b}_kv${kv}.txt
+               fp8=; [ -n "${PROFILE_FP8:-}" ] && [ "$m" != sdpa_cudnn ] && fp8=--fp8
+               name=prof_full_${m}${fp8:+_fp8}_b${b}_kv${kv}.txt
                timeout 150 ncu --set full --clock-control none -k "regex:attention|sdpa|fmha|cudnn|flash" \
                  --launch-skip 2 --launch-count 2 python3 -m benchmarks.experiments.profile_decode --b "$b" \
-                 --kv "$kv" --method "$m" --calls 4 > "$R/$name" 2>&1
-               echo "$m B $b KV $kv"
+                 --kv "$kv" --method "$m" --calls 4 $fp8 > "$R/$name" 2>&1
+               echo "$m $fp8 B $b KV $kv"
                grep -E -e "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Block Size" \
                  -e "Achieved Occupancy|Dynamic Shared|Static Shared" "$R/$name" | head -14
              done; done ;;

@@ -10,10 +10,12 @@ candidate and writes a CSV.
 count that leaves a split at least 128 keys (and at most 16k programs), then the row's best tile on
 pages of 64 and a contiguous cache; --rows / --tiles / --splits replace the grid's rows, tiles and
 split counts. --head-dim sets D (default 128; Hq 32 / Hkv 8 at every D). --fp8 (not with --grid): e4m3 caches
-with 0-d descales (GB/s then of their own bytes, half the bf16 cache's).
+with 0-d descales (GB/s then of their own bytes, half the bf16 cache's). --page (not with --grid): the page size
+(default 16). A tile's optional fifth field, 1 or 0, sets one_loop (every key tile in one masked loop) whatever
+the split count; without it the dispatch's choice for the row holds.
 
   PYTHONPATH=src python3 -m benchmarks.experiments.decode_tune [--out decode_tune.csv] [--quick | --grid]
-      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64] [--head-dim 64] [--fp8]
+      [--rows 1:8192,8:8192] [--tiles "16,64,4,3;16,128,4,2"] [--splits 16,32,48,64] [--head-dim 64] [--fp8] [--page 64]
 """
 
 import argparse
@@ -55,6 +57,7 @@ def main() -> int:
     ap.add_argument("--splits", help="split counts, comma-separated (default: SPLITS; with --grid GRID_SPLITS)")
     ap.add_argument("--head-dim", type=int, default=128, help="D (Hq 32 / Hkv 8 at every D)")
     ap.add_argument("--fp8", action="store_true", help="e4m3 caches (not with --grid)")
+    ap.add_argument("--page", type=int, default=16, help="page size (not with --grid)")
     args = ap.parse_args()
     parse_rows = lambda text: [tuple(int(x) for x in r.split(":")) for r in text.split(",")]  # noqa: E731
     parse_tiles = lambda text: [tuple(int(x) for x in t.split(",")) for t in text.split(";")]  # noqa: E731
@@ -64,7 +67,7 @@ def main() -> int:
                     grid_splits=[int(x) for x in args.splits.split(",")] if args.splits else None,
                     head_dim=args.head_dim)
     dev = torch.device("cuda")
-    Hq, Hkv, D, page = 32, 8, args.head_dim, 16
+    Hq, Hkv, D, page = 32, 8, args.head_dim, args.page
     dt = torch.bfloat16
     kv_dt = torch.float8_e4m3fn if args.fp8 else dt
     band = sequence_band("bottom_right", (-1, -1))
@@ -96,16 +99,20 @@ def main() -> int:
 
         def record(kind, t, us):
             gbps = cache_bytes / us / 1e3
-            out_rows.append(dict(B=B, KV=KV, D=D, kv_dtype=str(kv_dt).replace("torch.", ""), kind=kind,
+            out_rows.append(dict(B=B, KV=KV, D=D, page=page, kv_dtype=str(kv_dt).replace("torch.", ""), kind=kind,
                                  block_m=t.block_m, block_n=t.block_n, warps=t.num_warps,
-                                 stages=t.num_stages, splits=t.num_splits, us=round(us, 2), gbps=round(gbps, 1)))
-            print(f"B {B:4d} KV {KV:6d} D {D} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s", flush=True)
+                                 stages=t.num_stages, splits=t.num_splits, one_loop=int(t.one_loop), us=round(us, 2),
+                                 gbps=round(gbps, 1)))
+            print(f"B {B:4d} KV {KV:6d} D {D} page {page} {kind:8s} {tuple(t)} {us:9.2f} us {gbps:7.1f} GB/s",
+                  flush=True)
             return gbps
 
         record("dispatch", chosen, time_tiles(chosen))
         best, best_gbps = chosen, 0.0
         for tl in tiles:
-            t = KVCacheTiles(*tl)._replace(**_split_fields(chosen))
+            t = KVCacheTiles(*tl[:4])._replace(**_split_fields(chosen))
+            if len(tl) > 4:
+                t = t._replace(one_loop=bool(tl[4]))
             try:
                 g = record("tile", t, time_tiles(t))
             except Exception as exc:  # out of shared memory, say

@@ -6,7 +6,7 @@ itself) is measured on its own (duration, DRAM bytes and throughput), apart from
 overheads the CUDA-graph timing of `vflash bench --sweep decode` includes.
 
   ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
-      python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16] [--method paged] [--sinks]
+      python3 -m benchmarks.experiments.profile_decode --b 1 --kv 8192 [--page 16] [--method paged] [--sinks] [--fp8]
 """
 
 import argparse
@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--method", default="paged", choices=["paged", "contiguous", "sdpa_cudnn"],
                     help="vflash on a paged or contiguous cache, or SDPA cuDNN on the contiguous one")
     ap.add_argument("--sinks", action="store_true", help="vflash with a sink logit a query head")
+    ap.add_argument("--fp8", action="store_true", help="vflash on e4m3 caches (a descale a KV head)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     page = args.page if args.method == "paged" else 0
@@ -40,14 +41,20 @@ def main() -> int:
                 torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
     else:
         sinks = torch.randn(q.shape[-2], device=dev) if args.sinks else None
+        descales = {}
+        if args.fp8:  # as the decode sweep's _fp8 methods: e4m3 caches, a descale a KV head
+            kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+            descales = dict(k_descale=torch.full((kc.shape[-2],), 0.5, device=dev),
+                            v_descale=torch.full((kc.shape[-2],), 0.5, device=dev))
 
         def call():
-            vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False, sinks=sinks)
+            vflash.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, check_metadata=False, sinks=sinks,
+                                          **descales)
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()
     print(f"B {args.b} KV {args.kv} {args.method}" + (f" (page {page})" if page else "")
-          + (" sinks" if args.sinks else "")
+          + (" sinks" if args.sinks else "") + (" fp8 cache" if args.fp8 else "")
           + f": {args.calls} calls")
     return 0
 

@@ -247,6 +247,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         base, why = tables.KVCACHE_LATENT, f"KVCACHE_LATENT, {head_blocks} head blocks"
     elif p.dtype == torch.float32:
         base, why = tables.KVCACHE_FP32[d], "KVCACHE_FP32"
+    elif (rows <= tables.DECODE_ROWS or batch_invariant) and p.kv_dtype == torch.float8_e4m3fn \
+            and d in tables.KVCACHE_DECODE_FP8:
+        base, why = tables.KVCACHE_DECODE_FP8[d], "KVCACHE_DECODE_FP8"
     elif rows <= tables.DECODE_ROWS or batch_invariant:
         base, why = tables.KVCACHE_DECODE[d], "KVCACHE_DECODE"
     else:
@@ -278,7 +281,10 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     else:
         rule = tables.KVCACHE_SPLIT
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * p.dtype.itemsize  # K and V rings
+        # K and V rings, at the cache's bytes where the tile was sized for them (KVCACHE_DECODE_FP8); other FP8
+        # builds count as 16-bit ones: their registers (168-242), not their halved rings, bound them
+        itemsize = (p.kv_dtype or p.dtype).itemsize if why == "KVCACHE_DECODE_FP8" else p.dtype.itemsize
+        buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * itemsize
         resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
 
         def count(per_sm: int) -> int:  # one wave of per_sm programs an SM
@@ -302,7 +308,7 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     # three loops pay three. Unsplit programs (tens to hundreds of tiles) keep the three, whose unmasked
     # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than
     # there are (batch-invariant calls keep theirs fixed, above).
-    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1, split_chunk=merge_chunk(splits))
+    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1 or base.one_loop, split_chunk=merge_chunk(splits))
     if splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
         rule = tables.KVCACHE_WAVES[d]

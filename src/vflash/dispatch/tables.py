@@ -160,6 +160,15 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
 
+# e4m3 caches (half the bytes a key): the tile that keeps the 16-bit tile's bytes in flight. At KVCACHE_DECODE's
+# 64 keys an FP8 program holds half the bytes a stage, and its unsplit build (three loops, Triton 3.6, sm_90)
+# takes 240 registers against bf16's 148: two programs an SM, a third of bf16's bytes in flight. 128 keys in one
+# masked loop: 168 registers at pages of 16 (three programs an SM, bf16's 192 KB in flight), 255 at pages of 64 or
+# contiguous (two, 128 KB: what bf16 reaches its bandwidth with at pages of 64). Predicted, not yet timed.
+KVCACHE_DECODE_FP8: Dict[int, KVCacheTiles] = {
+    128: KVCacheTiles(64, 128, 4, 3, one_loop=True),
+}
+
 # A latent cache (v_cache a view of k_cache's first columns: MLA's 576 = 512 + 64): 32 keys a tile of 512 + 64
 # columns, the 512 read once for both products; at most LATENT_ROWS (query, head) rows a program, a wider group
 # split over programs (each reads the cache: L2 serves the others). Not tuned on a GPU: Triton 3.6's sm_90 build
