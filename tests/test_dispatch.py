@@ -239,6 +239,34 @@ def test_select_kvcache_pins_the_choice(h200, monkeypatch, batch, hq, hkv, n_q, 
     assert choice.tiles == tiles, choice.why
 
 
+@pytest.mark.parametrize("batch,hq,n_q,capacity,kw,fp8_tile", [
+    (32, 32, 1, 8192, {}, True),  # unsplit: 128 keys in one masked loop
+    (128, 32, 1, 8192, {}, True),  # unsplit past a wave: the FP8 tile, not KVCACHE_WAVES' deeper ring
+    (128, 32, 1, 8192, dict(num_splits=1), True),  # forced unsplit alike
+    (1, 32, 1, 8192, {}, False),  # split: the 16-bit tile and split count
+    (8, 32, 1, 32768, {}, False),
+    (128, 32, 1, 8192, dict(num_splits=3), False),
+    (64, 16, 4, 4096, dict(num_splits=1), False),  # 64 rows a program: more than the FP8 tile was measured at
+    (4, 32, 1, 8192, dict(batch_invariant=True), False),
+])
+def test_select_kvcache_takes_the_fp8_tile_unsplit(h200, monkeypatch, batch, hq, n_q, capacity, kw, fp8_tile):
+    # an e4m3 cache: unsplit calls of decode's 16-row tiles take KVCACHE_DECODE_FP8's keys, warps, stages and one
+    # loop; every other call (split, wider rows, batch-invariant) the 16-bit cache's choice, split count included
+    monkeypatch.setattr(select_module, "_sm_count", lambda p: 132)
+    hkv = 8 if hq == 32 else 1
+    p = kv_problem(batch, hq, n_q, capacity)
+    bf16 = dispatch.select_kvcache(p, hkv, **kw)
+    fp8 = dispatch.select_kvcache(dataclasses.replace(p, kv_dtype=torch.float8_e4m3fn), hkv, **kw)
+    if fp8_tile:
+        t = tables.KVCACHE_DECODE_FP8[128]
+        assert fp8.tiles == bf16.tiles._replace(block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
+                                                one_loop=t.one_loop), fp8.why
+        assert fp8.tiles.num_splits == 1 and "KVCACHE_DECODE_FP8" in fp8.why
+    else:
+        assert fp8.tiles == bf16.tiles, fp8.why
+        assert "KVCACHE_DECODE_FP8" not in fp8.why
+
+
 @pytest.mark.parametrize("batch,capacity,splits", [
     # D 64: five programs an SM by shared memory (36 KiB), four by registers where the merge loads 32 splits
     # at once: B 4 KV 32k 16 splits (20 would make 640 programs, past a wave of 528)

@@ -247,9 +247,6 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
         base, why = tables.KVCACHE_LATENT, f"KVCACHE_LATENT, {head_blocks} head blocks"
     elif p.dtype == torch.float32:
         base, why = tables.KVCACHE_FP32[d], "KVCACHE_FP32"
-    elif (rows <= tables.DECODE_ROWS or batch_invariant) and p.kv_dtype == torch.float8_e4m3fn \
-            and d in tables.KVCACHE_DECODE_FP8:
-        base, why = tables.KVCACHE_DECODE_FP8[d], "KVCACHE_DECODE_FP8"
     elif rows <= tables.DECODE_ROWS or batch_invariant:
         base, why = tables.KVCACHE_DECODE[d], "KVCACHE_DECODE"
     else:
@@ -281,10 +278,9 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     else:
         rule = tables.KVCACHE_SPLIT
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
-        # K and V rings, at the cache's bytes where the tile was sized for them (KVCACHE_DECODE_FP8); other FP8
-        # builds count as 16-bit ones: their registers (168-242), not their halved rings, bound them
-        itemsize = (p.kv_dtype or p.dtype).itemsize if why == "KVCACHE_DECODE_FP8" else p.dtype.itemsize
-        buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * itemsize
+        # K and V rings at q's bytes: an FP8 cache's split build (168 registers at D 128) holds as many programs an
+        # SM as the 16-bit one, by its registers rather than its halved rings
+        buffers = max(1, tiles.num_stages - 1) * tiles.block_n * d * 2 * p.dtype.itemsize
         resident = max(1, rule.smem_per_sm // (buffers + rule.smem_reserved))
 
         def count(per_sm: int) -> int:  # one wave of per_sm programs an SM
@@ -308,8 +304,14 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     # three loops pay three. Unsplit programs (tens to hundreds of tiles) keep the three, whose unmasked
     # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than
     # there are (batch-invariant calls keep theirs fixed, above).
-    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1 or base.one_loop, split_chunk=merge_chunk(splits))
-    if splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
+    tiles = tiles._replace(num_splits=splits, one_loop=splits > 1, split_chunk=merge_chunk(splits))
+    fp8 = tables.KVCACHE_DECODE_FP8.get(d) if p.kv_dtype == torch.float8_e4m3fn else None
+    if splits == 1 and why == "KVCACHE_DECODE" and fp8 is not None and tiles.block_m <= fp8.block_m:
+        # an unsplit call on an e4m3 cache, with no more rows a program than the table's tile was measured at
+        tiles = tiles._replace(block_n=fp8.block_n, num_warps=fp8.num_warps, num_stages=fp8.num_stages,
+                               one_loop=fp8.one_loop)
+        why = f"{why}, KVCACHE_DECODE_FP8"
+    elif splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))
         rule = tables.KVCACHE_WAVES[d]
         per_sm = rule.per_sm_tile_in_page if page_size >= tiles.block_n else rule.per_sm

@@ -79,9 +79,10 @@ SM90: Dict[Tuple[int, bool], Sm90Tiles] = {
 SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (64, False): Sm90Tiles(128, 128, 2, q_buffers=2),  # untuned: the 16-bit shape
     (64, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),  # untuned
-    # softmax-bound (an FP8 tile's exp2s take as long as its products): pingpong 811, lazy rescale 828, both
-    # 806, against 818 without
-    (128, False): Sm90Tiles(128, 128, 2, q_buffers=2),
+    # softmax-bound (an FP8 tile's exp2s take as long as its products): 256-key tiles halve the per-tile work
+    # that is not per score (O's rescale, the row reductions); with P through shared memory and lazy rescale
+    # (176 KB of shared memory, 44 / 80 B spilled) 905 / 863 against 128 x 128's 820 / 816 (two calls)
+    (128, False): Sm90Tiles(128, 256, 2, q_buffers=1, lazy_rescale=True, p_shared=True),
     (128, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),  # untuned
     # 128-key tiles (one Q buffer: 164 KB of shared memory) 1170 and with pingpong and lazy rescale 1272,
     # against 64-key tiles' 995 (970 with pingpong)
@@ -160,13 +161,15 @@ KVCACHE_DECODE: Dict[int, KVCacheTiles] = {
 }
 DECODE_ROWS = 64  # more packed rows than this take KVCACHE_PREFILL's tiles
 
-# e4m3 caches (half the bytes a key): the tile that keeps the 16-bit tile's bytes in flight. At KVCACHE_DECODE's
-# 64 keys an FP8 program holds half the bytes a stage, and its unsplit build (three loops, Triton 3.6, sm_90)
-# takes 240 registers against bf16's 148: two programs an SM, a third of bf16's bytes in flight. 128 keys in one
-# masked loop: 168 registers at pages of 16 (three programs an SM, bf16's 192 KB in flight), 255 at pages of 64 or
-# contiguous (two, 128 KB: what bf16 reaches its bandwidth with at pages of 64). Predicted, not yet timed.
+# Unsplit decode on an e4m3 cache (half the bytes a key; split calls keep KVCACHE_DECODE's tile, whose split build
+# holds three programs an SM at 168 registers): 128 keys a tile, the 16-bit tile's bytes a stage, in one masked loop,
+# where the band's three loops took 240 registers at 64 keys (two programs an SM, a third of bf16's bytes in
+# flight) and take 255 at 128; one loop: 168 at pages of 16, 255 at pages of 64 or contiguous (Triton 3.6, sm_90).
+# decode_tune --fp8 on an H100 (benchmarks/results/2026-12-07-h100-s53, pages of 16): 2632-2768 GB/s of the FP8
+# bytes at B 32-128 against 2466-2752 at 64 keys in one loop (1.77-1.82x bf16's tokens a second);
+# split rows (B 1-8) lose 2-17 % at 128 keys. D 128 only measured.
 KVCACHE_DECODE_FP8: Dict[int, KVCacheTiles] = {
-    128: KVCacheTiles(64, 128, 4, 3, one_loop=True),
+    128: KVCacheTiles(16, 128, 4, 3, one_loop=True),
 }
 
 # A latent cache (v_cache a view of k_cache's first columns: MLA's 576 = 512 + 64): 32 keys a tile of 512 + 64
