@@ -360,9 +360,9 @@ SERVING = "benchmarks/results/2026-12-04-h200-s35-serving"
 SERVING_SWEEPS = ("decode", "varlen", "chunked", "smoke", "merge", "write")
 # The run of merge_states and write_kvcache against PyTorch ops (vflash bench --sweep merge | write).
 KVOPS = "benchmarks/results/2026-12-04-h200-s36"
-# The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one):
-# the fa sweep in bf16 and fp16 (session 36), D 256 (session 33: its kernels unchanged since).
-BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv", "bwd_fp16.csv")),
+# The backward runs BENCHMARKS.md reports, with the CSVs of each it shows (the run's REPORT.md shows every one,
+# fp16 included): the fa sweep in bf16 (session 36), D 256 (session 33: its kernels unchanged since).
+BACKWARD = (("benchmarks/results/2026-12-04-h200-s36", ("bwd.csv",)),
             ("benchmarks/results/2026-12-04-h200-s33-backward", ("bwd_d256.csv",)))
 TRANSFORMERS = "benchmarks/results/2026-12-02-h200-s19-transformers"
 # The run of the gpt-oss-shaped model (attention sinks) in transformers against eager (issue 53).
@@ -379,6 +379,15 @@ MLA_TFLOPS = 550.0
 # takes the shape, else VHEAD_OF_D128 of vflash's own D 128 forward.
 VHEAD_PREFILL = "benchmarks/results/2026-12-07-h100-s52"
 VHEAD_OF_D128 = 0.9
+# The run of FP8 against its bars (issue 54): the forward at D 128 / 256, N 16k (fp8_bar_*.csv: FP8_TFLOPS, and
+# FP8_OF_BF16 times the same run's bf16 vflash), and decode from an e4m3 cache (decode_fp8.csv: FP8_DECODE_SPEEDUP
+# times the bf16 cache's tokens a second from KV FP8_DECODE_FROM, FP8_DECODE_BYTES of its bytes a second at B
+# FP8_DECODE_BYTES_FROM and more).
+FP8 = "benchmarks/results/2026-12-07-h100-s53"
+FP8_TFLOPS = {128: 1000.0, 256: 1100.0}
+FP8_OF_BF16 = 1.6
+FP8_DECODE_SPEEDUP, FP8_DECODE_FROM = 1.8, 8192
+FP8_DECODE_BYTES, FP8_DECODE_BYTES_FROM = 0.9, 32
 RING = "benchmarks/results/2026-12-02-h200-s20-ring"
 RING_SCALING = None  # the run with ring_scaling.csv (issue 26): none yet, no multi-GPU machine lent so far
 RING_KEPT = 0.9  # issue 26's goal: a GPU keeps 0.9 of the single-GPU kernel's TFLOP/s ...
@@ -601,8 +610,9 @@ def run_report(folder):
     cb, cb_csvs = continuous_batching_text(folder, base)
     mla, mla_csvs = mla_decode_text(folder, base)
     vhead, vhead_csvs = vhead_prefill_text(folder, base)
-    hf += oss + cb + mla + vhead
-    hf_csvs += oss_csvs + cb_csvs + mla_csvs + vhead_csvs
+    fp8, fp8_csvs = fp8_text(folder, base)
+    hf += oss + cb + mla + vhead + fp8
+    hf_csvs += oss_csvs + cb_csvs + mla_csvs + vhead_csvs + fp8_csvs
     ring, ring_csvs = ring_text(folder, base)
     scaling, scaling_csvs = ring_scaling_text(folder, base)
     kvops, kvops_csvs = kvops_text(folder, base)
@@ -621,7 +631,7 @@ def run_report(folder):
 
 def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSFORMERS, ring=RING, kvops=KVOPS,
           scaling=RING_SCALING, gpt_oss=GPT_OSS, continuous_batching=CONTINUOUS_BATCHING, mla_decode=MLA_DECODE,
-          vhead_prefill=VHEAD_PREFILL):
+          vhead_prefill=VHEAD_PREFILL, fp8=FP8):
     """BENCHMARKS.md: the primary run (environment, the bar row by row, one line per gap with
     its reason; its sweep tables are in its REPORT.md), the serving, kernel-op, backward,
     transformers and ring runs, with links to each run's full report and every run."""
@@ -669,6 +679,7 @@ def brief(folder, host_folders=(), serving=SERVING, backward=BACKWARD, hf=TRANSF
         out += continuous_batching_text(run, base)[0]
     out += mla_decode_text(mla_decode, base, schedules=False)[0] if mla_decode else []
     out += vhead_prefill_text(vhead_prefill, base, rows=False)[0] if vhead_prefill else []
+    out += fp8_text(fp8, base, pages=(16,))[0] if fp8 else []  # pages of 64 too: the run's REPORT.md
     out += ring_text(ring, base, min_n=131072)[0] if ring else []  # the shorter rows: the run's REPORT.md
     out += ring_scaling_text(scaling, base)[0] if scaling else []
     if bench or mem:
@@ -1155,6 +1166,64 @@ def vhead_prefill_text(folder, base="", rows=True):
                              f"{len(entries)} shapes (B x N 16k, causal and not).", "  "))
     out.append("")
     return out, ["vhead_prefill.csv"]
+
+
+def fp8_text(folder, base="", pages=(16, 64)):
+    """A run's FP8 rows against issue 54's bars: the forward's bar shapes (fp8_bar_*.csv, `vflash bench --shape`
+    with vflash, vflash_fp8 and sdpa_cudnn interleaved) and decode from an e4m3 cache against the bf16 cache
+    (decode_fp8.csv, the decode sweep's vflash_paged{16,64}[_fp8] and sdpa_cudnn, the page sizes `pages`); returns
+    (lines, CSV names)."""
+    bars = sorted(glob.glob(os.path.join(folder, "fp8_bar_*.csv")))
+    decode_path = os.path.join(folder, "decode_fp8.csv")
+    if not bars and not os.path.exists(decode_path):
+        return [], []
+    name = os.path.basename(os.path.normpath(folder))
+    out = [f"## FP8 (`{name}`)\n",
+           _wrap(f"The run in [{name}]({_link(folder, base)}/REPORT.md); why unmet rows miss: its "
+                 f"[NOTE]({_link(folder, base)}/NOTE.md).") + "\n"]
+    if bars:
+        out += [_wrap(f"Forward, e4m3 q / k / v with descales, bf16 out, N 16k non-causal (`vflash bench --interleave`"
+                      f"). Bars (issue 54): {FP8_TFLOPS[128]:.0f} TFLOP/s at D 128, {FP8_TFLOPS[256]:.0f} at D 256, "
+                      f"and {FP8_OF_BF16}x vflash's bf16 forward on the same shape.") + "\n",
+                "| D | B x H | FP8 vflash | bf16 vflash | FP8 / bf16 | bf16 cuDNN | bar |", "|---|---|---|---|---|---|---|"]
+        for path in bars:
+            rows = {r["method"]: r for r in _read(path) if r.get("status") == "ok"}
+            fp8, bf16 = rows.get("vflash_fp8"), rows.get("vflash")
+            if fp8 is None or bf16 is None:
+                continue
+            d, t8, t16 = int(fp8["D"]), float(fp8["tflops"]), float(bf16["tflops"])
+            cudnn = rows.get("sdpa_cudnn")
+            met = t8 >= FP8_TFLOPS.get(d, float("inf")) and t8 >= FP8_OF_BF16 * t16
+            out.append(f"| {d} | {fp8['B']} x {fp8['Hq']} | {t8:.0f} | {t16:.0f} | {t8 / t16:.2f}x | "
+                       f"{_f(float(cudnn['tflops']) if cudnn else None, '.0f')} | {'met' if met else 'not met'} |")
+        out.append("")
+    if os.path.exists(decode_path):
+        timed = {}
+        for r in _read(decode_path):
+            if r.get("status") == "ok":
+                timed.setdefault((int(r["B"]), int(r["Nk"])), {})[r["method"]] = (float(r["us_median"]),
+                                                                                    float(r["gbps"]))
+        shown = " and ".join(str(p) for p in pages)
+        out += [_wrap(f"Decode from an e4m3 cache (a descale a KV head) against the bf16 cache, bf16 q, Hq 32 / Hkv "
+                      f"8, D 128, pages of {shown}; GB/s of each cache's own bytes. Bars (issue 54): "
+                      f"{FP8_DECODE_SPEEDUP}x the bf16 cache's tokens a second from KV {FP8_DECODE_FROM}, and "
+                      f"{FP8_DECODE_BYTES:.0%} of its bytes a second at B >= {FP8_DECODE_BYTES_FROM}.") + "\n",
+                "| B | KV | page | bf16 us | FP8 us | speed-up | FP8 GB/s | of bf16's | cuDNN bf16 us | bar |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for (b, kv), m in sorted(timed.items()):
+            for page in pages:
+                bf16, fp8 = m.get(f"vflash_paged{page}"), m.get(f"vflash_paged{page}_fp8")
+                if bf16 is None or fp8 is None:
+                    continue
+                speedup, share = bf16[0] / fp8[0], fp8[1] / bf16[1]
+                asked = [ok for ok, applies in ((speedup >= FP8_DECODE_SPEEDUP, kv >= FP8_DECODE_FROM),
+                                                (share >= FP8_DECODE_BYTES, b >= FP8_DECODE_BYTES_FROM)) if applies]
+                bar = ("met" if all(asked) else "not met") if asked else ""
+                cudnn = m.get("sdpa_cudnn")
+                out.append(f"| {b} | {kv} | {page} | {bf16[0]:.1f} | {fp8[0]:.1f} | {speedup:.2f}x | {fp8[1]:.0f} | "
+                           f"{share:.2f} | {_f(cudnn[0] if cudnn else None, '.1f')} | {bar} |")
+        out.append("")
+    return out, [os.path.basename(p) for p in bars] + (["decode_fp8.csv"] if os.path.exists(decode_path) else [])
 
 
 def ring_text(folder, base="", min_n=0):
