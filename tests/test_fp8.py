@@ -18,6 +18,7 @@ from vflash.kernels.tile import to_e4m3
 from vflash.ops.attention import attention_forward
 from vflash.ops.tiles import PortableTiles
 from vflash.reference import attention_explicit
+from vflash.reference.paged import attention_with_kvcache_reference
 from vflash.reference.fp8 import dequantize, quantize
 from vflash.reference.fp8 import to_e4m3 as e4m3_of
 from _devices import needs_interpreter
@@ -181,6 +182,49 @@ KV_CASES = [
 def test_fp8_cache_matches_the_oracle_on_the_dequantized_cache(case, device):
     for verdict in case.run(device):
         assert verdict.passed, f"{verdict.what}: max {verdict.max_err:.3e} tol {verdict.tol:.3e} {verdict.note}"
+
+
+@pytest.mark.parametrize("page", [16, 64, 0])
+def test_the_fp8_decode_tile_matches_the_reference(page, device):
+    # tables.KVCACHE_DECODE_FP8's tile (128 keys a step in one masked loop, unsplit), which dispatch gives only a GPU's
+    # unsplit calls, forced here: pages of 16 (eight a key tile), of 64 (two) and a contiguous cache (0); lengths
+    # ending inside a tile, inside a page and on a tile's edge
+    from vflash.dispatch import tables
+    from vflash.harness import lab
+    from vflash.harness.serving import shuffled_table
+    g = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, D, lens = 3, 8, 2, 128, (300, 129, 256)
+    width = 384
+    real = [torch.randn(B, width, Hkv, D, generator=g) for _ in range(2)]
+    descales = [x.abs().amax((0, 1, 3)) / 448 for x in real]  # [Hkv]
+    stored = [e4m3_of(x / d[None, None, :, None]) for x, d in zip(real, descales)]
+    deq = [s.double() * d.double()[None, None, :, None] for s, d in zip(stored, descales)]
+    if page:  # sequence b's rows in its table's pages, shuffled over the pool
+        table = shuffled_table(B, width // page, torch.device("cpu"))
+        pool = [torch.empty(B * width // page, page, Hkv, D, dtype=E4M3) for _ in range(2)]
+        for cache, src in zip(pool, stored):
+            cache[table.long().flatten()] = src.reshape(B * width // page, page, Hkv, D)
+        caches, deq_pool = pool, [torch.empty(B * width // page, page, Hkv, D, dtype=torch.float64) for _ in range(2)]
+        for cache, src in zip(deq_pool, deq):
+            cache[table.long().flatten()] = src.reshape(B * width // page, page, Hkv, D)
+        ref_table = table
+    else:
+        caches, table = stored, None
+        deq_pool, ref_table = [x.reshape(B, width, Hkv, D) for x in deq], torch.arange(B, dtype=torch.int32)[:, None]
+    q = torch.randn(B, Hq, D, generator=g).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    cu = torch.arange(B + 1, dtype=torch.int32)
+    tiles = tables.KVCACHE_DECODE_FP8[128]._replace(block_m=16, merge_rows=4, split_chunk=1, num_splits=1)
+    scale = D ** -0.5
+    out, lse = lab.attention_kvcache_forward(
+        q.to(device), caches[0].to(device), caches[1].to(device), seqlens.to(device),
+        None if table is None else table.to(device), cu.to(device), 1, band=Band(0, -1, 0),
+        score=Score(scale, None, None, None, *(d.expand(B, Hkv).to(device) for d in descales)), return_lse=True,
+        tiles=tiles)  # the launcher's descales: [B, Hkv] (the public layer's form of an [Hkv] one)
+    ref, ref_lse = attention_with_kvcache_reference(q.double(), *deq_pool, seqlens, ref_table, cu, scale=scale,
+                                                    compute_dtype=torch.float64)
+    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double().cpu(), ref_lse, atol=2e-3, rtol=2e-3)
 
 
 def _fp8_contiguous_cache(device, B=2, n=40, Hkv=2, D=16, seed=3):

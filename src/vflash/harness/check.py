@@ -205,8 +205,10 @@ def gpu_matrix() -> list:
                           latent=True, sinks=True, dense_q=True, tag="MLA"),
               KVCacheCase(decode, kv, page=16, Hq=16, Hkv=1, D=576, Dv=512, dtype="bf16", latent=True, fp8="tensor",
                           tag="MLA")]
-    # FP8 KV caches at Llama-3-8B's heads: decode split and not, pages of 16 and 64, chunked prefill, invariant
-    for page, splits, how in ((16, None, "head"), (16, 8, "seq"), (64, 1, "tensor"), (64, None, "seq")):
+    # FP8 KV caches at Llama-3-8B's heads: decode split and not (unsplit: tables.KVCACHE_DECODE_FP8's tile), pages
+    # of 16 and 64, chunked prefill, invariant
+    for page, splits, how in ((16, None, "head"), (16, 8, "seq"), (16, 1, "head"), (64, 1, "tensor"),
+                              (64, None, "seq")):
         cases.append(KVCacheCase(decode, kv, page=page, Hq=32, Hkv=8, D=128, dtype="bf16", num_splits=splits,
                                  fp8=how, tag="decode"))
     cases += [KVCacheCase((512, 1, 100), (3000, 2048, 100), page=16, Hq=32, Hkv=8, D=128, dtype="bf16",
