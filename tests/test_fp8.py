@@ -13,7 +13,10 @@ import triton.language as tl
 import vflash
 from vflash import _backend
 from vflash.call import Band, Score
+from vflash.dispatch import tables
+from vflash.harness import lab
 from vflash.harness.cases import Fp8Case, KVCacheCase
+from vflash.harness.serving import shuffled_table
 from vflash.kernels.tile import to_e4m3
 from vflash.ops.attention import attention_forward
 from vflash.ops.tiles import PortableTiles
@@ -189,30 +192,21 @@ def test_the_fp8_decode_tile_matches_the_reference(page, device):
     # tables.KVCACHE_DECODE_FP8's tile (128 keys a step in one masked loop, unsplit), which dispatch gives only a GPU's
     # unsplit calls, forced here: pages of 16 (eight a key tile), of 64 (two) and a contiguous cache (0); lengths
     # ending inside a tile, inside a page and on a tile's edge
-    from vflash.dispatch import tables
-    from vflash.harness import lab
-    from vflash.harness.serving import shuffled_table
-    g = torch.Generator().manual_seed(7)
-    B, Hq, Hkv, D, lens = 3, 8, 2, 128, (300, 129, 256)
-    width = 384
-    real = [torch.randn(B, width, Hkv, D, generator=g) for _ in range(2)]
-    descales = [x.abs().amax((0, 1, 3)) / 448 for x in real]  # [Hkv]
-    stored = [e4m3_of(x / d[None, None, :, None]) for x, d in zip(real, descales)]
-    deq = [s.double() * d.double()[None, None, :, None] for s, d in zip(stored, descales)]
+    B, Hq, Hkv, D, width = 3, 8, 2, 128, 384
+    stored, descales, deq = _fp8_contiguous_cache(torch.device("cpu"), B=B, n=width, Hkv=Hkv, D=D, seed=7)
     if page:  # sequence b's rows in its table's pages, shuffled over the pool
         table = shuffled_table(B, width // page, torch.device("cpu"))
-        pool = [torch.empty(B * width // page, page, Hkv, D, dtype=E4M3) for _ in range(2)]
-        for cache, src in zip(pool, stored):
-            cache[table.long().flatten()] = src.reshape(B * width // page, page, Hkv, D)
-        caches, deq_pool = pool, [torch.empty(B * width // page, page, Hkv, D, dtype=torch.float64) for _ in range(2)]
-        for cache, src in zip(deq_pool, deq):
-            cache[table.long().flatten()] = src.reshape(B * width // page, page, Hkv, D)
-        ref_table = table
+
+        def paged(x):
+            pool = torch.empty(B * width // page, page, Hkv, D, dtype=x.dtype)
+            pool[table.long().flatten()] = x.reshape(B * width // page, page, Hkv, D)
+            return pool
+        caches, deq_caches, ref_table = [paged(x) for x in stored], [paged(x) for x in deq], table
     else:
-        caches, table = stored, None
-        deq_pool, ref_table = [x.reshape(B, width, Hkv, D) for x in deq], torch.arange(B, dtype=torch.int32)[:, None]
-    q = torch.randn(B, Hq, D, generator=g).to(torch.bfloat16)
-    seqlens = torch.tensor(lens, dtype=torch.int32)
+        caches, deq_caches, table = stored, deq, None
+        ref_table = torch.arange(B, dtype=torch.int32)[:, None]  # the reference's one page a sequence
+    q = torch.randn(B, Hq, D, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    seqlens = torch.tensor((300, 129, 256), dtype=torch.int32)
     cu = torch.arange(B + 1, dtype=torch.int32)
     tiles = tables.KVCACHE_DECODE_FP8[128]._replace(block_m=16, merge_rows=4, split_chunk=1, num_splits=1)
     scale = D ** -0.5
@@ -221,7 +215,7 @@ def test_the_fp8_decode_tile_matches_the_reference(page, device):
         None if table is None else table.to(device), cu.to(device), 1, band=Band(0, -1, 0),
         score=Score(scale, None, None, None, *(d.expand(B, Hkv).to(device) for d in descales)), return_lse=True,
         tiles=tiles)  # the launcher's descales: [B, Hkv] (the public layer's form of an [Hkv] one)
-    ref, ref_lse = attention_with_kvcache_reference(q.double(), *deq_pool, seqlens, ref_table, cu, scale=scale,
+    ref, ref_lse = attention_with_kvcache_reference(q.double(), *deq_caches, seqlens, ref_table, cu, scale=scale,
                                                     compute_dtype=torch.float64)
     torch.testing.assert_close(out.double().cpu(), ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.double().cpu(), ref_lse, atol=2e-3, rtol=2e-3)

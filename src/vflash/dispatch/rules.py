@@ -305,11 +305,11 @@ def select_kvcache(p: Problem, heads_k: int, num_splits: Optional[int] = None, b
     # middle skips the masks (docs/performance.md, decode). The merge loads no more splits at once than
     # there are (batch-invariant calls keep theirs fixed, above).
     tiles = tiles._replace(num_splits=splits, one_loop=splits > 1, split_chunk=merge_chunk(splits))
-    fp8 = tables.KVCACHE_DECODE_FP8.get(d) if p.kv_dtype == torch.float8_e4m3fn else None
-    if splits == 1 and why == "KVCACHE_DECODE" and fp8 is not None and tiles.block_m <= fp8.block_m:
+    fp8_tiles = tables.KVCACHE_DECODE_FP8.get(d) if p.kv_dtype == torch.float8_e4m3fn else None
+    if splits == 1 and why == "KVCACHE_DECODE" and fp8_tiles is not None and tiles.block_m <= fp8_tiles.block_m:
         # an unsplit call on an e4m3 cache, with no more rows a program than the table's tile was measured at
-        tiles = tiles._replace(block_n=fp8.block_n, num_warps=fp8.num_warps, num_stages=fp8.num_stages,
-                               one_loop=fp8.one_loop)
+        tiles = tiles._replace(block_n=fp8_tiles.block_n, num_warps=fp8_tiles.num_warps,
+                               num_stages=fp8_tiles.num_stages, one_loop=fp8_tiles.one_loop)
         why = f"{why}, KVCACHE_DECODE_FP8"
     elif splits == 1 and why == "KVCACHE_DECODE" and d in tables.KVCACHE_WAVES:
         programs = p.batch * heads_k * -(-max(1, p.n_q) // (tiles.block_m // group))

@@ -81,7 +81,7 @@ SM90_FP8: Dict[Tuple[int, bool], Sm90Tiles] = {
     (64, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),  # untuned
     # softmax-bound (an FP8 tile's exp2s take as long as its products): 256-key tiles halve the per-tile work
     # that is not per score (O's rescale, the row reductions); with P through shared memory and lazy rescale
-    # (176 KB of shared memory, 44 / 80 B spilled) 905 / 863 against 128 x 128's 820 / 816 (two calls)
+    # (176 KB of shared memory, 44 / 80 B spilled) 905 / 863 against 128 x 128's 824 / 816 (two calls, H100)
     (128, False): Sm90Tiles(128, 256, 2, q_buffers=1, lazy_rescale=True, p_shared=True),
     (128, True): Sm90Tiles(128, 128, 2, q_buffers=1, dynamic=True),  # untuned
     # 128-key tiles (one Q buffer: 164 KB of shared memory) 1170 and with pingpong and lazy rescale 1272,
